@@ -1,0 +1,21 @@
+#!/bin/sh
+# deps.sh: installs what moejit needs to build and test on Debian 12, only
+# the packages that are missing.  The CUDA 13 toolkit is expected at
+# /usr/local/cuda (or pass --with-cuda=DIR to configure).
+set -eu
+pkgs="build-essential autoconf automake pkg-config llvm-19-dev libxxhash-dev \
+libzstd-dev zlib1g-dev libpcre2-dev"
+missing=
+for p in $pkgs; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "deps.sh: installing$missing"
+  SUDO=
+  [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing
+fi
+if [ ! -f /usr/local/cuda/include/nvJitLink.h ] && [ -z "${CUDA_HOME:-}" ]; then
+  echo "deps.sh: warning: no CUDA toolkit at /usr/local/cuda; configure needs --with-cuda=DIR" >&2
+fi

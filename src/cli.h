@@ -1,0 +1,48 @@
+/* cli.h: the moejit command table and the helpers commands share.
+ *
+ * Every subcommand is one row of MJ_COMMANDS: its name, a one-line summary
+ * and its usage text.  `moejit help`, the dispatcher and each command's
+ * --help are all generated from the table, so adding a command is one row
+ * plus its cmd_NAME function (in the file of the module it belongs to).
+ * A command returns 0 or an mj_code with err filled; it never exits.
+ */
+#ifndef MOEJIT_CLI_H
+#define MOEJIT_CLI_H
+
+#include "util.h"
+
+#define MJ_COMMANDS(X)                                                        \
+  X(help, "show the commands, or the usage of one",                           \
+    "moejit help [COMMAND]\n"                                                 \
+    "  moejit help exit   lists the exit codes\n")                           \
+  X(version, "print the versions of moejit, LLVM, NVRTC, nvJitLink and the driver", \
+    "moejit version [--json]\n")
+
+#define X(name, summary, usage) int cmd_##name(int argc, char **argv, mj_err *err);
+MJ_COMMANDS(X)
+#undef X
+
+/* Print a command's usage (from the table) to f. */
+void cli_usage(const char *cmd, FILE *f);
+
+/* A small option parser with clear errors.  Options are declared in a table;
+ * cli_parse fills the values and collects positional arguments.  An unknown
+ * option, a missing value or a bad number is an MJ_EUSAGE error naming the
+ * command and the option.  "--help" makes cli_parse print the usage and
+ * return -1: the command then returns 0 (`if (r) return r < 0 ? 0 : r;`). */
+typedef enum { CLI_FLAG, CLI_STR, CLI_INT, CLI_NUM, CLI_MULTI } cli_kind;
+typedef struct cli_opt {
+  const char *long_name; /* "arch" for --arch */
+  char short_name;       /* 'o' for -o, or 0 */
+  cli_kind kind;
+  void *out; /* bool*, const char**, int64_t*, double*, or cli_list* */
+} cli_opt;
+typedef struct cli_list {
+  const char **v;
+  int n;
+} cli_list; /* CLI_MULTI: every occurrence (caller frees v) */
+
+int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts,
+              int nopts, cli_list *positional, mj_err *err);
+
+#endif

@@ -1,0 +1,151 @@
+/* cudrv.c: dlopen of the CUDA driver and the device it opens (see cudrv.h). */
+#include "cudrv.h"
+
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+
+cu_api cu;
+
+static int init_state; /* 0 not tried, 1 ok, 2 failed */
+static mj_err init_err;
+static cu_device device;
+static char driver_str[32];
+
+int cu_fail(mj_err *err, CUresult r, const char *call, const char *file, int line) {
+  const char *name = NULL, *desc = NULL;
+  if (cu.cuGetErrorName) cu.cuGetErrorName(r, &name);
+  if (cu.cuGetErrorString) cu.cuGetErrorString(r, &desc);
+  mj_code code = r == CUDA_ERROR_OUT_OF_MEMORY ? MJ_ENOMEM : MJ_ECUDA;
+  return mj_fail(err, code, "CUDA error %s (%d: %s) in %s at %s:%d", name ? name : "?",
+                 (int)r, desc ? desc : "no description", call, file, line);
+}
+
+static int load(mj_err *err) {
+  const char *lib = getenv("MOEJIT_LIBCUDA");
+  void *h = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h)
+    return mj_fail(err, MJ_ENOGPU, "no GPU: the CUDA driver (libcuda.so.1) is not installed");
+  CUresult (*init)(unsigned) = (CUresult(*)(unsigned))dlsym(h, "cuInit");
+  CUresult (*gpa)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
+      (CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))
+          dlsym(h, "cuGetProcAddress_v2");
+  if (!init || !gpa)
+    return mj_fail(err, MJ_ENOGPU, "no GPU: libcuda.so.1 is too old (needs CUDA 12 or later)");
+  CUresult r = init(0);
+  if (r != CUDA_SUCCESS)
+    return mj_fail(err, MJ_ENOGPU, "no GPU: the CUDA driver did not start (cuInit error %d)",
+                   (int)r);
+#define X(f)                                                                  \
+  {                                                                           \
+    CUdriverProcAddressQueryResult st;                                        \
+    void *p = NULL;                                                           \
+    if (gpa(#f, &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &st) != 0 || !p) \
+      return mj_fail(err, MJ_ENOGPU,                                          \
+                     "no GPU: the CUDA driver lacks %s (driver too old for CUDA %d)", #f, \
+                     CUDA_VERSION);                                           \
+    memcpy(&cu.f, &p, sizeof p);                                              \
+  }
+  CU_FUNCS(X)
+#undef X
+  return 0;
+}
+
+static int open_device(mj_err *err) {
+  int n = 0, ordinal = 0;
+  CU_CHECK(err, cu.cuDeviceGetCount(&n));
+  if (n == 0) return mj_fail(err, MJ_ENOGPU, "no GPU: the CUDA driver found no device");
+  const char *s = getenv("MOEJIT_DEVICE");
+  if (s && *s) {
+    ordinal = atoi(s);
+    if (ordinal < 0 || ordinal >= n)
+      return mj_fail(err, MJ_EINPUT, "MOEJIT_DEVICE=%s: only %d device(s) present", s, n);
+  }
+  cu_device *d = &device;
+  CU_CHECK(err, cu.cuDeviceGet(&d->dev, ordinal));
+  CU_CHECK(err, cu.cuDeviceGetName(d->name, sizeof d->name, d->dev));
+  CU_CHECK(err, cu.cuDeviceGetAttribute(&d->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d->dev));
+  CU_CHECK(err, cu.cuDeviceGetAttribute(&d->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d->dev));
+  CU_CHECK(err, cu.cuDeviceGetAttribute(&d->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d->dev));
+  CU_CHECK(err, cu.cuDeviceGetAttribute(&d->l2_bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, d->dev));
+  CU_CHECK(err, cu.cuDeviceGetAttribute(&d->max_smem_per_block_optin,
+                                       CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, d->dev));
+  CU_CHECK(err, cu.cuDeviceTotalMem(&d->total_mem, d->dev));
+  CU_CHECK(err, cu.cuDriverGetVersion(&d->driver_version));
+  CU_CHECK(err, cu.cuDevicePrimaryCtxRetain(&d->ctx, d->dev));
+  CU_CHECK(err, cu.cuCtxSetCurrent(d->ctx));
+  /* Architecture-specific targets (sm_90a) exist for 9.0 and 10.x; a cubin
+   * built for them runs only on exactly that chip, which is what we want:
+   * the cache key names the exact target. */
+  snprintf(d->arch, sizeof d->arch, "sm_%d%d%s", d->cc_major, d->cc_minor,
+           d->cc_major >= 9 ? "a" : "");
+  snprintf(driver_str, sizeof driver_str, "%d.%d", d->driver_version / 1000,
+           (d->driver_version % 1000) / 10);
+  return 0;
+}
+
+int cu_init(mj_err *err) {
+  if (init_state == 0) {
+    int r = load(&init_err);
+    if (!r) r = open_device(&init_err);
+    init_state = r ? 2 : 1;
+  }
+  if (init_state == 2) {
+    mj_fail(err, init_err.code, "%s", init_err.msg);
+    return init_err.code;
+  }
+  return 0;
+}
+
+const cu_device *cu_dev(void) { return init_state == 1 ? &device : NULL; }
+
+const char *cu_driver_version_string(void) {
+  return init_state == 1 ? driver_str : NULL;
+}
+
+int cu_alloc(CUdeviceptr *p, size_t bytes, const char *what, mj_err *err) {
+  CUresult r = cu.cuMemAlloc(p, bytes ? bytes : 1);
+  if (r == CUDA_SUCCESS) return 0;
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+    size_t free_b = 0, total_b = 0;
+    cu.cuMemGetInfo(&free_b, &total_b);
+    char need[32], fr[32];
+    return mj_fail(err, MJ_ENOMEM, "out of GPU memory for %s: needs %s (%zu bytes), %s free",
+                   what, mj_fmt_bytes((double)bytes, need, sizeof need), bytes,
+                   mj_fmt_bytes((double)free_b, fr, sizeof fr));
+  }
+  return cu_fail(err, r, "cuMemAlloc", __FILE__, __LINE__);
+}
+
+static int cmp_float(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return (x > y) - (x < y);
+}
+
+int cu_copy_bandwidth(size_t bytes, double *bytes_per_s, mj_err *err) {
+  CUdeviceptr a = 0, b = 0;
+  CUevent e0 = NULL, e1 = NULL;
+  int rc = MJ_ECUDA;
+  float ms[15];
+  if (cu_alloc(&a, bytes, "the copy-bandwidth probe", err)) return MJ_ENOMEM;
+  if (cu_alloc(&b, bytes, "the copy-bandwidth probe", err)) goto out;
+  CU_CHECK_GOTO(err, cu.cuMemsetD8(a, 0x5A, bytes), out);
+  CU_CHECK_GOTO(err, cu.cuEventCreate(&e0, CU_EVENT_DEFAULT), out);
+  CU_CHECK_GOTO(err, cu.cuEventCreate(&e1, CU_EVENT_DEFAULT), out);
+  for (int i = -3; i < 15; i++) {
+    CU_CHECK_GOTO(err, cu.cuEventRecord(e0, NULL), out);
+    CU_CHECK_GOTO(err, cu.cuMemcpyDtoDAsync(b, a, bytes, NULL), out);
+    CU_CHECK_GOTO(err, cu.cuEventRecord(e1, NULL), out);
+    CU_CHECK_GOTO(err, cu.cuEventSynchronize(e1), out);
+    if (i >= 0) CU_CHECK_GOTO(err, cu.cuEventElapsedTime(&ms[i], e0, e1), out);
+  }
+  qsort(ms, 15, sizeof ms[0], cmp_float);
+  *bytes_per_s = 2.0 * (double)bytes / (ms[7] * 1e-3);
+  rc = 0;
+out:
+  if (e0) cu.cuEventDestroy(e0);
+  if (e1) cu.cuEventDestroy(e1);
+  if (a) cu.cuMemFree(a);
+  if (b) cu.cuMemFree(b);
+  return rc;
+}

@@ -1,0 +1,97 @@
+/* cudrv.h: the CUDA Driver API, loaded at run time with dlopen.
+ *
+ * moejit never links libcuda: the same binary must start, compile kernels and
+ * run the CPU backend on a machine with no GPU.  cu_init() opens
+ * libcuda.so.1, resolves every entry point in the CU_FUNCS table through
+ * cuGetProcAddress (so the versioned symbol matching the CUDA 13 headers is
+ * used), initialises the driver and makes device 0's primary context (or
+ * MOEJIT_DEVICE's) current.  Every call goes through CU_CHECK, which records
+ * the call, file:line and the driver's own message in an mj_err.
+ * Prefix: cu_ (the table itself is the global `cu`, fields named as in
+ * cuda.h, so code reads cu.cuMemAlloc(&p, n)).
+ */
+#ifndef MOEJIT_CUDRV_H
+#define MOEJIT_CUDRV_H
+
+#include <cuda.h>
+
+#include "util.h"
+
+#define CU_FUNCS(X)                                                           \
+  X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) \
+  X(cuDeviceGetAttribute) X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain)     \
+  X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuCtxSynchronize)         \
+  X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)                \
+  X(cuModuleGetGlobal) X(cuFuncGetAttribute) X(cuFuncSetAttribute)            \
+  X(cuLaunchKernel) X(cuMemAlloc) X(cuMemFree) X(cuMemGetInfo)                \
+  X(cuMemAllocHost) X(cuMemFreeHost) X(cuMemcpyHtoD) X(cuMemcpyDtoH)          \
+  X(cuMemcpyDtoD) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)                   \
+  X(cuMemcpyDtoDAsync) X(cuMemsetD8) X(cuMemsetD32) X(cuMemsetD8Async)        \
+  X(cuMemsetD32Async) X(cuStreamCreate) X(cuStreamDestroy)                    \
+  X(cuStreamSynchronize) X(cuStreamBeginCapture) X(cuStreamEndCapture)        \
+  X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy)                \
+  X(cuGraphDestroy) X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize)   \
+  X(cuEventElapsedTime) X(cuEventDestroy) X(cuGetErrorString)                 \
+  X(cuGetErrorName) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)
+
+typedef struct cu_api {
+#define X(f) __typeof__(f) *f;
+  CU_FUNCS(X)
+#undef X
+} cu_api;
+
+extern cu_api cu;
+
+typedef struct cu_device {
+  CUdevice dev;
+  CUcontext ctx;
+  char name[256];
+  int cc_major, cc_minor;
+  int sm_count;
+  int l2_bytes;
+  int max_smem_per_block_optin;
+  int driver_version; /* e.g. 13000 */
+  size_t total_mem;
+  char arch[16]; /* "sm_90a" for compute capability 9.0, "sm_80", ... */
+} cu_device;
+
+/* Load the driver and open the device.  MJ_ENOGPU (with the reason) when
+ * libcuda.so.1 is missing or reports no device.  Safe to call again: the
+ * second call returns the first result. */
+int cu_init(mj_err *err);
+const cu_device *cu_dev(void); /* NULL before a successful cu_init */
+/* The driver's version as "13.0", or NULL without a driver. */
+const char *cu_driver_version_string(void);
+
+/* Record a failed driver call into err; used by CU_CHECK. */
+int cu_fail(mj_err *err, CUresult r, const char *call, const char *file, int line);
+
+/* Evaluate a driver call; on failure record it and `return` the error code
+ * from the enclosing function. */
+#define CU_CHECK(err, call)                                                  \
+  do {                                                                       \
+    CUresult cu_r_ = (call);                                                 \
+    if (cu_r_ != CUDA_SUCCESS)                                               \
+      return cu_fail((err), cu_r_, #call, __FILE__, __LINE__);               \
+  } while (0)
+
+/* Same, but jumps to a label (for functions that must clean up). */
+#define CU_CHECK_GOTO(err, call, label)                                      \
+  do {                                                                       \
+    CUresult cu_r_ = (call);                                                 \
+    if (cu_r_ != CUDA_SUCCESS) {                                             \
+      cu_fail((err), cu_r_, #call, __FILE__, __LINE__);                      \
+      goto label;                                                            \
+    }                                                                        \
+  } while (0)
+
+/* Allocate device memory; out-of-memory is reported with the bytes asked
+ * for and the bytes free. */
+int cu_alloc(CUdeviceptr *p, size_t bytes, const char *what, mj_err *err);
+
+/* Measured device-to-device copy bandwidth in bytes/s (read + write counted),
+ * the median of several copies of `bytes` (METHOD.md: every figure is also a
+ * fraction of this). */
+int cu_copy_bandwidth(size_t bytes, double *bytes_per_s, mj_err *err);
+
+#endif
