@@ -16,7 +16,17 @@
     "moejit help [COMMAND]\n"                                                 \
     "  moejit help exit   lists the exit codes\n")                           \
   X(version, "print the versions of moejit, LLVM, NVRTC, nvJitLink and the driver", \
-    "moejit version [--json]\n")
+    "moejit version [--json]\n")                                             \
+  X(cache, "show and manage the on-disk cubin cache",                         \
+    "moejit cache stats|list|verify|prune|clear [--dir DIR] [--max SIZE]\n"   \
+    "  stats    counters (all runs) and size against the cap\n"              \
+    "  list     entries, most recently used first: key, size, age, kernel\n" \
+    "  verify   check every entry's checksum; exit 7 if any is bad\n"        \
+    "  prune    evict least recently used entries down to the cap\n"         \
+    "           (MOEJIT_CACHE_MAX, default 2G, or --max SIZE: 512M, 2G)\n"   \
+    "  clear    remove every entry (the counters stay)\n"                    \
+    "  --dir DIR  the cache folder (default: MOEJIT_CACHE_DIR, else\n"       \
+    "             $XDG_CACHE_HOME/moejit, else ~/.cache/moejit)\n")
 
 #define X(name, summary, usage) int cmd_##name(int argc, char **argv, mj_err *err);
 MJ_COMMANDS(X)

@@ -812,6 +812,13 @@ int main(int argc, char **argv) {
     cache_key_free(&k);
     return 0;
   }
+  if (argc > 3 && strcmp(argv[1], "--populate") == 0) {
+    /* For tests/cache_cli.sh: N entries (keys 0..N-1) in DIR. */
+    cache *c = open_at(argv[2], CACHE_ON, 0);
+    for (int i = 0; i < atoi(argv[3]); i++) store_i(c, i), nap();
+    cache_close(c);
+    return 0;
+  }
   setenv("MOEJIT_LOG", "1", 1);
   const char *tmp = getenv("TMPDIR");
   snprintf(root, sizeof root, "%s/moejit-test-cache-XXXXXX", tmp && *tmp ? tmp : "/tmp");

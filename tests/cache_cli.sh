@@ -1,0 +1,61 @@
+#!/bin/sh
+# cache_cli.sh: `moejit cache stats|list|verify|prune|clear` on a scratch
+# folder filled by `test_cache --populate`: the counts it prints, a bad entry
+# found by verify (exit 7, the file named), prune to a cap, clear, and the
+# exact text of usage errors.
+set -u
+: "${MOEJIT:=./moejit}"
+here=$(dirname "$MOEJIT")/tests  # the build folder's test programs
+dir=$(mktemp -d "${TMPDIR:-/tmp}/moejit-cache-cli.XXXXXX")
+trap 'rm -rf "$dir"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+# expect STATUS PATTERN CMD...: runs CMD, checks its exit status and that
+# its output (stdout + stderr) has a line matching PATTERN.
+expect() {
+  want=$1 pat=$2
+  shift 2
+  out=$("$@" 2>&1)
+  st=$?
+  [ "$st" = "$want" ] || fail "$* exited $st, want $want: $out"
+  printf '%s\n' "$out" | grep -q -- "$pat" || fail "$*: no line matching '$pat' in: $out"
+}
+
+"$here/test_cache" --populate "$dir" 5 || fail "populate"
+expect 0 "^entries *5$" "$MOEJIT" cache stats --dir "$dir"
+expect 0 "^stores *5$" "$MOEJIT" cache stats --dir "$dir"
+expect 0 "^misses *0$" "$MOEJIT" cache stats --dir "$dir"
+expect 0 "kernel_4$" "$MOEJIT" cache list --dir "$dir"
+n=$("$MOEJIT" cache list --dir "$dir" | grep -c kernel_)
+[ "$n" = 5 ] || fail "list shows $n entries, want 5"
+# most recently used first: kernel_4 was stored last
+first=$("$MOEJIT" cache list --dir "$dir" | sed -n 2p)
+case "$first" in *kernel_4) ;; *) fail "list starts with '$first', want kernel_4" ;; esac
+expect 0 "^5 entries checked, 0 bad$" "$MOEJIT" cache verify --dir "$dir"
+MOEJIT_CACHE_DIR=$dir expect 0 "^5 entries checked, 0 bad$" "$MOEJIT" cache verify
+
+# flip one byte in the middle of one entry
+victim=$(find "$dir/v1" -type f | head -1)
+size=$(wc -c < "$victim")
+printf 'Z' | dd of="$victim" bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null
+expect 7 "^$victim: checksum mismatch$" "$MOEJIT" cache verify --dir "$dir"
+expect 7 "5 entries checked, 1 bad" "$MOEJIT" cache verify --dir "$dir"
+expect 0 "(bad entry)" "$MOEJIT" cache list --dir "$dir"
+
+expect 0 "^removed 3 entries" "$MOEJIT" cache prune --dir "$dir" --max 6K
+total=$(find "$dir/v1" -type f -exec cat {} + | wc -c)
+[ "$total" -le 6144 ] || fail "after prune --max 6K: $total bytes"
+expect 0 "^evictions *3$" "$MOEJIT" cache stats --dir "$dir"
+expect 0 "^removed 2 entries from $dir$" "$MOEJIT" cache clear --dir "$dir"
+expect 0 "^entries *0$" "$MOEJIT" cache stats --dir "$dir"
+expect 0 "^removed 0 entries" "$MOEJIT" cache clear --dir "$dir/none"
+
+expect 1 "^moejit: moejit cache: unknown action 'frob'" "$MOEJIT" cache frob
+expect 1 "^moejit: moejit cache: name an action" "$MOEJIT" cache
+expect 1 "^moejit: moejit cache prune: --max expects a size such as 512M or 2G, not '12Q'$" \
+  "$MOEJIT" cache prune --dir "$dir" --max 12Q
+expect 1 "^moejit: moejit cache list: --max belongs to prune$" "$MOEJIT" cache list --max 1G
+MOEJIT_CACHE_MAX=huge expect 1 "^moejit: MOEJIT_CACHE_MAX=huge: expected a size" "$MOEJIT" cache stats
+expect 2 "^moejit: /etc/hostname: not a folder$" "$MOEJIT" cache stats --dir /etc/hostname
+[ "$fails" = 0 ] && echo "cache_cli: all passed"
+exit $((fails != 0))
