@@ -17,8 +17,6 @@
  * "skip:" and is not counted.
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <ftw.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -31,24 +29,8 @@
 
 #include "cache.h"
 #include "t.h"
+#include "t_fs.h"
 #include "util.h"
-
-static char root[256]; /* this run's scratch folder */
-
-/* ---- helpers ------------------------------------------------------------------ */
-static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f) {
-  (void)st, (void)flag, (void)f;
-  return remove(p);
-}
-static void rm_rf(const char *p) { nftw(p, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
-
-static const char *scratch(const char *name) {
-  static char buf[8][512];
-  static int next;
-  char *p = buf[next++ % 8];
-  snprintf(p, 512, "%s/%s", root, name);
-  return p;
-}
 
 static void make_key(cache_key *k, int i) {
   cache_key_begin(k, NULL);
@@ -169,16 +151,6 @@ static int in_child(void (*fn)(void *), void *arg, const char *errfile) {
   int st = 0;
   waitpid(pid, &st, 0);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static int count_lines_with(const char *file, const char *needle) {
-  char *text = NULL;
-  size_t n = 0;
-  if (mj_read_file(file, &text, &n, NULL)) return -1;
-  int count = 0;
-  for (char *p = text; (p = strstr(p, needle)); p += strlen(needle)) count++;
-  free(text);
-  return count;
 }
 
 /* ---- parsing ------------------------------------------------------------------- */
@@ -322,7 +294,7 @@ static void test_key_sensitive(void) {
 
 /* ---- entries ------------------------------------------------------------------------ */
 static void test_round_trip(void) {
-  const char *dir = scratch("rt");
+  const char *dir = t_scratch("rt");
   cache *c = open_at(dir, CACHE_ON, 0);
   T_CHECK(cache_writable(c));
   T_EQ_INT(load_i(c, 1), 0);
@@ -370,7 +342,7 @@ static const char *fault_names[] = {"flip header", "flip key", "flip cubin", "fl
                                     "folder in place"};
 
 static void test_faults(void) {
-  const char *dir = scratch("faults");
+  const char *dir = t_scratch("faults");
   for (int f = 0; f < F_NFAULTS; f++) {
     cache *c = open_at(dir, CACHE_ON, 0);
     store_i(c, 5);
@@ -439,7 +411,7 @@ static void test_faults(void) {
 
 static void worker(void *arg) {
   int id = *(int *)arg;
-  cache *c = open_at(scratch("conc"), CACHE_ON, 0);
+  cache *c = open_at(t_scratch("conc"), CACHE_ON, 0);
   srand((unsigned)id * 7919u + 1);
   for (int op = 0; op < NOPS; op++) {
     int i = rand() % NKEYS;
@@ -469,20 +441,20 @@ static void test_concurrent(void) {
     T_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   }
   int bad = 0;
-  int n = verify_all(scratch("conc"), &bad);
+  int n = verify_all(t_scratch("conc"), &bad);
   T_EQ_INT(bad, 0);
   T_CHECK(n <= NKEYS && n >= NKEYS - 2); /* random picks may skip a key or two */
-  cache *c = open_at(scratch("conc"), CACHE_RO, 0);
+  cache *c = open_at(t_scratch("conc"), CACHE_RO, 0);
   for (int i = 0; i < NKEYS; i++) T_CHECK(load_i(c, i) != -1);
   cache_close(c);
   /* Every process's counts were merged under the lock: nothing lost. */
   cache_stats s;
-  cache_stats_read(scratch("conc"), &s, NULL);
+  cache_stats_read(t_scratch("conc"), &s, NULL);
   T_EQ_INT(s.v[CACHE_STAT_disk_hits] + s.v[CACHE_STAT_misses], NPROC * NOPS + NKEYS);
 }
 
 static void killed_writer(void *arg) {
-  cache *c = open_at(scratch("kill"), CACHE_ON, 0);
+  cache *c = open_at(t_scratch("kill"), CACHE_ON, 0);
   for (int i = 0;; i++) {
     cache_key k;
     make_key(&k, 1000 + i % 16);
@@ -496,7 +468,7 @@ static void killed_writer(void *arg) {
 }
 
 static void test_sigkill(void) {
-  const char *dir = scratch("kill");
+  const char *dir = t_scratch("kill");
   srand((unsigned)time(NULL));
   int total_bad = 0, entries = 0;
   for (int round = 0; round < 30; round++) {
@@ -523,8 +495,8 @@ static void test_sigkill(void) {
   free(items);
   char tmp[600];
   snprintf(tmp, sizeof tmp, "%s/v1/00/abc.tmp.XXXXXX", dir);
-  mkdir(scratch("kill/v1"), 0755);
-  mkdir(scratch("kill/v1/00"), 0755);
+  mkdir(t_scratch("kill/v1"), 0755);
+  mkdir(t_scratch("kill/v1/00"), 0755);
   int fd = mkstemp(tmp);
   T_CHECK(fd >= 0);
   close(fd);
@@ -553,14 +525,14 @@ static void keeps_working(void *arg) {
 
 static void test_cannot_create(void) {
   /* A regular file where the folder should be: mkdir fails even for root. */
-  const char *file = scratch("afile");
+  const char *file = t_scratch("afile");
   T_CHECK(mj_write_file_atomic(file, "x", 1, NULL) == 0);
   char dir[600], err[600];
   snprintf(dir, sizeof dir, "%s/cache", file);
   snprintf(err, sizeof err, "%s.err", file);
   T_EQ_INT(in_child(keeps_working, dir, err), 0);
-  T_EQ_INT(count_lines_with(err, "moejit: warning: cache folder"), 1);
-  T_EQ_INT(count_lines_with(err, "kept in memory only"), 1);
+  T_EQ_INT(t_count_in(err, "moejit: warning: cache folder"), 1);
+  T_EQ_INT(t_count_in(err, "kept in memory only"), 1);
 }
 
 /* Private mount namespace, so nothing leaks to the machine. */
@@ -585,19 +557,19 @@ static void readonly_child(void *arg) {
 }
 
 static void test_readonly(void) {
-  const char *dir = scratch("ro");
+  const char *dir = t_scratch("ro");
   cache *c = open_at(dir, CACHE_ON, 0);
   store_i(c, 7);
   cache_close(c);
-  const char *err = scratch("ro.err");
+  const char *err = t_scratch("ro.err");
   int st = in_child(readonly_child, (void *)dir, err);
   if (st == 77) {
     printf("skip: test_readonly: read-only bind mounts are not permitted here\n");
     return;
   }
   T_EQ_INT(st, 0);
-  T_EQ_INT(count_lines_with(err, "moejit: warning: cache folder"), 2); /* two opens */
-  T_EQ_INT(count_lines_with(err, "Read-only file system"), 2);
+  T_EQ_INT(t_count_in(err, "moejit: warning: cache folder"), 2); /* two opens */
+  T_EQ_INT(t_count_in(err, "Read-only file system"), 2);
 }
 
 static void fsize_child(void *arg) {
@@ -632,13 +604,13 @@ static void fsize_child(void *arg) {
 }
 
 static void test_full_fsize(void) {
-  const char *err = scratch("fsize.err");
-  T_EQ_INT(in_child(fsize_child, (void *)scratch("fsize"), err), 0);
-  T_EQ_INT(count_lines_with(err, "moejit: warning: cache folder"), 1);
-  T_EQ_INT(count_lines_with(err, "File too large"), 1);
+  const char *err = t_scratch("fsize.err");
+  T_EQ_INT(in_child(fsize_child, (void *)t_scratch("fsize"), err), 0);
+  T_EQ_INT(t_count_in(err, "moejit: warning: cache folder"), 1);
+  T_EQ_INT(t_count_in(err, "File too large"), 1);
   /* Nothing half-written is visible. */
   int bad = 0;
-  T_EQ_INT(verify_all(scratch("fsize"), &bad), 0);
+  T_EQ_INT(verify_all(t_scratch("fsize"), &bad), 0);
   T_EQ_INT(bad, 0);
 }
 
@@ -665,17 +637,17 @@ static void tmpfs_child(void *arg) {
 }
 
 static void test_full_tmpfs(void) {
-  const char *dir = scratch("tiny");
+  const char *dir = t_scratch("tiny");
   mkdir(dir, 0755);
-  const char *err = scratch("tiny.err");
+  const char *err = t_scratch("tiny.err");
   int st = in_child(tmpfs_child, (void *)dir, err);
   if (st == 77) {
     printf("skip: test_full_tmpfs: mounting a tmpfs is not permitted here\n");
     return;
   }
   T_EQ_INT(st, 0);
-  T_EQ_INT(count_lines_with(err, "moejit: warning: cache folder"), 1);
-  T_EQ_INT(count_lines_with(err, "No space left on device"), 1);
+  T_EQ_INT(t_count_in(err, "moejit: warning: cache folder"), 1);
+  T_EQ_INT(t_count_in(err, "No space left on device"), 1);
 }
 
 /* ---- eviction -------------------------------------------------------------------------------- */
@@ -695,7 +667,7 @@ static uint64_t tree_bytes(const char *dir) {
 }
 
 static void test_eviction(void) {
-  const char *dir = scratch("lru");
+  const char *dir = t_scratch("lru");
   /* Keys 700, 707, 714, ... share i % 7, so their entries have one size:
    * measure it and cap the cache at three and a half entries. */
   cache *c = open_at(dir, CACHE_ON, 0);
@@ -703,7 +675,7 @@ static void test_eviction(void) {
   cache_close(c);
   uint64_t one = tree_bytes(dir);
   T_CHECK(one > 1000);
-  rm_rf(dir);
+  t_rm_rf(dir);
   uint64_t cap = one * 7 / 2;
   c = open_at(dir, CACHE_ON, cap);
   store_i(c, 700), nap();
@@ -747,7 +719,7 @@ static void test_eviction(void) {
 
 /* ---- modes ------------------------------------------------------------------------------------- */
 static void test_modes(void) {
-  const char *dir = scratch("modes");
+  const char *dir = t_scratch("modes");
   mj_err err = {0};
   /* assert-warm: a miss is an error ... */
   cache *c = open_at(dir, CACHE_ASSERT_WARM, 0);
@@ -820,12 +792,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   setenv("MOEJIT_LOG", "1", 1);
-  const char *tmp = getenv("TMPDIR");
-  snprintf(root, sizeof root, "%s/moejit-test-cache-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-  if (!mkdtemp(root)) {
-    perror(root);
-    return 1;
-  }
+  if (t_scratch_init("cache")) return 1;
   T_RUN(test_parse);
   T_RUN(test_key_stable);
   T_RUN(test_key_sensitive);
@@ -839,8 +806,5 @@ int main(int argc, char **argv) {
   T_RUN(test_full_tmpfs);
   T_RUN(test_eviction);
   T_RUN(test_modes);
-  int st = t_status();
-  if (st == 0) rm_rf(root);
-  else fprintf(stderr, "scratch folder kept: %s\n", root);
-  return st;
+  return t_scratch_done(t_status());
 }

@@ -1,0 +1,688 @@
+/* jit.c: the JIT front door (see jit.h): request -> memory table -> disk
+ * cache -> compile (DSL or NVRTC) -> store -> load.
+ *
+ * The memory table is keyed by the request as given (kernel, entry, target,
+ * constants in order), hashed with XXH3 and compared byte for byte, so a
+ * hit builds no key text and takes no lock but the table's own.  Only a
+ * memory miss builds the canonical key (cache.h), which hashes the kernel's
+ * source (and, for NVRTC, every toolkit header it includes, found by
+ * following #include lines; memoised per process) and sorts the constants,
+ * so two requests that differ only in the order of their constants share a
+ * disk entry.  Within a process a kernel source and the environment are
+ * read once: editing a kernel file or MOEJIT_NVRTC_FLAGS while it runs is
+ * not seen by kernels already obtained.
+ *
+ * Failures are of two kinds.  A request that is wrong (no such template, a
+ * constant given twice, a miss in assert-warm mode) is returned as an error
+ * and not remembered.  A specialisation that does not compile or load is
+ * remembered in the table as failed, logged once, and answered from then on
+ * with the generic variant (jit.h), LuaJIT-style: penalise, fall back, never
+ * fail the program.
+ */
+#include "jit.h"
+
+#include <nvrtc.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "config.h"
+#include "cudrv.h"
+#include "embed.h"
+
+/* The DSL compiler (codegen/) is linked in when it exists; until then its
+ * entry points are weak references and the DSL path says it is missing. */
+#pragma weak dsl_compile
+#pragma weak dsl_result_free
+
+/* A compiled or cached kernel on its way into an entry. */
+typedef struct jit_out {
+  void *mem;         /* owns the bytes cubin points into */
+  const void *cubin;
+  size_t cubin_size;
+  cache_meta meta;
+} jit_out;
+
+typedef struct jit_entry {
+  uint64_t h;
+  char *mat; /* the request as bytes (see request_bytes) */
+  size_t mat_len;
+  jit_fn fn;
+  bool ok;       /* fn usable */
+  bool owns;     /* fn's module and cubin belong to this entry */
+  void *mem;     /* the cubin's memory, when owned */
+  mj_code code;  /* when !ok: the error to repeat */
+  char *error;
+} jit_entry;
+
+typedef struct header_memo {
+  char *kernel;
+  char hex[33];
+} header_memo;
+
+static pthread_mutex_t jit_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  bool ready;
+  cache *cache;
+  bool have_gpu;
+  char dev_arch[16];
+  jit_entry **slots; /* open addressing, power-of-two capacity */
+  size_t cap, n;
+  header_memo *memo;
+  int nmemo;
+} J;
+
+/* ---- the memory table --------------------------------------------------------------- */
+/* The request as bytes: kernel, entry, target, then each constant's name
+ * and value, each NUL-terminated (none can hold a NUL, so this is
+ * unambiguous).  Written into buf when it fits, else into a malloc'd
+ * buffer. */
+static char *request_bytes(const char *kernel, const jit_spec *s, const char *arch,
+                           char *buf, size_t cap, size_t *len) {
+  const char *entry = s->entry ? s->entry : "";
+  size_t lk = strlen(kernel) + 1, le = strlen(entry) + 1, la = strlen(arch) + 1;
+  size_t n = lk + le + la;
+  for (int i = 0; i < s->ndefs; i++)
+    n += strlen(s->defs[i].name) + strlen(s->defs[i].value) + 2;
+  char *p = n <= cap ? buf : mj_xmalloc(n), *q = p;
+  memcpy(q, kernel, lk), q += lk;
+  memcpy(q, entry, le), q += le;
+  memcpy(q, arch, la), q += la;
+  for (int i = 0; i < s->ndefs; i++) {
+    size_t a = strlen(s->defs[i].name) + 1, b = strlen(s->defs[i].value) + 1;
+    memcpy(q, s->defs[i].name, a), q += a;
+    memcpy(q, s->defs[i].value, b), q += b;
+  }
+  *len = n;
+  return p;
+}
+
+static jit_entry *table_find(uint64_t h, const char *mat, size_t n) {
+  size_t mask = J.cap - 1;
+  for (size_t i = h & mask;; i = (i + 1) & mask) {
+    jit_entry *e = J.slots[i];
+    if (!e) return NULL;
+    if (e->h == h && e->mat_len == n && memcmp(e->mat, mat, n) == 0) return e;
+  }
+}
+
+static void table_place(jit_entry **slots, size_t cap, jit_entry *e) {
+  size_t i = e->h & (cap - 1);
+  while (slots[i]) i = (i + 1) & (cap - 1);
+  slots[i] = e;
+}
+
+static void table_insert(jit_entry *e) {
+  if ((J.n + 1) * 10 > J.cap * 7) {
+    size_t cap = J.cap * 2;
+    jit_entry **slots = mj_xcalloc(cap, sizeof *slots);
+    for (size_t i = 0; i < J.cap; i++)
+      if (J.slots[i]) table_place(slots, cap, J.slots[i]);
+    free(J.slots);
+    J.slots = slots;
+    J.cap = cap;
+  }
+  table_place(J.slots, J.cap, e);
+  J.n++;
+}
+
+/* ---- kernel sources ------------------------------------------------------------------ */
+typedef struct source {
+  const char *name; /* for messages and the key */
+  const char *text; /* NUL-terminated */
+  size_t len;
+  char *owned;
+} source;
+
+static int find_source(const char *kernel, source *s, mj_err *err) {
+  memset(s, 0, sizeof *s);
+  s->name = kernel;
+  if (strchr(kernel, '/')) {
+    if (mj_read_file(kernel, &s->owned, &s->len, err)) return MJ_EINPUT;
+    s->text = s->owned;
+    return 0;
+  }
+  const embed_file *f = embed_find(kernel);
+  if (!f) {
+    size_t n;
+    const embed_file *all = embed_all(&n);
+    mj_buf names = {0};
+    for (size_t i = 0; i < n; i++) mj_buf_printf(&names, "%s%s", i ? ", " : "", all[i].path);
+    mj_fail(err, MJ_EINPUT, "kernel '%s': no such template (built in: %s)", kernel,
+            names.data ? names.data : "none");
+    mj_buf_free(&names);
+    return MJ_EINPUT;
+  }
+  s->text = f->data;
+  s->len = f->size;
+  return 0;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t a = strlen(s), b = strlen(suffix);
+  return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* "rmsnorm.cu rmsnorm_bf16<1001, 256> -DX=1" for messages. */
+static void describe(mj_buf *b, const char *kernel, const jit_spec *s) {
+  mj_buf_puts(b, kernel);
+  if (s->entry) mj_buf_printf(b, " %s", s->entry);
+  for (int i = 0; i < s->ndefs; i++)
+    mj_buf_printf(b, " %s=%s", s->defs[i].name, s->defs[i].value);
+}
+
+/* The constants sorted by name (insertion sort: there are a handful), so
+ * their order does not change the key.  A name given twice is an error. */
+static int sorted_defs(const jit_spec *s, const dsl_define **out, const char *kernel,
+                       mj_err *err) {
+  for (int i = 0; i < s->ndefs; i++) {
+    const dsl_define *d = &s->defs[i];
+    if (!d->name || !d->value || !d->name[0])
+      return mj_fail(err, MJ_EINPUT, "kernel %s: a constant without a name or value", kernel);
+    int j = i;
+    while (j > 0 && strcmp(out[j - 1]->name, d->name) > 0) out[j] = out[j - 1], j--;
+    if (j > 0 && strcmp(out[j - 1]->name, d->name) == 0)
+      return mj_fail(err, MJ_EINPUT, "kernel %s: constant %s given twice", kernel, d->name);
+    out[j] = d;
+  }
+  return 0;
+}
+
+/* ---- NVRTC ------------------------------------------------------------------------------- */
+const char *jit_cuda_include(void) {
+  static char dir[512];
+  if (!dir[0]) {
+    /* The toolkit configure found; a GPU host with the toolkit elsewhere
+     * has it at the usual place. */
+    struct stat st;
+    snprintf(dir, sizeof dir, "%s/include/cuda_bf16.h", MOEJIT_CUDA_DIR);
+    if (stat(dir, &st) == 0) snprintf(dir, sizeof dir, "%s/include", MOEJIT_CUDA_DIR);
+    else snprintf(dir, sizeof dir, "/usr/local/cuda/include");
+  }
+  return dir;
+}
+
+/* Hash every header reachable from text by #include lines, found in the
+ * toolkit's include folder (depth-first, each once).  Conditional includes
+ * are followed too: a superset only makes the key more sensitive.  Headers
+ * not found there are NVRTC's built-ins, covered by its version. */
+static void hash_includes(const char *text, mj_buf *acc, mj_buf *seen, int depth) {
+  if (depth > 32) return;
+  for (const char *p = text; (p = strstr(p, "include")); p += 7) {
+    const char *h = p;
+    while (h > text && (h[-1] == ' ' || h[-1] == '\t')) h--;
+    if (h == text || h[-1] != '#') continue;
+    const char *q = p + 7;
+    while (*q == ' ' || *q == '\t') q++;
+    if (*q != '<' && *q != '"') continue;
+    char close = *q == '<' ? '>' : '"';
+    const char *end = strchr(q + 1, close);
+    const char *nl = strchr(q + 1, '\n');
+    if (!end || (nl && nl < end) || end - q - 1 >= 256) continue;
+    char name[260];
+    snprintf(name, sizeof name, "\n%.*s\n", (int)(end - q - 1), q + 1);
+    if (seen->data && strstr(seen->data, name)) continue;
+    mj_buf_puts(seen, name);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%.*s", jit_cuda_include(), (int)(end - q - 1), q + 1);
+    char *data = NULL;
+    size_t n = 0;
+    if (mj_read_file(path, &data, &n, NULL) != 0) {
+      mj_buf_printf(acc, "%.*s absent\n", (int)(end - q - 1), q + 1);
+      continue;
+    }
+    char hex[33];
+    mj_hash_hex(mj_hash128(data, n), hex);
+    mj_buf_printf(acc, "%.*s %s\n", (int)(end - q - 1), q + 1, hex);
+    hash_includes(data, acc, seen, depth + 1);
+    free(data);
+  }
+}
+
+static const char *headers_hash(const char *kernel, const source *src) {
+  for (int i = 0; i < J.nmemo; i++)
+    if (strcmp(J.memo[i].kernel, kernel) == 0) return J.memo[i].hex;
+  mj_buf acc = {0}, seen = {0};
+  mj_buf_printf(&acc, "include=%s\n", jit_cuda_include());
+  hash_includes(src->text, &acc, &seen, 0);
+  J.memo = mj_xrealloc(J.memo, (size_t)(J.nmemo + 1) * sizeof *J.memo);
+  header_memo *m = &J.memo[J.nmemo++];
+  m->kernel = mj_xstrdup(kernel);
+  mj_hash_hex(mj_hash128(acc.data, acc.len), m->hex);
+  mj_buf_free(&acc);
+  mj_buf_free(&seen);
+  return m->hex;
+}
+
+/* The NVRTC options of a compile: they are the key's options too, so what
+ * is compiled and what is looked up cannot drift apart.  Strings live in
+ * a (caller-freed) arena. */
+static int nvrtc_options(mj_arena *a, const char *arch, const dsl_define **defs, int ndefs,
+                         const char ***out) {
+  const char **o = mj_arena_alloc(a, (size_t)(ndefs + 64) * sizeof *o);
+  int n = 0;
+  o[n++] = mj_arena_printf(a, "--gpu-architecture=%s", arch);
+  o[n++] = "-std=c++17";
+  o[n++] = "--ptxas-options=-v"; /* resource usage in the log; same code */
+  o[n++] = mj_arena_printf(a, "-I%s", jit_cuda_include());
+  for (int i = 0; i < ndefs; i++)
+    o[n++] = mj_arena_printf(a, "-D%s=%s", defs[i]->name, defs[i]->value);
+  const char *extra = getenv("MOEJIT_NVRTC_FLAGS");
+  char *copy = extra ? mj_arena_strdup(a, extra) : NULL;
+  for (char *t = copy ? strtok(copy, " \t") : NULL; t && n < ndefs + 64; t = strtok(NULL, " \t"))
+    o[n++] = t;
+  *out = o;
+  return n;
+}
+
+/* Record a failed NVRTC call with its message and, when there is one, the
+ * compile log; jumps to the cleanup label. */
+#define NVRTC_CHECK(err, call, label)                                          \
+  do {                                                                         \
+    nvrtcResult nv_r_ = (call);                                                \
+    if (nv_r_ != NVRTC_SUCCESS) {                                              \
+      mj_fail((err), MJ_ECOMPILE, "%s: NVRTC error %s in %s at %s:%d", name,   \
+              nvrtcGetErrorString(nv_r_), #call, __FILE__, __LINE__);          \
+      goto label;                                                              \
+    }                                                                          \
+  } while (0)
+
+/* The resources ptxas reported for `lowered` in the -v log. */
+static void log_resources(const char *log, const char *lowered, cache_meta *m) {
+  char pat[300];
+  snprintf(pat, sizeof pat, "entry function '%s'", lowered);
+  const char *p = log ? strstr(log, pat) : NULL;
+  if (!p) return;
+  const char *s = strstr(p, "bytes stack frame");
+  if (s) {
+    while (s > p && s[-1] != '.' && s[-1] != '\n') s--;
+    sscanf(s, " %d bytes stack frame, %d bytes spill stores, %d bytes spill loads",
+           &m->stack_bytes, &m->spill_stores, &m->spill_loads);
+  }
+  const char *u = strstr(p, "Used ");
+  if (u) sscanf(u, "Used %d registers", &m->regs);
+  const char *sm = u ? strstr(u, " bytes smem") : NULL;
+  const char *eol = u ? strchr(u, '\n') : NULL;
+  if (sm && (!eol || sm < eol)) {
+    while (sm > u && sm[-1] != ' ') sm--;
+    sscanf(sm, "%d", &m->shared_bytes);
+  }
+}
+
+/* The PTX version and the launch bounds (.maxntid, .minnctapersm) of the
+ * entry `lowered`. */
+static void ptx_meta(const char *ptx, const char *lowered, cache_meta *m) {
+  const char *v = strstr(ptx, ".version ");
+  if (v) sscanf(v + 9, "%11s", m->ptx_version);
+  char pat[300];
+  snprintf(pat, sizeof pat, ".entry %s(", lowered);
+  const char *e = strstr(ptx, pat);
+  const char *body = e ? strchr(e, '{') : NULL;
+  if (!body) return;
+  const char *t = strstr(e, ".maxntid");
+  if (t && t < body) sscanf(t + 8, "%d", &m->max_threads);
+  t = strstr(e, ".minnctapersm");
+  if (t && t < body) sscanf(t + 13, "%d", &m->min_blocks);
+}
+
+static int nvrtc_compile(const char *name, const source *src, const char *entry,
+                         const char **opts, int nopts, jit_out *o, mj_err *err) {
+  nvrtcProgram prog = NULL;
+  char *log = NULL, *ptx = NULL;
+  size_t n = 0;
+  int rc = MJ_ECOMPILE;
+  NVRTC_CHECK(err, nvrtcCreateProgram(&prog, src->text, name, 0, NULL, NULL), out);
+  NVRTC_CHECK(err, nvrtcAddNameExpression(prog, entry), out);
+  nvrtcResult r = nvrtcCompileProgram(prog, nopts, opts);
+  if (nvrtcGetProgramLogSize(prog, &n) == NVRTC_SUCCESS && n > 1) {
+    log = mj_xmalloc(n);
+    if (nvrtcGetProgramLog(prog, log) != NVRTC_SUCCESS) log[0] = 0;
+  }
+  if (r != NVRTC_SUCCESS) {
+    /* The message carries the log's first error line: that is what the
+     * one-line warning of a failed specialisation shows. */
+    const char *why = log ? strstr(log, "error") : NULL;
+    while (why && why > log && why[-1] != '\n') why--;
+    mj_fail(err, MJ_ECOMPILE, "%s: NVRTC could not compile %s for %s: %.*s", name, entry,
+            opts[0] + strlen("--gpu-architecture="), why ? (int)strcspn(why, "\n") : 0,
+            why ? why : nvrtcGetErrorString(r));
+    mj_err_set_detail(err, log);
+    goto out;
+  }
+  const char *lowered = NULL;
+  NVRTC_CHECK(err, nvrtcGetLoweredName(prog, entry, &lowered), out);
+  if (strlen(lowered) >= sizeof o->meta.kernel_name) {
+    mj_fail(err, MJ_ECOMPILE, "%s: kernel name %s is too long", name, lowered);
+    goto out;
+  }
+  memset(&o->meta, 0, sizeof o->meta);
+  snprintf(o->meta.kernel_name, sizeof o->meta.kernel_name, "%s", lowered);
+  NVRTC_CHECK(err, nvrtcGetCUBINSize(prog, &n), out);
+  o->mem = mj_xmalloc(n ? n : 1);
+  NVRTC_CHECK(err, nvrtcGetCUBIN(prog, o->mem), out);
+  o->cubin = o->mem;
+  o->cubin_size = n;
+  if (nvrtcGetPTXSize(prog, &n) == NVRTC_SUCCESS && n > 1) {
+    ptx = mj_xmalloc(n);
+    if (nvrtcGetPTX(prog, ptx) == NVRTC_SUCCESS) ptx_meta(ptx, lowered, &o->meta);
+  }
+  log_resources(log, lowered, &o->meta);
+  rc = 0;
+out:
+  if (rc) {
+    free(o->mem);
+    o->mem = NULL;
+  }
+  free(ptx);
+  free(log);
+  if (prog) nvrtcDestroyProgram(&prog);
+  return rc;
+}
+
+/* ---- the DSL compiler ------------------------------------------------------------------- */
+static int dsl_opt_level(mj_err *err) {
+  const char *s = getenv("MOEJIT_DSL_OPT");
+  if (!s || !*s) return 3;
+  if (s[1] || s[0] < '0' || s[0] > '3')
+    return -mj_fail(err, MJ_EINPUT, "MOEJIT_DSL_OPT=%s: expected 0, 1, 2 or 3", s);
+  return s[0] - '0';
+}
+
+static int dsl_build(const source *src, const dsl_define **defs, int ndefs, const char *arch,
+                     int opt, jit_out *o, mj_err *err) {
+  if (!dsl_compile || !dsl_result_free)
+    return mj_fail(err, MJ_ECOMPILE, "%s: the DSL compiler is not part of this build",
+                   src->name);
+  dsl_define *flat = mj_xcalloc((size_t)ndefs + 1, sizeof *flat);
+  for (int i = 0; i < ndefs; i++) flat[i] = *defs[i];
+  dsl_options opts = {.arch = arch, .opt_level = opt};
+  dsl_result res;
+  memset(&res, 0, sizeof res);
+  int r = dsl_compile(src->name, src->text, src->len, flat, ndefs, &opts, &res, err);
+  free(flat);
+  if (r == 0 && !res.cubin)
+    r = mj_fail(err, MJ_ECOMPILE, "%s: the DSL compiler returned no cubin", src->name);
+  if (r == 0 && strlen(res.kernel_name) >= sizeof o->meta.kernel_name)
+    r = mj_fail(err, MJ_ECOMPILE, "%s: kernel name too long", src->name);
+  if (r == 0) {
+    memset(&o->meta, 0, sizeof o->meta);
+    snprintf(o->meta.kernel_name, sizeof o->meta.kernel_name, "%s", res.kernel_name);
+    snprintf(o->meta.ptx_version, sizeof o->meta.ptx_version, "%.11s", res.ptx_version);
+    o->meta.max_threads = res.max_threads;
+    o->meta.min_blocks = res.min_blocks;
+    o->meta.regs = res.regs;
+    o->meta.shared_bytes = res.shared_bytes;
+    o->meta.stack_bytes = res.stack_bytes;
+    o->meta.spill_stores = res.spill_stores;
+    o->meta.spill_loads = res.spill_loads;
+    o->mem = mj_xmalloc(res.cubin_size ? res.cubin_size : 1);
+    memcpy(o->mem, res.cubin, res.cubin_size);
+    o->cubin = o->mem;
+    o->cubin_size = res.cubin_size;
+  }
+  dsl_result_free(&res);
+  return r ? MJ_ECOMPILE : 0;
+}
+
+/* ---- from request to entry ----------------------------------------------------------------- */
+static int jit_init(mj_err *err) {
+  int r = cache_open(NULL, &J.cache, err);
+  if (r) return r;
+  mj_err e = {0};
+  if (cu_init(&e) == 0) {
+    J.have_gpu = true;
+    snprintf(J.dev_arch, sizeof J.dev_arch, "%s", cu_dev()->arch);
+  }
+  mj_err_clear(&e);
+  J.cap = 256;
+  J.slots = mj_xcalloc(J.cap, sizeof *J.slots);
+  J.ready = true;
+  return 0;
+}
+
+/* Load the cubin on the GPU when it is of the GPU's target. */
+static int load_module(jit_entry *e, const char *arch, mj_err *err) {
+  if (!J.have_gpu || strcmp(arch, J.dev_arch) != 0) return 0;
+  uint64_t t0 = mj_now_ns();
+  CU_CHECK(err, cu.cuModuleLoadData(&e->fn.module, e->fn.cubin));
+  CUresult r = cu.cuModuleGetFunction(&e->fn.fn, e->fn.module, e->fn.meta.kernel_name);
+  cache_count(J.cache, CACHE_STAT_loads, 1);
+  cache_count(J.cache, CACHE_STAT_load_us, (mj_now_ns() - t0) / 1000);
+  if (r != CUDA_SUCCESS) {
+    cu.cuModuleUnload(e->fn.module);
+    e->fn.module = NULL;
+    return cu_fail(err, r, "cuModuleGetFunction", __FILE__, __LINE__);
+  }
+  return 0;
+}
+
+/* Fill e for (kernel, spec, arch): from the disk cache or a compile, then
+ * loaded.  Returns non-zero only for a wrong request (not remembered); a
+ * compile or load failure returns 0 with e->ok false and e->error set. */
+static int obtain(jit_entry *e, const char *kernel, const jit_spec *spec, const char *arch,
+                  mj_err *err) {
+  source src;
+  int r = find_source(kernel, &src, err);
+  if (r) return r;
+  bool nvrtc = ends_with(kernel, ".cu");
+  if (!nvrtc && !ends_with(kernel, ".k")) {
+    free(src.owned);
+    return mj_fail(err, MJ_EINPUT, "kernel %s: not a .k (DSL) or .cu (NVRTC) source", kernel);
+  }
+  if (nvrtc && (!spec->entry || !spec->entry[0])) {
+    free(src.owned);
+    return mj_fail(err, MJ_EINPUT, "kernel %s: an NVRTC kernel needs its entry (name<args>)",
+                   kernel);
+  }
+  mj_arena a;
+  mj_arena_init(&a, 0);
+  const dsl_define **defs = mj_arena_alloc(&a, (size_t)(spec->ndefs + 1) * sizeof *defs);
+  const char **opts = NULL;
+  int nopts = 0, opt = 3;
+  cache_key k;
+  memset(&k, 0, sizeof k);
+  if ((r = sorted_defs(spec, defs, kernel, err))) goto out;
+  if (!nvrtc && (opt = dsl_opt_level(err)) < 0) {
+    r = -opt;
+    goto out;
+  }
+
+  /* The canonical key: everything that decides the bytes of the cubin. */
+  cache_key_begin(&k, NULL);
+  cache_key_add(&k, "lang", nvrtc ? "nvrtc" : "dsl");
+  cache_key_add(&k, "target", arch);
+  cache_key_add(&k, "source", kernel);
+  cache_key_add_hash(&k, "source_hash", src.text, src.len);
+  if (nvrtc) {
+    /* NVRTC picks the PTX ISA from its version and the target, both in
+     * the key. */
+    cache_key_add(&k, "ptx_isa", "nvrtc default for the target");
+    cache_key_add(&k, "headers_hash", headers_hash(kernel, &src));
+    cache_key_add(&k, "entry", spec->entry);
+    nopts = nvrtc_options(&a, arch, defs, spec->ndefs, &opts);
+    for (int i = 0; i < nopts; i++) cache_key_add(&k, "option", opts[i]);
+  } else {
+    /* The DSL compiler picks the PTX ISA from the target; its own source
+     * is in the build id. */
+    cache_key_add(&k, "ptx_isa", "dsl default for the target");
+    cache_key_addf(&k, "opt_level", "%d", opt);
+    for (int i = 0; i < spec->ndefs; i++)
+      cache_key_addf(&k, "const", "%s=%s", defs[i]->name, defs[i]->value);
+  }
+  cache_key_end(&k);
+
+  cache_blob blob;
+  bool hit = false;
+  if ((r = cache_load(J.cache, &k, &blob, &hit, err))) goto out;
+  jit_out o = {0};
+  if (hit) {
+    o.mem = blob.mem;
+    o.cubin = blob.cubin;
+    o.cubin_size = blob.cubin_size;
+    o.meta = blob.meta;
+  } else {
+    mj_err ce = {0};
+    uint64_t t0 = mj_now_ns();
+    int cr = nvrtc ? nvrtc_compile(kernel, &src, spec->entry, opts, nopts, &o, &ce)
+                   : dsl_build(&src, defs, spec->ndefs, arch, opt, &o, &ce);
+    cache_count(J.cache, CACHE_STAT_compiles, 1);
+    cache_count(J.cache, CACHE_STAT_compile_us, (mj_now_ns() - t0) / 1000);
+    if (cr) {
+      cache_count(J.cache, CACHE_STAT_failures, 1);
+      mj_buf b = {0};
+      mj_buf_puts(&b, ce.msg);
+      if (ce.detail) mj_buf_printf(&b, "\n%s", ce.detail);
+      e->code = MJ_ECOMPILE;
+      e->error = mj_buf_steal(&b);
+      mj_err_clear(&ce);
+      goto out;
+    }
+    cache_store(J.cache, &k, o.cubin, o.cubin_size, &o.meta);
+  }
+  e->owns = true;
+  e->mem = o.mem;
+  e->fn.cubin = o.cubin;
+  e->fn.cubin_size = o.cubin_size;
+  e->fn.meta = o.meta;
+  mj_err le = {0};
+  if (load_module(e, arch, &le)) {
+    cache_count(J.cache, CACHE_STAT_failures, 1);
+    e->code = le.code;
+    e->error = mj_xstrdup(le.msg);
+    mj_err_clear(&le);
+    goto out;
+  }
+  e->ok = true;
+out:
+  cache_key_free(&k);
+  mj_arena_free(&a);
+  free(src.owned);
+  return r;
+}
+
+static void entry_free(jit_entry *e) {
+  if (e->owns && e->fn.module && J.have_gpu) cu.cuModuleUnload(e->fn.module);
+  if (e->owns) free(e->mem);
+  free(e->mat);
+  free(e->error);
+  free(e);
+}
+
+/* The first line of a (multi-line) error, for the one-line warning. */
+static int first_line(const char *s) { return (int)strcspn(s, "\n"); }
+
+/* Fill err from a remembered failure: the first line is the message, the
+ * rest (a compile log) the detail. */
+static int fail_with(mj_err *err, mj_code code, const char *error) {
+  int n = first_line(error);
+  mj_fail(err, code, "%.*s", n, error);
+  if (error[n] && err && err->code == code && !err->detail)
+    mj_err_set_detail(err, error + n + 1);
+  return code;
+}
+
+static int get_locked(const char *kernel, const jit_spec *spec, const jit_spec *generic,
+                      const char *arch, const jit_fn **out, mj_err *err) {
+  int r;
+  if (!J.ready && (r = jit_init(err))) return r;
+  if (!kernel || !spec) return mj_fail(err, MJ_EINPUT, "jit_get: no kernel named");
+  if (!arch) {
+    if (!J.have_gpu)
+      return mj_fail(err, MJ_ENOGPU, "kernel %s: no GPU, and no target named (such as sm_90a)",
+                     kernel);
+    arch = J.dev_arch;
+  }
+  char buf[512];
+  size_t n;
+  char *mat = request_bytes(kernel, spec, arch, buf, sizeof buf, &n);
+  uint64_t h = mj_hash128(mat, n).lo;
+  jit_entry *e = table_find(h, mat, n);
+  if (e) {
+    if (mat != buf) free(mat);
+    cache_count(J.cache, CACHE_STAT_mem_hits, 1);
+    if (e->ok) {
+      *out = &e->fn;
+      return 0;
+    }
+    return fail_with(err, e->code, e->error);
+  }
+  e = mj_xcalloc(1, sizeof *e);
+  e->h = h;
+  e->mat_len = n;
+  e->mat = mj_xmalloc(n);
+  memcpy(e->mat, mat, n);
+  if (mat != buf) free(mat);
+  if ((r = obtain(e, kernel, spec, arch, err))) {
+    entry_free(e);
+    return r;
+  }
+  table_insert(e);
+  if (e->ok) {
+    *out = &e->fn;
+    return 0;
+  }
+  /* Failed: logged here, once (the entry remembers), then the generic
+   * variant answers for it for the rest of the process. */
+  mj_buf what = {0};
+  describe(&what, kernel, spec);
+  const jit_fn *g = NULL;
+  mj_err ge = {0};
+  if (generic && get_locked(kernel, generic, NULL, arch, &g, &ge) == 0) {
+    mj_buf gw = {0};
+    describe(&gw, kernel, generic);
+    mj_warn("%s: did not compile; the generic variant (%s) stands in for it: %.*s",
+            what.data, gw.data, first_line(e->error), e->error);
+    mj_info("%s", e->error);
+    mj_buf_free(&gw);
+    e->fn = *g;
+    e->fn.generic = true;
+    e->ok = true;
+    *out = &e->fn;
+    mj_buf_free(&what);
+    return 0;
+  }
+  if (generic) {
+    /* The generic variant is tested by make check; failing here means a
+     * broken toolkit or install.  Keep both reasons. */
+    char *both = NULL;
+    mj_buf b = {0};
+    mj_buf_printf(&b, "%s (and its generic variant failed: %s)", e->error, ge.msg);
+    both = mj_buf_steal(&b);
+    free(e->error);
+    e->error = both;
+    e->code = ge.code ? ge.code : MJ_ECOMPILE;
+  }
+  mj_err_clear(&ge);
+  mj_warn("%s: did not compile: %.*s", what.data, first_line(e->error), e->error);
+  mj_buf_free(&what);
+  return fail_with(err, e->code, e->error);
+}
+
+int jit_get(const jit_request *req, const jit_fn **out, mj_err *err) {
+  pthread_mutex_lock(&jit_lock);
+  int r = get_locked(req->kernel, &req->spec, req->generic, req->arch, out, err);
+  pthread_mutex_unlock(&jit_lock);
+  return r;
+}
+
+void jit_stats(cache_stats *out) {
+  pthread_mutex_lock(&jit_lock);
+  if (J.ready) cache_stats_local(J.cache, out);
+  else memset(out, 0, sizeof *out);
+  pthread_mutex_unlock(&jit_lock);
+}
+
+void jit_shutdown(void) {
+  pthread_mutex_lock(&jit_lock);
+  if (J.ready) {
+    for (size_t i = 0; i < J.cap; i++)
+      if (J.slots[i]) entry_free(J.slots[i]);
+    free(J.slots);
+    for (int i = 0; i < J.nmemo; i++) free(J.memo[i].kernel);
+    free(J.memo);
+    cache_close(J.cache);
+    memset(&J, 0, sizeof J);
+  }
+  pthread_mutex_unlock(&jit_lock);
+}
