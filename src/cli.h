@@ -16,7 +16,16 @@
     "moejit help [COMMAND]\n"                                                 \
     "  moejit help exit   lists the exit codes\n")                           \
   X(version, "print the versions of moejit, LLVM, NVRTC, nvJitLink and the driver", \
-    "moejit version [--json]\n")
+    "moejit version [--json]\n")                                             \
+  X(compile, "compile a DSL kernel to LLVM IR, PTX or a cubin",              \
+    "moejit compile FILE.k [-D NAME=VALUE]... [--arch sm_90a] [--emit llvm|ptx|cubin]\n" \
+    "               [-o OUT] [-O 0..3] [--repeat N] [-q]\n"                  \
+    "  FILE.k may also name a built-in template (gemv_bf16.k).\n"            \
+    "  -D NAME=VALUE  binds a specialisation constant (repeatable)\n"        \
+    "  --arch         sm_80, sm_86, sm_89, sm_90 or sm_90a (default)\n"      \
+    "  --emit         llvm, ptx (default without -o) or cubin (default with -o)\n" \
+    "  --repeat N     compile N times, report the median time\n"             \
+    "  MOEJIT_DUMP=tokens,ast,llvm-raw,llvm,ptx prints those stages to stderr\n")
 
 #define X(name, summary, usage) int cmd_##name(int argc, char **argv, mj_err *err);
 MJ_COMMANDS(X)
