@@ -122,8 +122,8 @@ int dsl_error(dsl_ctx *c, dsl_loc loc, const char *fmt, ...)
   X(KW_BREAK, "break") X(KW_CONTINUE, "continue") X(KW_RETURN, "return")      \
   X(KW_GLOBAL, "global") X(KW_SHARED, "shared") X(KW_TRUE, "true")            \
   X(KW_FALSE, "false") X(KW_ASM, "asm") X(KW_UNROLL, "unroll")                \
-  X(KW_LAUNCH_BOUNDS, "launch_bounds") X(KW_VOID, "void") X(KW_VAR, "var")    \
-  X(KW_STATIC_ASSERT, "static_assert")
+  X(KW_LAUNCH_BOUNDS, "launch_bounds") X(KW_VAR, "var")                       \
+  X(KW_STATIC_ASSERT, "static_assert") X(KW_RESTRICT, "restrict")
 
 typedef enum {
   TK_EOF,
@@ -225,6 +225,7 @@ struct dsl_node {
   dsl_loc loc;
   dsl_type *type;      /* set by check.c */
   bool is_const;       /* check.c: value known at compile time */
+  bool is_lit;         /* check.c: an untyped literal (or made only of them) */
   int64_t cival;       /* check.c: folded integer value when is_const */
   double cfval;        /* check.c: folded float value when is_const */
   /* literals */
@@ -257,6 +258,7 @@ struct dsl_var {
   dsl_loc loc;
   dsl_type *type;
   bool is_param, is_spec, is_shared, is_const_local;
+  bool readonly, noalias; /* pointer parameters: `const T*`, `T* restrict` */
   bool has_value;      /* spec constant or folded const */
   int64_t ival;
   double fval;
@@ -328,13 +330,20 @@ typedef enum {
 } dsl_builtin;
 
 /* ---- lower.c ---- */
-/* Build the LLVM module for p; returns the module (LLVMModuleRef) through
- * *mod, in the context *llctx (LLVMContextRef), both owned by the caller. */
-int dsl_lower(dsl_ctx *c, dsl_program *p, void *llctx, void **mod);
+/* Build the LLVM module for p in llctx (LLVMContextRef) with the target's
+ * data layout (LLVMTargetDataRef); the module (LLVMModuleRef) is returned
+ * through *mod and owned by the caller. */
+int dsl_lower(dsl_ctx *c, dsl_program *p, void *llctx, void *layout, void **mod);
 
 /* ---- target.c ---- */
-/* Verify, optimise and emit PTX for mod. */
-int dsl_target_emit(dsl_ctx *c, void *mod, dsl_result *r);
+/* The NVPTX target machine for an arch ("sm_90a"), as LLVMTargetMachineRef. */
+int dsl_target_machine(dsl_ctx *c, const char *arch, int opt_level, void **tm);
+/* Run the LLVM verifier; a failure is a bug in lower.c (MJ_EINTERNAL). */
+int dsl_target_verify(dsl_ctx *c, void *mod);
+/* Optimise mod with the new pass manager ("default<O3>"). */
+int dsl_target_optimise(dsl_ctx *c, void *tm, void *mod, int opt_level);
+/* Emit PTX text for mod into r->ptx. */
+int dsl_target_ptx(dsl_ctx *c, void *tm, void *mod, dsl_result *r);
 
 #endif /* DSL_INTERNAL */
 #endif

@@ -31,11 +31,6 @@
 #include "cudrv.h"
 #include "embed.h"
 
-/* The DSL compiler (codegen/) is linked in when it exists; until then its
- * entry points are weak references and the DSL path says it is missing. */
-#pragma weak dsl_compile
-#pragma weak dsl_result_free
-
 /* A compiled or cached kernel on its way into an entry. */
 typedef struct jit_out {
   void *mem;         /* owns the bytes cubin points into */
@@ -391,9 +386,6 @@ static int dsl_opt_level(mj_err *err) {
 
 static int dsl_build(const source *src, const dsl_define **defs, int ndefs, const char *arch,
                      int opt, jit_out *o, mj_err *err) {
-  if (!dsl_compile || !dsl_result_free)
-    return mj_fail(err, MJ_ECOMPILE, "%s: the DSL compiler is not part of this build",
-                   src->name);
   dsl_define *flat = mj_xcalloc((size_t)ndefs + 1, sizeof *flat);
   for (int i = 0; i < ndefs; i++) flat[i] = *defs[i];
   dsl_options opts = {.arch = arch, .opt_level = opt};
@@ -503,9 +495,9 @@ static int obtain(jit_entry *e, const char *kernel, const jit_spec *spec, const 
     nopts = nvrtc_options(&a, arch, defs, spec->ndefs, &opts);
     for (int i = 0; i < nopts; i++) cache_key_add(&k, "option", opts[i]);
   } else {
-    /* The DSL compiler picks the PTX ISA from the target; its own source
-     * is in the build id. */
-    cache_key_add(&k, "ptx_isa", "dsl default for the target");
+    /* The DSL compiler sets the PTX ISA itself (codegen/target.c, whose
+     * source is in the build id), so the build id stands for it. */
+    cache_key_add(&k, "ptx_isa", "set by the DSL compiler of this build");
     cache_key_addf(&k, "opt_level", "%d", opt);
     for (int i = 0; i < spec->ndefs; i++)
       cache_key_addf(&k, "const", "%s=%s", defs[i]->name, defs[i]->value);

@@ -1,12 +1,21 @@
-/* ref.h: the CPU reference of the GPU ops: plain, readable C with float32
- * accumulation.  Every GPU kernel is compared with its function here (tests
- * state the tolerance).  Arrays are row-major; bf16 is dtype.h's storage
- * type.  Prefix: ref_.
+/* ref.h: the CPU reference of every GPU kernel, in plain C with float32
+ * accumulation.  These functions are the oracle the GPU tests compare
+ * against (llm.c's habit: a readable reference beside each kernel), and
+ * the CPU backend's building blocks.  Prefix: ref_.
  */
 #ifndef MOEJIT_REF_H
 #define MOEJIT_REF_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "dtype.h"
+
+/* y[n] = sum_k W[n][k] * x[k]; W bf16 [N, K] row-major, f32 accumulation. */
+void ref_gemv_bf16(const bf16 *W, const bf16 *x, float *y, int N, int K);
+
+/* Relative error ||a - b|| / ||b|| (L2), the measure every GPU test uses. */
+double ref_rel_err(const float *a, const float *b, size_t n);
 
 /* RMSNorm of each of rows rows of n values, in the rounding order of
  * Hugging Face's GLM RMSNorm:

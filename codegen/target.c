@@ -1,0 +1,199 @@
+/* target.c: the back half of the pipeline: LLVM's verifier and optimiser,
+ * the NVPTX backend, and nvJitLink for PTX -> cubin.
+ *
+ * LLVM and nvJitLink calls go through the check macros below, which record
+ * the call, file:line and the library's own message (and the link log) in
+ * the compilation's mj_err.  The NVPTX target is initialised once per
+ * process.  The resource report (registers, shared memory, stack, spills)
+ * comes from ptxas's verbose info log, which nvJitLink passes through.
+ */
+#define DSL_INTERNAL
+#include <llvm-c/Analysis.h>
+#include <llvm-c/Core.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+#include <nvJitLink.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsl.h"
+
+/* LLVM-C reports failures as a flag plus an owned message. */
+#define LLVM_CHECK(c, failed, msg, what)                                             \
+  do {                                                                               \
+    if (failed) {                                                                    \
+      mj_fail((c)->err, MJ_ECOMPILE, "LLVM failed to %s at %s:%d: %s", what, __FILE__, \
+              __LINE__, (msg) ? (msg) : "(no message)");                             \
+      if (msg) LLVMDisposeMessage(msg);                                              \
+      return MJ_ECOMPILE;                                                            \
+    }                                                                                \
+  } while (0)
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static void init_nvptx(void) {
+  LLVMInitializeNVPTXTargetInfo();
+  LLVMInitializeNVPTXTarget();
+  LLVMInitializeNVPTXTargetMC();
+  LLVMInitializeNVPTXAsmPrinter();
+}
+
+const char *dsl_llvm_version(void) {
+  static char buf[32];
+  unsigned maj, min, pat;
+  LLVMGetVersion(&maj, &min, &pat);
+  snprintf(buf, sizeof buf, "%u.%u.%u", maj, min, pat);
+  return buf;
+}
+
+/* Architectures the compiler accepts, and the PTX ISA it asks LLVM for.
+ * PTX 8.5 is the newest LLVM 19 emits; nvJitLink 13 reads it. */
+static bool known_arch(const char *a) {
+  static const char *archs[] = {"sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_90a"};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(archs); i++)
+    if (strcmp(a, archs[i]) == 0) return true;
+  return false;
+}
+
+int dsl_target_machine(dsl_ctx *c, const char *arch, int opt_level, void **out) {
+  pthread_once(&init_once, init_nvptx);
+  if (!known_arch(arch))
+    return mj_fail(c->err, MJ_EINPUT, "--arch %s: unknown target (use sm_80, sm_86, sm_89, sm_90 or sm_90a)", arch);
+  LLVMTargetRef target;
+  char *msg = NULL;
+  LLVM_CHECK(c, LLVMGetTargetFromTriple("nvptx64-nvidia-cuda", &target, &msg), msg, "find the NVPTX target");
+  LLVMCodeGenOptLevel lvl = opt_level <= 0 ? LLVMCodeGenLevelNone : opt_level == 1 ? LLVMCodeGenLevelLess
+                          : opt_level == 2 ? LLVMCodeGenLevelDefault : LLVMCodeGenLevelAggressive;
+  LLVMTargetMachineRef tm = LLVMCreateTargetMachine(target, "nvptx64-nvidia-cuda", arch, "+ptx85", lvl,
+                                                    LLVMRelocDefault, LLVMCodeModelDefault);
+  if (!tm) return mj_fail(c->err, MJ_ECOMPILE, "LLVM could not create a target machine for %s", arch);
+  *out = tm;
+  return 0;
+}
+
+int dsl_target_verify(dsl_ctx *c, void *mod) {
+  char *msg = NULL;
+  if (LLVMVerifyModule((LLVMModuleRef)mod, LLVMReturnStatusAction, &msg)) {
+    /* The checker accepted the kernel, so this is a bug in lower.c. */
+    mj_fail(c->err, MJ_EINTERNAL, "%s: internal error: the LLVM verifier rejected the lowered kernel", c->src.path);
+    char *ir = LLVMPrintModuleToString((LLVMModuleRef)mod);
+    mj_buf b = {0};
+    mj_buf_printf(&b, "%s\n%s", msg ? msg : "", ir);
+    mj_err_set_detail(c->err, b.data);
+    mj_buf_free(&b);
+    LLVMDisposeMessage(ir);
+    if (msg) LLVMDisposeMessage(msg);
+    return MJ_EINTERNAL;
+  }
+  if (msg) LLVMDisposeMessage(msg);
+  return 0;
+}
+
+int dsl_target_optimise(dsl_ctx *c, void *tm, void *mod, int opt_level) {
+  char pipeline[32];
+  snprintf(pipeline, sizeof pipeline, "default<O%d>", opt_level < 0 ? 0 : opt_level > 3 ? 3 : opt_level);
+  LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
+  LLVMErrorRef e = LLVMRunPasses((LLVMModuleRef)mod, pipeline, (LLVMTargetMachineRef)tm, po);
+  LLVMDisposePassBuilderOptions(po);
+  if (e) {
+    char *msg = LLVMGetErrorMessage(e);
+    mj_fail(c->err, MJ_ECOMPILE, "LLVM's optimiser failed at %s:%d: %s", __FILE__, __LINE__, msg);
+    LLVMDisposeErrorMessage(msg);
+    return MJ_ECOMPILE;
+  }
+  return 0;
+}
+
+int dsl_target_ptx(dsl_ctx *c, void *tm, void *mod, dsl_result *r) {
+  char *msg = NULL;
+  LLVMMemoryBufferRef buf = NULL;
+  LLVM_CHECK(c, LLVMTargetMachineEmitToMemoryBuffer((LLVMTargetMachineRef)tm, (LLVMModuleRef)mod,
+                                                    LLVMAssemblyFile, &msg, &buf),
+             msg, "emit PTX");
+  size_t n = LLVMGetBufferSize(buf);
+  r->ptx = mj_xmalloc(n + 1);
+  memcpy(r->ptx, LLVMGetBufferStart(buf), n);
+  r->ptx[n] = 0;
+  r->ptx_size = n;
+  LLVMDisposeMemoryBuffer(buf);
+  const char *v = strstr(r->ptx, ".version ");
+  if (v) sscanf(v + 9, "%15s", r->ptx_version);
+  return 0;
+}
+
+/* ---- nvJitLink ------------------------------------------------------------------------------ */
+static char *jl_log(nvJitLinkHandle h, bool error_log) {
+  size_t n = 0;
+  if ((error_log ? nvJitLinkGetErrorLogSize(h, &n) : nvJitLinkGetInfoLogSize(h, &n)) != NVJITLINK_SUCCESS || n <= 1)
+    return NULL;
+  char *s = mj_xmalloc(n + 1);
+  if ((error_log ? nvJitLinkGetErrorLog(h, s) : nvJitLinkGetInfoLog(h, s)) != NVJITLINK_SUCCESS) {
+    free(s);
+    return NULL;
+  }
+  s[n] = 0;
+  return s;
+}
+
+static int jl_fail(mj_err *err, nvJitLinkHandle h, nvJitLinkResult res, const char *call, const char *file, int line) {
+  mj_fail(err, MJ_ECOMPILE, "nvJitLink error %d in %s at %s:%d", (int)res, call, file, line);
+  char *log = h ? jl_log(h, true) : NULL;
+  if (log) {
+    mj_err_set_detail(err, log);
+    free(log);
+  }
+  return MJ_ECOMPILE;
+}
+
+#define JL_CHECK(err, h, call)                                               \
+  do {                                                                       \
+    nvJitLinkResult jl_r_ = (call);                                          \
+    if (jl_r_ != NVJITLINK_SUCCESS) {                                        \
+      jl_fail((err), (h), jl_r_, #call, __FILE__, __LINE__);                 \
+      goto fail;                                                             \
+    }                                                                        \
+  } while (0)
+
+/* Read "Used N registers", "N bytes smem", "N bytes stack frame, N bytes
+ * spill stores, N bytes spill loads" out of ptxas's info lines. */
+static void parse_resources(const char *log, dsl_result *r) {
+  const char *p;
+  if ((p = strstr(log, "Used "))) sscanf(p, "Used %d registers", &r->regs);
+  if ((p = strstr(log, " bytes smem"))) {
+    const char *q = p;
+    while (q > log && (q[-1] >= '0' && q[-1] <= '9')) q--;
+    r->shared_bytes = atoi(q);
+  }
+  if ((p = strstr(log, "bytes stack frame"))) {
+    const char *q = p;
+    while (q > log && q[-1] == ' ') q--;
+    while (q > log && (q[-1] >= '0' && q[-1] <= '9')) q--;
+    sscanf(q, "%d bytes stack frame, %d bytes spill stores, %d bytes spill loads", &r->stack_bytes,
+           &r->spill_stores, &r->spill_loads);
+  }
+}
+
+int dsl_link_ptx(const char *ptx, size_t len, const char *arch, dsl_result *r, mj_err *err) {
+  char arch_opt[32];
+  snprintf(arch_opt, sizeof arch_opt, "-arch=%s", arch);
+  const char *opts[] = {arch_opt, "-O3", "-verbose"};
+  nvJitLinkHandle h = NULL;
+  nvJitLinkResult cr = nvJitLinkCreate(&h, 3, opts);
+  if (cr != NVJITLINK_SUCCESS) return jl_fail(err, NULL, cr, "nvJitLinkCreate", __FILE__, __LINE__);
+  JL_CHECK(err, h, nvJitLinkAddData(h, NVJITLINK_INPUT_PTX, ptx, len, "moejit.ptx"));
+  JL_CHECK(err, h, nvJitLinkComplete(h));
+  size_t n = 0;
+  JL_CHECK(err, h, nvJitLinkGetLinkedCubinSize(h, &n));
+  r->cubin = mj_xmalloc(n);
+  r->cubin_size = n;
+  JL_CHECK(err, h, nvJitLinkGetLinkedCubin(h, r->cubin));
+  free(r->link_log);
+  r->link_log = jl_log(h, false);
+  if (r->link_log) parse_resources(r->link_log, r);
+  nvJitLinkDestroy(&h);
+  return 0;
+fail:
+  nvJitLinkDestroy(&h);
+  return MJ_ECOMPILE;
+}

@@ -1,0 +1,139 @@
+/* compile_cmd.c: `moejit compile`, the DSL compiler on the command line.
+ *
+ * Compiles one kernel (a .k file, or the name of a template built into the
+ * binary) with its -D constants for one architecture, writes LLVM IR, PTX or
+ * a cubin, and reports the time of each stage and the kernel's resources
+ * (registers, shared memory, stack, spills from the ptxas report).
+ * --repeat N compiles N times in this process and reports the median, the
+ * number the compile-time target is about (the first run also pays LLVM's
+ * one-time target initialisation).
+ */
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "dsl.h"
+#include "embed.h"
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Read a kernel source: a file, or failing that an embedded template. */
+static int load_source(const char *name, char **src, size_t *len, bool *owned, mj_err *err) {
+  mj_err ferr = {0};
+  if (mj_read_file(name, src, len, &ferr) == 0) {
+    *owned = true;
+    return 0;
+  }
+  const embed_file *e = embed_find(name);
+  if (e) {
+    *src = (char *)e->data;
+    *len = e->size;
+    *owned = false;
+    mj_err_clear(&ferr);
+    return 0;
+  }
+  int rc = mj_fail(err, MJ_EINPUT, "%s (and no built-in template of that name)", ferr.msg);
+  mj_err_clear(&ferr);
+  return rc;
+}
+
+int cmd_compile(int argc, char **argv, mj_err *err) {
+  const char *arch = "sm_90a", *emit = NULL, *out = NULL;
+  int64_t opt_level = 3, repeat = 1;
+  bool quiet = false;
+  cli_list defs = {0}, pos = {0};
+  cli_opt opts[] = {
+      {"define", 'D', CLI_MULTI, &defs}, {"arch", 0, CLI_STR, &arch},
+      {"emit", 0, CLI_STR, &emit},       {"output", 'o', CLI_STR, &out},
+      {"opt", 'O', CLI_INT, &opt_level}, {"repeat", 0, CLI_INT, &repeat},
+      {"quiet", 'q', CLI_FLAG, &quiet},
+  };
+  dsl_define *dv = NULL;
+  char *src = NULL;
+  bool owned = false;
+  dsl_result r = {0};
+  int rc = cli_parse("compile", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), &pos, err);
+  if (rc) goto done;
+  if (pos.n != 1) {
+    rc = mj_fail(err, MJ_EUSAGE, "moejit compile: expected one kernel file (see moejit compile --help)");
+    goto done;
+  }
+  if (!emit) emit = out ? "cubin" : "ptx";
+  if (strcmp(emit, "llvm") && strcmp(emit, "ptx") && strcmp(emit, "cubin")) {
+    rc = mj_fail(err, MJ_EUSAGE, "moejit compile: --emit must be llvm, ptx or cubin, not '%s'", emit);
+    goto done;
+  }
+  if (!strcmp(emit, "cubin") && !out) {
+    rc = mj_fail(err, MJ_EUSAGE, "moejit compile: --emit cubin needs -o FILE (a cubin is binary)");
+    goto done;
+  }
+  if (opt_level < 0 || opt_level > 3 || repeat < 1 || repeat > 1000) {
+    rc = mj_fail(err, MJ_EUSAGE, "moejit compile: -O takes 0..3 and --repeat 1..1000");
+    goto done;
+  }
+  dv = mj_xcalloc((size_t)defs.n + 1, sizeof *dv);
+  for (int i = 0; i < defs.n; i++) {
+    char *eq = strchr(defs.v[i], '=');
+    if (!eq || eq == defs.v[i] || !eq[1]) {
+      rc = mj_fail(err, MJ_EUSAGE, "moejit compile: -D %s: expected NAME=VALUE", defs.v[i]);
+      goto done;
+    }
+    *eq = 0;
+    dv[i].name = defs.v[i];
+    dv[i].value = eq + 1;
+  }
+  size_t len;
+  if ((rc = load_source(pos.v[0], &src, &len, &owned, err))) goto done;
+
+  dsl_options o = {.arch = arch, .opt_level = (int)opt_level, .no_cubin = strcmp(emit, "cubin") != 0};
+  double *times = mj_xcalloc((size_t)repeat, sizeof *times);
+  for (int i = 0; i < repeat; i++) {
+    if (i) dsl_result_free(&r);
+    if ((rc = dsl_compile(pos.v[0], src, len, dv, defs.n, &o, &r, err))) {
+      free(times);
+      goto done;
+    }
+    times[i] = r.t_total;
+  }
+  double first = times[0];
+  qsort(times, (size_t)repeat, sizeof *times, cmp_double);
+  double median = times[repeat / 2];
+  free(times);
+
+  const char *text = !strcmp(emit, "llvm") ? r.llvm_ir : !strcmp(emit, "ptx") ? r.ptx : NULL;
+  if (out) {
+    const void *data = text ? (const void *)text : r.cubin;
+    size_t n = text ? strlen(text) : r.cubin_size;
+    if ((rc = mj_write_file_atomic(out, data, n, err))) goto done;
+  } else {
+    fputs(text, stdout);
+  }
+  if (!quiet) {
+    /* The report goes to stderr when the kernel itself went to stdout. */
+    FILE *f = out ? stdout : stderr;
+    fprintf(f, "kernel %s for %s (PTX %s)", r.kernel_name, arch, r.ptx_version);
+    if (r.max_threads) fprintf(f, ", launch_bounds(%d%s%.0d)", r.max_threads, r.min_blocks ? ", " : "", r.min_blocks);
+    fprintf(f, "\n  stages (ms):");
+#define X(s) fprintf(f, " %s %.2f", #s, r.t_##s);
+    DSL_STAGES(X)
+#undef X
+    fprintf(f, "\n  total %.2f ms", first);
+    if (repeat > 1) fprintf(f, " (first), median of %lld: %.2f ms", (long long)repeat, median);
+    fprintf(f, "\n");
+    if (r.cubin)
+      fprintf(f, "  resources: %d registers, %d bytes shared, %d bytes stack, %d bytes spill stores, %d bytes spill loads\n",
+              r.regs, r.shared_bytes, r.stack_bytes, r.spill_stores, r.spill_loads);
+    if (out) fprintf(f, "  wrote %s (%s)\n", out, emit);
+  }
+done:
+  dsl_result_free(&r);
+  if (owned) free(src);
+  free(dv);
+  free(defs.v);
+  free(pos.v);
+  return rc < 0 ? 0 : rc;
+}
