@@ -525,7 +525,9 @@ static int obtain(jit_entry *e, const char *kernel, const jit_spec *spec, const 
       mj_buf b = {0};
       mj_buf_puts(&b, ce.msg);
       if (ce.detail) mj_buf_printf(&b, "\n%s", ce.detail);
-      e->code = MJ_ECOMPILE;
+      /* MJ_EINPUT for an error in the kernel source (a refused
+       * specialisation), MJ_ECOMPILE for a backend failure. */
+      e->code = ce.code == MJ_EINPUT ? MJ_EINPUT : MJ_ECOMPILE;
       e->error = mj_buf_steal(&b);
       mj_err_clear(&ce);
       goto out;
@@ -646,7 +648,9 @@ static int get_locked(const char *kernel, const jit_spec *spec, const jit_spec *
     e->code = ge.code ? ge.code : MJ_ECOMPILE;
   }
   mj_err_clear(&ge);
-  mj_warn("%s: did not compile: %.*s", what.data, first_line(e->error), e->error);
+  /* No stand-in: the caller gets the error (and prints it); a warning too
+   * would say it twice. */
+  mj_info("%s: did not compile: %.*s", what.data, first_line(e->error), e->error);
   mj_buf_free(&what);
   return fail_with(err, e->code, e->error);
 }

@@ -68,7 +68,10 @@ typedef struct jit_fn {
 /* The loaded kernel for req.  *out stays valid until jit_shutdown.  Errors:
  * MJ_EINPUT (no such kernel source, a constant given twice), MJ_ENOGPU (no
  * arch and no GPU), MJ_ECACHE (a miss with MOEJIT_CACHE=assert-warm),
- * MJ_ECOMPILE (neither the spec nor its generic variant compiled). */
+ * and when neither the spec nor its generic variant compiled (or loaded),
+ * the spec's own error: MJ_EINPUT when the kernel source refused it (a DSL
+ * static_assert, say), MJ_ECOMPILE for NVRTC or the backend, MJ_ECUDA for a
+ * load.  With a generic variant that works, a failure is only a warning. */
 int jit_get(const jit_request *req, const jit_fn **out, mj_err *err);
 
 /* Flush the counters to the cache's stats file, unload every module and

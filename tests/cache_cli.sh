@@ -2,7 +2,8 @@
 # cache_cli.sh: `moejit cache stats|list|verify|prune|clear` on a scratch
 # folder filled by `test_cache --populate`: the counts it prints, a bad entry
 # found by verify (exit 7, the file named), prune to a cap, clear, and the
-# exact text of usage errors.
+# exact text of usage errors.  Then `moejit compile -o X.cubin` through the
+# front door: compiled once, then from the cache, assert-warm both ways.
 set -u
 : "${MOEJIT:=./moejit}"
 here=$(dirname "$MOEJIT")/tests  # the build folder's test programs
@@ -57,5 +58,26 @@ expect 1 "^moejit: moejit cache prune: --max expects a size such as 512M or 2G, 
 expect 1 "^moejit: moejit cache list: --max belongs to prune$" "$MOEJIT" cache list --max 1G
 MOEJIT_CACHE_MAX=huge expect 1 "^moejit: MOEJIT_CACHE_MAX=huge: expected a size" "$MOEJIT" cache stats
 expect 2 "^moejit: /etc/hostname: not a folder$" "$MOEJIT" cache stats --dir /etc/hostname
+
+# moejit compile -o X.cubin goes through the front door: the second time
+# the cubin comes from the cache, byte for byte the same.
+c=$dir/compile
+MOEJIT_CACHE_DIR=$c expect 0 "compiled in .* (stored in the cache)" \
+  "$MOEJIT" compile gemv_bf16.k -D N=256 -D K=256 -o "$dir/a.cubin"
+MOEJIT_CACHE_DIR=$c expect 0 "from the cubin cache in" \
+  "$MOEJIT" compile gemv_bf16.k -D K=256 -D N=256 -o "$dir/b.cubin"
+cmp -s "$dir/a.cubin" "$dir/b.cubin" || fail "the cached cubin differs from the compiled one"
+expect 0 " gemv_bf16$" "$MOEJIT" cache list --dir "$c"
+MOEJIT_CACHE_DIR=$c MOEJIT_CACHE=assert-warm expect 0 "from the cubin cache" \
+  "$MOEJIT" compile gemv_bf16.k -D N=256 -D K=256 -o "$dir/b.cubin"
+MOEJIT_CACHE_DIR=$c MOEJIT_CACHE=assert-warm expect 7 "^moejit: MOEJIT_CACHE=assert-warm: cache miss" \
+  "$MOEJIT" compile gemv_bf16.k -D N=512 -D K=256 -o "$dir/c.cubin"
+MOEJIT_CACHE_DIR=$c expect 0 "compiled in" \
+  "$MOEJIT" compile gemv_bf16.k -D N=256 -D K=256 -O 1 -o "$dir/d.cubin"
+MOEJIT_CACHE_DIR=$c expect 1 "^moejit: gemv_bf16.k:[0-9]*:[0-9]*: error: static_assert failed" \
+  "$MOEJIT" compile gemv_bf16.k -D N=255 -D K=256 -o "$dir/e.cubin"
+expect 0 "^entries *2$" "$MOEJIT" cache stats --dir "$c"
+expect 0 "^failures *1$" "$MOEJIT" cache stats --dir "$c"
+
 [ "$fails" = 0 ] && echo "cache_cli: all passed"
 exit $((fails != 0))
