@@ -68,6 +68,13 @@ static void test_ref_rmsnorm(void) {
 }
 
 /* ---- NVRTC to cubin ----------------------------------------------------------------- */
+/* A cubin is an ELF file for the CUDA machine (EM_CUDA = 190). */
+static void check_cubin(const jit_fn *f) {
+  const unsigned char *p = f->cubin;
+  T_CHECK(f->cubin_size > 1000 && memcmp(p, "\177ELF", 4) == 0);
+  T_EQ_INT(p[18] | p[19] << 8, 190);
+}
+
 static void test_nvrtc_cubin(void) {
   restart(t_scratch("c1"), "on");
   const jit_fn *f = NULL, *f2 = NULL;
@@ -77,10 +84,7 @@ static void test_nvrtc_cubin(void) {
     mj_err_print(&err, stderr);
     return;
   }
-  const unsigned char *p = f->cubin;
-  /* An ELF file for the CUDA machine (EM_CUDA = 190). */
-  T_CHECK(f->cubin_size > 1000 && memcmp(p, "\177ELF", 4) == 0);
-  T_EQ_INT(p[18] | p[19] << 8, 190);
+  check_cubin(f);
   T_EQ_STR(f->meta.kernel_name, "_Z12rmsnorm_bf16ILi6144ELi256EEvP13__nv_bfloat16PKS0_S3_if");
   T_EQ_INT(f->meta.max_threads, 256); /* __launch_bounds__(BLOCK) */
   T_CHECK(f->meta.regs > 8 && f->meta.regs <= 255);
@@ -300,9 +304,7 @@ static void test_dsl_path(void) {
     mj_err_print(&err, stderr);
     return;
   }
-  const unsigned char *p = f->cubin;
-  T_CHECK(f->cubin_size > 1000 && memcmp(p, "\177ELF", 4) == 0);
-  T_EQ_INT(p[18] | p[19] << 8, 190);
+  check_cubin(f);
   T_EQ_STR(f->meta.kernel_name, "gemv_bf16");
   T_EQ_INT(f->meta.max_threads, 256); /* launch_bounds(THREADS), THREADS = 256 */
   T_CHECK(f->meta.regs > 8);
