@@ -817,8 +817,14 @@ static int disk_load(cache *c, const cache_key *k, cache_blob *out) {
     mj_debug("cache: %s: %s: a miss", path, e.msg);
     cache_count(c, CACHE_STAT_corrupt, 1);
     /* Remove it now (the store that follows a recompile would overwrite it
-     * anyway), so a compile that fails does not meet it again. */
-    if (c->disk_write && unlink(path) == 0) c->pending_bytes -= (int64_t)n;
+     * anyway), so a compile that fails does not meet it again; but only
+     * the file that was read, not a good entry another process has just
+     * renamed into its place. */
+    struct stat read_st, now_st;
+    if (c->disk_write && fd >= 0 && fstat(fd, &read_st) == 0 && lstat(path, &now_st) == 0 &&
+        read_st.st_ino == now_st.st_ino && read_st.st_dev == now_st.st_dev &&
+        unlink(path) == 0)
+      c->pending_bytes -= (int64_t)n;
     free(data);
     if (fd >= 0) close(fd);
     free(path);
