@@ -25,7 +25,9 @@
     "  --arch         sm_80, sm_86, sm_89, sm_90 or sm_90a (default)\n"      \
     "  --emit         llvm, ptx (default without -o) or cubin (default with -o)\n" \
     "  --repeat N     compile N times, report the median time\n"             \
-    "  MOEJIT_DUMP=tokens,ast,llvm-raw,llvm,ptx prints those stages to stderr\n")
+    "  MOEJIT_DUMP=tokens,ast,llvm-raw,llvm,ptx prints those stages to stderr\n") \
+  X(bench, "GPU benchmarks: time kernels against the measured copy bandwidth", \
+    "moejit bench gemv [--n N] [--k K] [--configs THREADS:ROWS:UNROLL,...] \n")
 
 #define X(name, summary, usage) int cmd_##name(int argc, char **argv, mj_err *err);
 MJ_COMMANDS(X)

@@ -149,3 +149,20 @@ out:
   if (b) cu.cuMemFree(b);
   return rc;
 }
+
+int cu_load_cubin(const void *cubin, const char *kernel, CUmodule *mod, CUfunction *fn, mj_err *err) {
+  CU_CHECK(err, cu.cuModuleLoadData(mod, cubin));
+  CUresult r = cu.cuModuleGetFunction(fn, *mod, kernel);
+  if (r != CUDA_SUCCESS) {
+    cu.cuModuleUnload(*mod);
+    *mod = NULL;
+    return cu_fail(err, r, "cuModuleGetFunction", __FILE__, __LINE__);
+  }
+  return 0;
+}
+
+int cu_launch(CUfunction fn, unsigned grid, unsigned block, unsigned smem, CUstream s, void **args,
+              mj_err *err) {
+  CU_CHECK(err, cu.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, smem, s, args, NULL));
+  return 0;
+}

@@ -89,6 +89,13 @@ int cu_fail(mj_err *err, CUresult r, const char *call, const char *file, int lin
  * for and the bytes free. */
 int cu_alloc(CUdeviceptr *p, size_t bytes, const char *what, mj_err *err);
 
+/* Load a cubin and look up one kernel in it. */
+int cu_load_cubin(const void *cubin, const char *kernel, CUmodule *mod, CUfunction *fn, mj_err *err);
+
+/* Launch fn on a 1-D grid; args as for cuLaunchKernel. */
+int cu_launch(CUfunction fn, unsigned grid, unsigned block, unsigned smem, CUstream s, void **args,
+              mj_err *err);
+
 /* Measured device-to-device copy bandwidth in bytes/s (read + write counted),
  * the median of several copies of `bytes` (METHOD.md: every figure is also a
  * fraction of this). */
