@@ -19,12 +19,13 @@
     "moejit version [--json]\n")                                             \
   X(compile, "compile a DSL kernel to LLVM IR, PTX or a cubin",              \
     "moejit compile FILE.k [-D NAME=VALUE]... [--arch sm_90a] [--emit llvm|ptx|cubin]\n" \
-    "               [-o OUT] [-O 0..3] [--repeat N] [-q]\n"                  \
+    "               [-o OUT] [-O 0..3] [--repeat N] [-q] [-v]\n"                  \
     "  FILE.k may also name a built-in template (gemv_bf16.k).\n"            \
     "  -D NAME=VALUE  binds a specialisation constant (repeatable)\n"        \
     "  --arch         sm_80, sm_86, sm_89, sm_90 or sm_90a (default)\n"      \
     "  --emit         llvm, ptx (default without -o) or cubin (default with -o)\n" \
     "  --repeat N     compile N times, report the median time\n"             \
+    "  -v             also print nvJitLink's log (the ptxas report)\n"       \
     "  MOEJIT_DUMP=tokens,ast,llvm-raw,llvm,ptx prints those stages to stderr\n") \
   X(bench, "GPU benchmarks: time kernels against the measured copy bandwidth", \
     "moejit bench gemv [--n N] [--k K] [--configs THREADS:ROWS:UNROLL,...] \n")

@@ -44,13 +44,13 @@ static int load_source(const char *name, char **src, size_t *len, bool *owned, m
 int cmd_compile(int argc, char **argv, mj_err *err) {
   const char *arch = "sm_90a", *emit = NULL, *out = NULL;
   int64_t opt_level = 3, repeat = 1;
-  bool quiet = false;
+  bool quiet = false, verbose = false;
   cli_list defs = {0}, pos = {0};
   cli_opt opts[] = {
       {"define", 'D', CLI_MULTI, &defs}, {"arch", 0, CLI_STR, &arch},
       {"emit", 0, CLI_STR, &emit},       {"output", 'o', CLI_STR, &out},
       {"opt", 'O', CLI_INT, &opt_level}, {"repeat", 0, CLI_INT, &repeat},
-      {"quiet", 'q', CLI_FLAG, &quiet},
+      {"quiet", 'q', CLI_FLAG, &quiet},  {"verbose", 'v', CLI_FLAG, &verbose},
   };
   dsl_define *dv = NULL;
   char *src = NULL;
@@ -128,6 +128,7 @@ int cmd_compile(int argc, char **argv, mj_err *err) {
       fprintf(f, "  resources: %d registers, %d bytes shared, %d bytes stack, %d bytes spill stores, %d bytes spill loads\n",
               r.regs, r.shared_bytes, r.stack_bytes, r.spill_stores, r.spill_loads);
     if (out) fprintf(f, "  wrote %s (%s)\n", out, emit);
+    if (verbose && r.link_log) fprintf(f, "nvJitLink log:\n%s", r.link_log);
   }
 done:
   dsl_result_free(&r);

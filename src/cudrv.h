@@ -2,9 +2,10 @@
  *
  * moejit never links libcuda: the same binary must start, compile kernels and
  * run the CPU backend on a machine with no GPU.  cu_init() opens
- * libcuda.so.1, resolves every entry point in the CU_FUNCS table through
- * cuGetProcAddress (so the versioned symbol matching the CUDA 13 headers is
- * used), initialises the driver and makes device 0's primary context (or
+ * libcuda.so.1, resolves every entry point in the CU_FUNCS table by the
+ * exact symbol cuda.h's macros name (cuMemAlloc -> cuMemAlloc_v2, so each
+ * pointer has the prototype the header declares), initialises the driver
+ * and makes device 0's primary context (or
  * MOEJIT_DEVICE's) current.  Every call goes through CU_CHECK, which records
  * the call, file:line and the driver's own message in an mj_err.
  * Prefix: cu_ (the table itself is the global `cu`, fields named as in
