@@ -16,7 +16,18 @@
     "moejit help [COMMAND]\n"                                                 \
     "  moejit help exit   lists the exit codes\n")                           \
   X(version, "print the versions of moejit, LLVM, NVRTC, nvJitLink and the driver", \
-    "moejit version [--json]\n")
+    "moejit version [--json]\n")                                              \
+  X(tokenize, "print the tokens of a text (ids, pieces or JSON)",            \
+    "moejit tokenize (-m DIR | --tokenizer FILE.json) [--ids|--pieces] [--chat [--no-think]]\n" \
+    "                [--json] TEXT|-\n"                                        \
+    "  -m DIR            a model folder: uses DIR/tokenizer.json\n"             \
+    "  --tokenizer FILE  a tokenizer.json\n"                                    \
+    "  --ids             one token id per line (the default)\n"                 \
+    "  --pieces          one token per line as the vocabulary writes it (Ġ is a space)\n" \
+    "  --chat            wrap TEXT as a user turn of the GLM-5 chat prompt\n"    \
+    "  --no-think        with --chat: end with <|assistant|></think>\n"         \
+    "  --json            {\"ids\":[...]} (and \"pieces\" with --pieces)\n"         \
+    "  TEXT              the text, or - to read it from stdin\n")
 
 #define X(name, summary, usage) int cmd_##name(int argc, char **argv, mj_err *err);
 MJ_COMMANDS(X)
