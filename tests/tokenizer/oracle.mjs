@@ -15,6 +15,19 @@ import { Tokenizer } from "@huggingface/tokenizers";
 
 const [tokenizerPath, ...files] = process.argv.slice(2);
 const tokenizer = new Tokenizer(JSON.parse(fs.readFileSync(tokenizerPath, "utf8")), {});
+// tokenizers.js translates the \\s of Split patterns to Unicode White_Space,
+// as the Rust library means it, but runs ByteLevel's built-in GPT-2 pattern
+// with JavaScript's \\s (which adds U+FEFF and lacks U+0085).  Correct that
+// one pattern so the oracle agrees with the Rust library.
+function fixByteLevel(p) {
+  if (!p) return;
+  if (p.constructor?.name === "ByteLevel" && p.pattern instanceof RegExp) {
+    const src = p.pattern.source.replaceAll("\\s", "\\p{White_Space}").replaceAll("\\S", "\\P{White_Space}");
+    p.pattern = new RegExp(src, p.pattern.flags);
+  }
+  for (const q of p.tokenizers ?? []) fixByteLevel(q);
+}
+fixByteLevel(tokenizer.pre_tokenizer);
 const utf8 = new TextDecoder("utf-8", { fatal: false, ignoreBOM: true });
 const out = [];
 function record(text) {
