@@ -28,7 +28,18 @@
     "  -v             also print nvJitLink's log (the ptxas report)\n"       \
     "  MOEJIT_DUMP=tokens,ast,llvm-raw,llvm,ptx prints those stages to stderr\n") \
   X(bench, "GPU benchmarks: time kernels against the measured copy bandwidth", \
-    "moejit bench gemv [--n N] [--k K] [--configs THREADS:ROWS:UNROLL,...] \n")
+    "moejit bench gemv [--n N] [--k K] [--configs THREADS:ROWS:UNROLL,...] \n") \
+  X(tokenize, "print the tokens of a text (ids, pieces or JSON)",            \
+    "moejit tokenize (-m DIR | --tokenizer FILE.json) [--ids|--pieces] [--chat [--no-think]]\n" \
+    "                [--json] TEXT|-\n"                                        \
+    "  -m DIR            a model folder: uses DIR/tokenizer.json\n"             \
+    "  --tokenizer FILE  a tokenizer.json\n"                                    \
+    "  --ids             one token id per line (the default)\n"                 \
+    "  --pieces          one token per line as the vocabulary writes it (Ġ is a space)\n" \
+    "  --chat            wrap TEXT as a user turn of the GLM-5 chat prompt\n"    \
+    "  --no-think        with --chat: end with <|assistant|></think>\n"         \
+    "  --json            {\"ids\":[...]} (and \"pieces\" with --pieces)\n"         \
+    "  TEXT              the text, or - to read it from stdin\n")
 
 #define X(name, summary, usage) int cmd_##name(int argc, char **argv, mj_err *err);
 MJ_COMMANDS(X)
