@@ -5,6 +5,8 @@
 #include "dsl.h"
 #include "t.h"
 
+#include <stdlib.h>
+
 typedef struct {
   dsl_ctx c;
   mj_err err;
@@ -165,8 +167,26 @@ static void test_pipeline(void) {
   dsl_result_free(&r);
 }
 
+/* The compiler takes (pointer, length): a source that ends in a number with
+ * no NUL after it must not be read past (found by fuzzing; the sanitizer
+ * build turns an overread into a failure). */
+static void test_unterminated_buffer(void) {
+  static const char text[] = "kernel void k(global f32* p) { p[0] = 1.0; } x = 0";
+  size_t n = sizeof text - 1;
+  char *src = malloc(n);
+  memcpy(src, text, n);
+  dsl_options o = {.arch = "sm_90a", .opt_level = 1, .no_cubin = true};
+  dsl_result r;
+  mj_err err = {0};
+  T_EQ_INT(dsl_compile("t.k", src, n, NULL, 0, &o, &r, &err), MJ_EINPUT);
+  T_EQ_STR(err.msg, "t.k:1:46: error: expected a declaration (const, shared, kernel or a function) before 'x'");
+  mj_err_clear(&err);
+  free(src);
+}
+
 int main(void) {
   T_RUN(test_lex);
+  T_RUN(test_unterminated_buffer);
   T_RUN(test_parse);
   T_RUN(test_check_fold);
   T_RUN(test_pipeline);
