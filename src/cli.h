@@ -16,7 +16,18 @@
     "moejit help [COMMAND]\n"                                                 \
     "  moejit help exit   lists the exit codes\n")                           \
   X(version, "print the versions of moejit, LLVM, NVRTC, nvJitLink and the driver", \
-    "moejit version [--json]\n")
+    "moejit version [--json]\n")                                          \
+  X(info, "load and validate a GLM-5 checkpoint folder and summarise it",     \
+    "moejit info -m DIR [--json]\n"                                          \
+    "  checks config.json, hf_quant_config.json and every safetensors header,\n" \
+    "  then prints layers, widths, experts, quantisation and bytes\n")       \
+  X(mkmodel, "write a synthetic GLM-5 checkpoint (Hugging Face / ModelOpt layout)", \
+    "moejit mkmodel --out DIR [--preset tiny|small|glm5] [--layers N]\n"     \
+    "       [--dense-layers N] [--experts E] [--experts-per-tok K]\n"        \
+    "       [--n-group G] [--topk-group T] [--shared-experts S]\n"           \
+    "       [--index-topk K] [--indexer-types FSF..] [--vocab V] [--merges M]\n" \
+    "       [--seed S] [--nvfp4] [--shard-size BYTES] [--force] [-q]\n"      \
+    "  deterministic for a seed; --nvfp4 quantises the routed experts\n")
 
 #define X(name, summary, usage) int cmd_##name(int argc, char **argv, mj_err *err);
 MJ_COMMANDS(X)
