@@ -31,7 +31,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cli.h"
 #include "dtype.h"
 #include "json.h"
 #include "mkmodel.h"
@@ -796,56 +795,4 @@ out:
   free(p.e);
   mj_arena_free(&p.a);
   return r;
-}
-
-int cmd_mkmodel(int argc, char **argv, mj_err *err) {
-  const char *preset = "tiny", *out = NULL, *itypes = NULL;
-  int64_t layers = -1, dense = -1, experts = -1, per_tok = -1, n_group = -1, topk_group = -1, shared = -1;
-  int64_t itopk = -1, vocab = -1, seed = 1, shard = 0, merges = -1;
-  bool nvfp4 = false, force = false, quiet = false;
-  cli_opt opts[] = {
-      {"preset", 0, CLI_STR, &preset},        {"layers", 0, CLI_INT, &layers},
-      {"dense-layers", 0, CLI_INT, &dense},   {"experts", 0, CLI_INT, &experts},
-      {"experts-per-tok", 0, CLI_INT, &per_tok}, {"n-group", 0, CLI_INT, &n_group},
-      {"topk-group", 0, CLI_INT, &topk_group}, {"shared-experts", 0, CLI_INT, &shared},
-      {"index-topk", 0, CLI_INT, &itopk},     {"indexer-types", 0, CLI_STR, &itypes},
-      {"vocab", 0, CLI_INT, &vocab},          {"merges", 0, CLI_INT, &merges},
-      {"seed", 0, CLI_INT, &seed},            {"nvfp4", 0, CLI_FLAG, &nvfp4},
-      {"shard-size", 0, CLI_INT, &shard},     {"out", 'o', CLI_STR, &out},
-      {"force", 0, CLI_FLAG, &force},         {"quiet", 'q', CLI_FLAG, &quiet},
-  };
-  int r = cli_parse("mkmodel", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
-  if (r) return r < 0 ? 0 : r;
-  if (!out) return mj_fail(err, MJ_EUSAGE, "moejit mkmodel: --out DIR is required");
-  mkmodel_spec s;
-  if (mkmodel_preset(preset, &s))
-    return mj_fail(err, MJ_EUSAGE, "moejit mkmodel: unknown preset '%s' (tiny, small or glm5)", preset);
-  if (layers >= 0) {
-    s.layers = layers;
-    if (dense < 0 && s.dense_layers > layers) s.dense_layers = layers;
-  }
-  if (dense >= 0) s.dense_layers = dense;
-  if (experts >= 0) s.experts = experts;
-  if (per_tok >= 0) s.per_tok = per_tok;
-  if (n_group >= 0) s.n_group = n_group;
-  if (topk_group >= 0) s.topk_group = topk_group;
-  if (shared >= 0) s.shared = shared;
-  if (itopk >= 0) s.idx_topk = itopk;
-  if (vocab >= 0) s.vocab = vocab;
-  if (merges >= 0) s.merges = merges;
-  s.indexer_types = itypes;
-  s.seed = (uint64_t)seed;
-  s.nvfp4 = nvfp4;
-  s.shard_size = shard;
-  double t0 = mj_now_ms();
-  uint64_t bytes = 0;
-  if ((r = mkmodel_write(&s, out, force, &bytes, err))) return r;
-  if (!quiet) {
-    char hb[32];
-    double ms = mj_now_ms() - t0;
-    printf("wrote %s: %s preset, %lld layers, %lld experts%s, %s of safetensors in %.1f s (%.2f GB/s)\n", out, preset,
-           (long long)s.layers, (long long)s.experts, s.nvfp4 ? " (NVFP4)" : "",
-           mj_fmt_bytes((double)bytes, hb, sizeof hb), ms / 1000, (double)bytes / (ms * 1e6));
-  }
-  return 0;
 }
