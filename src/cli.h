@@ -26,8 +26,11 @@
     "       [--dense-layers N] [--experts E] [--experts-per-tok K]\n"        \
     "       [--n-group G] [--topk-group T] [--shared-experts S]\n"           \
     "       [--index-topk K] [--indexer-types FSF..] [--vocab V] [--merges M]\n" \
-    "       [--seed S] [--nvfp4] [--shard-size BYTES] [--force] [-q]\n"      \
-    "  deterministic for a seed; --nvfp4 quantises the routed experts\n")
+    "       [--seed S] [--nvfp4] [--shard-size BYTES] [--threads T] [--force] [-q]\n" \
+    "  deterministic for a seed; --nvfp4 quantises the routed experts\n")   \
+  X(forward, "run token ids through the CPU reference forward pass, greedy decode", \
+    "moejit forward -m DIR --tokens ID,ID,... [--steps N] [--threads T] [--absorbed]\n" \
+    "  prefill the ids, then N greedy decode steps; prints tokens and timings\n")
 
 #define X(name, summary, usage) int cmd_##name(int argc, char **argv, mj_err *err);
 MJ_COMMANDS(X)

@@ -25,6 +25,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,60 @@ static float normal01(uint64_t *s) {
   /* mean 2 * 65535, variance 4 * (65536^2 - 1) / 12 */
   static const double inv_sd = 1.0 / 37837.2262;
   return (float)((double)(sum - 131070) * inv_sd);
+}
+
+/* Values i0..i0+n of a tensor's stream: splitmix64's state after i steps is
+ * seed + i * gamma, so any stretch can be generated on its own (by several
+ * threads) and still equal the sequential stream. */
+static void fill(uint64_t seed, uint64_t i0, size_t n, float mean, float sd, bool round_bf16, float *out) {
+  uint64_t st = seed + i0 * 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i < n; i++) {
+    float v = mean + sd * normal01(&st);
+    out[i] = round_bf16 ? dt_bf16_to_f32(dt_f32_to_bf16(v)) : v;
+  }
+}
+
+/* Run fn(ctx, lo, hi) over [0, n) split into nthreads parts (pthreads). */
+static void par_for(int nthreads, int64_t n, void (*fn)(void *, int64_t, int64_t), void *ctx);
+
+typedef struct {
+  void (*fn)(void *, int64_t, int64_t);
+  void *ctx;
+  int64_t lo, hi;
+} par_job;
+
+static void *par_run(void *arg) {
+  par_job *j = arg;
+  j->fn(j->ctx, j->lo, j->hi);
+  return NULL;
+}
+
+static void par_for(int nthreads, int64_t n, void (*fn)(void *, int64_t, int64_t), void *ctx) {
+  enum { MAXT = 16 };
+  if (nthreads < 1) nthreads = 1;
+  if (nthreads > MAXT) nthreads = MAXT;
+  if (nthreads > n) nthreads = n > 0 ? (int)n : 1;
+  par_job job[MAXT];
+  pthread_t th[MAXT];
+  bool started[MAXT] = {0};
+  for (int i = 0; i < nthreads; i++) job[i] = (par_job){fn, ctx, n * i / nthreads, n * (i + 1) / nthreads};
+  for (int i = 1; i < nthreads; i++) started[i] = pthread_create(&th[i], NULL, par_run, &job[i]) == 0;
+  par_run(&job[0]);
+  for (int i = 1; i < nthreads; i++) {
+    if (started[i]) pthread_join(th[i], NULL);
+    else par_run(&job[i]);
+  }
+}
+
+/* e2m1 code of x, round to nearest, ties to the even code: the same map as
+ * dt_f32_to_e2m1 for finite x, written as a sum of comparisons (no
+ * branches), because it runs once per weight of a full-width model.  At a
+ * midpoint '>' keeps the lower (even) code and '>=' takes the upper. */
+static inline uint8_t e2m1_code(float x) {
+  float a = fabsf(x);
+  uint8_t c = (uint8_t)((a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) +
+                        (a > 5.0f));
+  return (uint8_t)(signbit(x) ? c | 8 : c);
 }
 
 /* ---- the plan ------------------------------------------------------------------- */
@@ -223,42 +278,61 @@ typedef struct qcache {
   float s2;
 } qcache;
 
-/* Values of the float weight base (as bf16, then float), into w. */
-static void gen_weight(const mkmodel_spec *s, const char *base, int64_t n, float sd, float *w) {
-  uint64_t st = name_seed(s->seed, base);
-  for (int64_t i = 0; i < n; i++) w[i] = dt_bf16_to_f32(dt_f32_to_bf16(sd * normal01(&st)));
+typedef struct {
+  uint64_t seed;
+  int64_t K;
+  float sd, s2;
+  float *w;
+  uint8_t *codes, *scales;
+} qjob;
+
+/* Rows lo..hi of the float weight, bf16-rounded as the bf16 model of the
+ * same seed stores them. */
+static void q_gen(void *ctx, int64_t lo, int64_t hi) {
+  qjob *q = ctx;
+  fill(q->seed, (uint64_t)(lo * q->K), (size_t)((hi - lo) * q->K), 0, q->sd, true, q->w + lo * q->K);
+}
+
+static void q_rows(void *ctx, int64_t lo, int64_t hi) {
+  qjob *q = ctx;
+  int64_t K = q->K;
+  for (int64_t r = lo; r < hi; r++)
+    for (int64_t b = 0; b < K / 16; b++) {
+      const float *x = q->w + r * K + b * 16;
+      float bmax = 0;
+      for (int j = 0; j < 16; j++) bmax = fmaxf(bmax, fabsf(x[j]));
+      uint8_t sc = dt_f32_to_e4m3(bmax / (6.0f * q->s2));
+      q->scales[r * (K / 16) + b] = sc;
+      float scale = dt_e4m3_to_f32(sc) * q->s2;
+      uint8_t *out = q->codes + r * (K / 2) + b * 8;
+      for (int j = 0; j < 8; j++) {
+        uint8_t lo4 = scale > 0 ? e2m1_code(x[2 * j] / scale) : 0;
+        uint8_t hi4 = scale > 0 ? e2m1_code(x[2 * j + 1] / scale) : 0;
+        out[j] = (uint8_t)(lo4 | hi4 << 4); /* even column in the low nibble */
+      }
+    }
 }
 
 static void quantize(const mkmodel_spec *s, const entry *e, qcache *qc) {
   if (qc->base && strcmp(qc->base, e->base) == 0) return;
   free(qc->base), free(qc->codes), free(qc->scales);
   int64_t R = e->rows, K = e->cols;
-  float *w = mj_xmalloc((size_t)(R * K) * sizeof *w);
-  gen_weight(s, e->base, R * K, e->sd, w);
+  int nt = (int)s->threads;
+  qjob q = {name_seed(s->seed, e->base), K, e->sd, 0, mj_xmalloc((size_t)(R * K) * sizeof(float)), NULL, NULL};
+  par_for(nt, R, q_gen, &q);
   float amax = 0;
-  for (int64_t i = 0; i < R * K; i++) amax = fmaxf(amax, fabsf(w[i]));
+  for (int64_t i = 0; i < R * K; i++) amax = fmaxf(amax, fabsf(q.w[i]));
   /* weight_scale_2 = amax / (6 * 448): the largest block scale then lands on
    * e4m3's maximum. */
-  float s2 = amax > 0 ? amax / (6.0f * 448.0f) : 1.0f;
+  q.s2 = amax > 0 ? amax / (6.0f * 448.0f) : 1.0f;
+  q.codes = mj_xmalloc((size_t)(R * K / 2));
+  q.scales = mj_xmalloc((size_t)(R * K / 16));
+  par_for(nt, R, q_rows, &q);
   qc->base = mj_xstrdup(e->base);
-  qc->s2 = s2;
-  qc->codes = mj_xcalloc((size_t)(R * K / 2), 1);
-  qc->scales = mj_xmalloc((size_t)(R * K / 16));
-  for (int64_t r = 0; r < R; r++)
-    for (int64_t b = 0; b < K / 16; b++) {
-      const float *x = w + r * K + b * 16;
-      float bmax = 0;
-      for (int j = 0; j < 16; j++) bmax = fmaxf(bmax, fabsf(x[j]));
-      uint8_t sc = dt_f32_to_e4m3(bmax / (6.0f * s2));
-      qc->scales[r * (K / 16) + b] = sc;
-      float scale = dt_e4m3_to_f32(sc) * s2;
-      uint8_t *out = qc->codes + r * (K / 2) + b * 8;
-      for (int j = 0; j < 16; j++) {
-        uint8_t code = scale > 0 ? dt_f32_to_e2m1(x[j] / scale) : 0;
-        out[j / 2] |= (uint8_t)(j & 1 ? code << 4 : code);
-      }
-    }
-  free(w);
+  qc->s2 = q.s2;
+  qc->codes = q.codes;
+  qc->scales = q.scales;
+  free(q.w);
 }
 
 /* ---- writing -------------------------------------------------------------------------- */
@@ -274,25 +348,36 @@ static int write_all(FILE *f, const void *p, size_t n, const char *path, mj_err 
   return 0;
 }
 
+typedef struct {
+  uint64_t seed, i0;
+  float mean, sd;
+  float *f;
+  uint16_t *h; /* bf16 output, or NULL for f32 */
+} fill_job;
+
+static void fill_part(void *ctx, int64_t lo, int64_t hi) {
+  fill_job *j = ctx;
+  fill(j->seed, j->i0 + (uint64_t)lo, (size_t)(hi - lo), j->mean, j->sd, false, j->f + lo);
+  if (j->h)
+    for (int64_t i = lo; i < hi; i++) j->h[i] = dt_f32_to_bf16(j->f[i]);
+}
+
 static int write_entry(plan *p, const entry *e, FILE *f, const char *path, qcache *qc, s2map *sm,
                        mj_err *err) {
   const mkmodel_spec *s = &p->sp;
   switch (e->kind) {
   case G_BF16:
   case G_F32: {
-    uint64_t st = name_seed(s->seed, e->name);
     uint64_t numel = e->nbytes / st_dtype_size(e->dtype);
-    enum { CH = 1 << 20 };
+    enum { CH = 1 << 22 };
+    float *fb = mj_xmalloc(CH * sizeof *fb);
     uint16_t *hb = e->kind == G_BF16 ? mj_xmalloc(CH * 2) : NULL;
-    float *fb = e->kind == G_F32 ? mj_xmalloc(CH * 4) : NULL;
+    fill_job fj = {name_seed(s->seed, e->name), 0, e->mean, e->sd, fb, hb};
     int r = 0;
     for (uint64_t done = 0; done < numel && !r;) {
       size_t n = numel - done < CH ? (size_t)(numel - done) : CH;
-      for (size_t i = 0; i < n; i++) {
-        float v = e->mean + e->sd * normal01(&st);
-        if (hb) hb[i] = dt_f32_to_bf16(v);
-        else fb[i] = v;
-      }
+      fj.i0 = done;
+      par_for((int)s->threads, (int64_t)n, fill_part, &fj);
       r = write_all(f, hb ? (void *)hb : (void *)fb, n * (hb ? 2 : 4), path, err);
       done += n;
     }
@@ -635,6 +720,7 @@ int mkmodel_preset(const char *name, mkmodel_spec *s) {
   s->n_group = 1;
   s->topk_group = 1;
   s->shared = 1;
+  s->threads = 1;
   if (strcmp(name, "tiny") == 0) {
     /* Small enough that a whole fixture model is ~1 MB and a forward pass
      * takes milliseconds; widths are multiples of 16 so NVFP4 applies. */

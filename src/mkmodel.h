@@ -24,6 +24,7 @@ typedef struct mkmodel_spec {
   uint64_t seed;
   int64_t shard_size; /* 0: one file */
   int64_t merges;     /* BPE merges in tokenizer.json (at most) */
+  int64_t threads;    /* generator threads (values do not depend on it) */
 } mkmodel_spec;
 
 /* Fill s from a preset name; -1 if unknown. */

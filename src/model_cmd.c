@@ -1,5 +1,5 @@
-/* model_cmd.c: the commands of the model module, `moejit info` and
- * `moejit mkmodel`.
+/* model_cmd.c: the commands of the model module, `moejit info`,
+ * `moejit mkmodel` and `moejit forward`.
  *
  * They are linked into the program only (not libmoejit.a), because they use
  * the CLI's option parser, which lives with the dispatcher in main.c; the
@@ -7,9 +7,12 @@
  */
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
+#include "cpu_forward.h"
 #include "mkmodel.h"
 #include "model.h"
 
@@ -75,7 +78,7 @@ int cmd_info(int argc, char **argv, mj_err *err) {
 int cmd_mkmodel(int argc, char **argv, mj_err *err) {
   const char *preset = "tiny", *out = NULL, *itypes = NULL;
   int64_t layers = -1, dense = -1, experts = -1, per_tok = -1, n_group = -1, topk_group = -1, shared = -1;
-  int64_t itopk = -1, vocab = -1, seed = 1, shard = 0, merges = -1;
+  int64_t itopk = -1, vocab = -1, seed = 1, shard = 0, merges = -1, threads = 0;
   bool nvfp4 = false, force = false, quiet = false;
   cli_opt opts[] = {
       {"preset", 0, CLI_STR, &preset},        {"layers", 0, CLI_INT, &layers},
@@ -87,6 +90,7 @@ int cmd_mkmodel(int argc, char **argv, mj_err *err) {
       {"seed", 0, CLI_INT, &seed},            {"nvfp4", 0, CLI_FLAG, &nvfp4},
       {"shard-size", 0, CLI_INT, &shard},     {"out", 'o', CLI_STR, &out},
       {"force", 0, CLI_FLAG, &force},         {"quiet", 'q', CLI_FLAG, &quiet},
+      {"threads", 0, CLI_INT, &threads},
   };
   int r = cli_parse("mkmodel", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (r) return r < 0 ? 0 : r;
@@ -111,6 +115,10 @@ int cmd_mkmodel(int argc, char **argv, mj_err *err) {
   s.seed = (uint64_t)seed;
   s.nvfp4 = nvfp4;
   s.shard_size = shard;
+  /* Generation threads: all cores by default (up to 8); the bytes written
+   * do not depend on the count. */
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  s.threads = threads > 0 ? threads : ncpu > 8 ? 8 : ncpu > 0 ? ncpu : 1;
   double t0 = mj_now_ms();
   uint64_t bytes = 0;
   if ((r = mkmodel_write(&s, out, force, &bytes, err))) return r;
@@ -122,4 +130,50 @@ int cmd_mkmodel(int argc, char **argv, mj_err *err) {
            mj_fmt_bytes((double)bytes, hb, sizeof hb), ms / 1000, (double)bytes / (ms * 1e6));
   }
   return 0;
+}
+
+/* ---- moejit forward ------------------------------------------------------------------ */
+int cmd_forward(int argc, char **argv, mj_err *err) {
+  const char *dir = NULL, *toks = NULL;
+  int64_t steps = 0, threads = 2;
+  bool absorbed = false;
+  cli_opt opts[] = {{"model", 'm', CLI_STR, &dir},      {"tokens", 't', CLI_STR, &toks},
+                    {"steps", 0, CLI_INT, &steps},       {"threads", 0, CLI_INT, &threads},
+                    {"absorbed", 0, CLI_FLAG, &absorbed}};
+  int r = cli_parse("forward", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
+  if (r) return r < 0 ? 0 : r;
+  if (!dir || !toks) return mj_fail(err, MJ_EUSAGE, "moejit forward: -m DIR and --tokens ID,ID,... are required");
+  if (steps < 0 || steps > 100000) return mj_fail(err, MJ_EUSAGE, "moejit forward: --steps must be 0..100000");
+  int64_t ids[4096];
+  int n = mj_parse_i64_list(toks, ids, 4096);
+  if (n < 1) return mj_fail(err, MJ_EUSAGE, "moejit forward: --tokens must be a comma-separated list of ids");
+  model *m;
+  if ((r = model_load(dir, &m, err))) return r;
+  cpu_params p = {.max_ctx = n + steps + 1, .threads = (int)threads, .absorbed = absorbed};
+  cpu_model *s = NULL;
+  int64_t V = m->cfg.vocab_size;
+  int32_t *tok = mj_xmalloc((size_t)(n + steps + 1) * sizeof *tok);
+  float *logits = mj_xmalloc((size_t)V * sizeof *logits);
+  for (int i = 0; i < n; i++) tok[i] = (int32_t)ids[i];
+  if ((r = cpu_model_create(m, &p, &s, err))) goto out;
+  double t0 = mj_now_ms();
+  if ((r = cpu_forward(s, tok, n, 0, logits, false, err))) goto out;
+  double t1 = mj_now_ms();
+  printf("prefill  %d tokens in %.1f ms\n", n, t1 - t0);
+  for (int64_t k = 0; k <= steps; k++) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; i++)
+      if (logits[i] > logits[best]) best = i;
+    tok[n + k] = (int32_t)best;
+    printf("token    %lld (logit %.4f)\n", (long long)best, logits[best]);
+    if (k == steps) break;
+    double ts = mj_now_ms();
+    if ((r = cpu_forward(s, tok + n + k, 1, n + k, logits, false, err))) goto out;
+    printf("decode   step %lld in %.1f ms\n", (long long)k + 1, mj_now_ms() - ts);
+  }
+out:
+  cpu_model_destroy(s);
+  free(tok), free(logits);
+  model_free(m);
+  return r;
 }
