@@ -122,9 +122,13 @@ static int map_file(st_set *s, const char *path, int *fidx, mj_err *err) {
   return 0;
 }
 
-static int cmp_offset(const void *a, const void *b, void *ctx) {
-  const st_tensor *t = ctx;
-  const st_tensor *x = &t[*(const size_t *)a], *y = &t[*(const size_t *)b];
+typedef struct {
+  uint64_t offset, nbytes;
+  size_t idx;
+} span;
+
+static int cmp_span(const void *a, const void *b) {
+  const span *x = a, *y = b;
   if (x->offset != y->offset) return x->offset < y->offset ? -1 : 1;
   return x->nbytes < y->nbytes ? -1 : x->nbytes > y->nbytes;
 }
@@ -247,12 +251,13 @@ static int parse_header(st_set *s, int fidx, size_t *first, size_t *count, mj_er
   /* Overlap: sort this file's tensors by offset; each must start at or after
    * the end of the one before it (empty tensors occupy nothing). */
   size_t cnt = s->ntensors - base;
-  size_t *order = mj_xmalloc((cnt ? cnt : 1) * sizeof *order);
-  for (size_t i = 0; i < cnt; i++) order[i] = base + i;
-  qsort_r(order, cnt, sizeof *order, cmp_offset, s->tensors);
+  span *order = mj_xmalloc((cnt ? cnt : 1) * sizeof *order);
+  for (size_t i = 0; i < cnt; i++)
+    order[i] = (span){s->tensors[base + i].offset, s->tensors[base + i].nbytes, base + i};
+  qsort(order, cnt, sizeof *order, cmp_span);
   const st_tensor *prev = NULL;
   for (size_t i = 0; i < cnt && !r; i++) {
-    const st_tensor *t = &s->tensors[order[i]];
+    const st_tensor *t = &s->tensors[order[i].idx];
     if (!t->nbytes) continue;
     if (prev && t->offset < prev->offset + prev->nbytes)
       r = mj_fail(err, MJ_EINPUT,
