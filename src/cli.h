@@ -39,7 +39,21 @@
     "  --chat            wrap TEXT as a user turn of the GLM-5 chat prompt\n"    \
     "  --no-think        with --chat: end with <|assistant|></think>\n"         \
     "  --json            {\"ids\":[...]} (and \"pieces\" with --pieces)\n"         \
-    "  TEXT              the text, or - to read it from stdin\n")
+    "  TEXT              the text, or - to read it from stdin\n") \
+  X(info, "load and validate a GLM-5 checkpoint folder and summarise it",     \
+    "moejit info -m DIR [--json]\n"                                          \
+    "  checks config.json, hf_quant_config.json and every safetensors header,\n" \
+    "  then prints layers, widths, experts, quantisation and bytes\n")       \
+  X(mkmodel, "write a synthetic GLM-5 checkpoint (Hugging Face / ModelOpt layout)", \
+    "moejit mkmodel --out DIR [--preset tiny|small|glm5] [--layers N]\n"     \
+    "       [--dense-layers N] [--experts E] [--experts-per-tok K]\n"        \
+    "       [--n-group G] [--topk-group T] [--shared-experts S]\n"           \
+    "       [--index-topk K] [--indexer-types FSF..] [--vocab V] [--merges M]\n" \
+    "       [--seed S] [--nvfp4] [--shard-size BYTES] [--threads T] [--force] [-q]\n" \
+    "  deterministic for a seed; --nvfp4 quantises the routed experts\n")   \
+  X(forward, "run token ids through the CPU reference forward pass, greedy decode", \
+    "moejit forward -m DIR --tokens ID,ID,... [--steps N] [--threads T] [--absorbed]\n" \
+    "  prefill the ids, then N greedy decode steps; prints tokens and timings\n")
 
 #define X(name, summary, usage) int cmd_##name(int argc, char **argv, mj_err *err);
 MJ_COMMANDS(X)
