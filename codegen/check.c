@@ -683,17 +683,50 @@ static int check_call(checker *K, dsl_node *n) {
   return 0;
 }
 
+/* LLVM aborts on a template that names an operand it does not have, or on
+ * a constraint it does not know, so both are checked here first. */
+static int check_asm_template(checker *K, dsl_node *n) {
+  int nops = n->nouts + n->nins;
+  for (const char *p = n->asm_text; *p; p++) {
+    if (*p != '%') continue;
+    if (p[1] == '%') {
+      p++;
+      continue;
+    }
+    if (p[1] < '0' || p[1] > '9') continue; /* %r1, %laneid: PTX names */
+    int k = 0;
+    const char *q = p + 1;
+    while (*q >= '0' && *q <= '9' && k < 1000) k = k * 10 + (*q++ - '0');
+    if (k >= nops)
+      return dsl_error(K->c, n->loc, "asm template uses %%%d but there %s only %d operand%s", k,
+                       nops == 1 ? "is" : "are", nops, nops == 1 ? "" : "s");
+    p = q - 1;
+  }
+  return 0;
+}
+
+static int check_constraint(checker *K, dsl_asm_operand *o, bool output) {
+  const char *c = o->constraint + (output ? 1 : 0);
+  if (strlen(c) != 1 || !strchr(output ? "rhlfd" : "rhlfdn", c[0]))
+    return dsl_error(K->c, o->expr->loc, "asm constraint \"%s\" is not supported (%s)", o->constraint,
+                     output ? "outputs: =r, =h, =l, =f, =d or +r, ..." : "inputs: r, h, l, f, d, n");
+  return 0;
+}
+
 static int check_asm(checker *K, dsl_node *n) {
   char a[64];
+  if (check_asm_template(K, n)) return MJ_EINPUT;
   for (int i = 0; i < n->nouts; i++) {
     dsl_asm_operand *o = &n->outs[i];
     if (o->constraint[0] != '=' && o->constraint[0] != '+')
       return dsl_error(K->c, o->expr->loc, "an asm output's constraint starts with '=' (\"=r\")");
+    if (check_constraint(K, o, true)) return MJ_EINPUT;
     if (check_expr(K, o->expr)) return MJ_EINPUT;
     if (!is_lvalue(o->expr)) return dsl_error(K->c, o->expr->loc, "an asm output must be assignable");
   }
   for (int i = 0; i < n->nins; i++) {
     dsl_asm_operand *o = &n->ins[i];
+    if (check_constraint(K, o, false)) return MJ_EINPUT;
     if (check_expr(K, o->expr)) return MJ_EINPUT;
     if (o->expr->is_lit) {
       char c = o->constraint[0];

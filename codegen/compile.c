@@ -72,7 +72,9 @@ int dsl_compile(const char *path, const char *src, size_t len, const dsl_define 
   memset(r, 0, sizeof *r);
   dsl_ctx c = {0};
   mj_arena_init(&c.arena, 256 * 1024);
-  c.src = (dsl_src){path, src, len};
+  /* The lexer looks one or two characters ahead; a NUL-terminated copy in
+   * the arena makes that safe whatever buffer the caller passed. */
+  c.src = (dsl_src){path, mj_arena_strndup(&c.arena, src, len), len};
   c.err = err;
   c.opt = &opt;
   LLVMContextRef llctx = NULL;

@@ -28,7 +28,7 @@ int dsl_error(dsl_ctx *c, dsl_loc loc, const char *fmt, ...) {
   mj_fail(c->err, MJ_EINPUT, "%s:%d:%d: error: %s", c->src.path, loc.line, loc.col, msg);
   /* The source line, then a caret under the column (tabs kept so the caret
    * lines up in a terminal). */
-  if (loc.at && c->err) {
+  if (loc.at && c->err && loc.at < c->src.text + c->src.len) {
     const char *ls = loc.at, *base = c->src.text;
     while (ls > base && ls[-1] != '\n') ls--;
     const char *le = loc.at;
@@ -228,7 +228,7 @@ int dsl_lex(dsl_ctx *c, dsl_tok **toks, int *ntoks) {
       continue;
     }
     if (ch == '/' && L.p + 1 < L.end && L.p[1] == '*') {
-      const char *start = L.p;
+      dsl_loc start = here(&L, L.p);
       L.p += 2;
       while (L.p + 1 < L.end && !(L.p[0] == '*' && L.p[1] == '/')) {
         if (*L.p == '\n') L.line++, L.line_start = L.p + 1;
@@ -236,7 +236,7 @@ int dsl_lex(dsl_ctx *c, dsl_tok **toks, int *ntoks) {
       }
       if (L.p + 1 >= L.end) {
         free(L.v);
-        return dsl_error(c, here(&L, start), "unterminated comment");
+        return dsl_error(c, start, "unterminated comment");
       }
       L.p += 2;
       continue;

@@ -297,7 +297,7 @@ static dsl_node *postfix(parser *P) {
     dsl_tok *t = peek(P);
     if (is_punct(t, "[")) {
       next(P);
-      dsl_node *ix = new_node(P, N_INDEX, t->loc);
+      dsl_node *ix = new_node(P, N_INDEX, n->loc); /* errors point at the base */
       ix->lhs = n;
       if (!(ix->rhs = expr(P)) || !expect(P, "]")) return NULL;
       n = ix;

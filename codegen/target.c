@@ -155,22 +155,29 @@ static int jl_fail(mj_err *err, nvJitLinkHandle h, nvJitLinkResult res, const ch
     }                                                                        \
   } while (0)
 
-/* Read "Used N registers", "N bytes smem", "N bytes stack frame, N bytes
- * spill stores, N bytes spill loads" out of ptxas's info lines. */
+/* Resources from the link log.  nvJitLink always ends with its own summary
+ * ("used 70 registers, used 0 barriers, 0 stack, 0 bytes smem, ...");
+ * ptxas's lines before it add the spill counts, but a linker that serves a
+ * repeated link from its cache prints only the summary, so that is the
+ * primary source. */
 static void parse_resources(const char *log, dsl_result *r) {
   const char *p;
-  if ((p = strstr(log, "Used "))) sscanf(p, "Used %d registers", &r->regs);
-  if ((p = strstr(log, " bytes smem"))) {
-    const char *q = p;
-    while (q > log && (q[-1] >= '0' && q[-1] <= '9')) q--;
-    r->shared_bytes = atoi(q);
+  if ((p = strstr(log, ": used "))) {
+    int regs, bars, stack, smem;
+    if (sscanf(p, ": used %d registers, used %d barriers, %d stack, %d bytes smem", &regs, &bars, &stack, &smem) == 4) {
+      r->regs = regs;
+      r->stack_bytes = stack;
+      r->shared_bytes = smem;
+    }
   }
+  if (!r->regs && (p = strstr(log, "Used "))) sscanf(p, "Used %d registers", &r->regs);
   if ((p = strstr(log, "bytes stack frame"))) {
     const char *q = p;
     while (q > log && q[-1] == ' ') q--;
     while (q > log && (q[-1] >= '0' && q[-1] <= '9')) q--;
-    sscanf(q, "%d bytes stack frame, %d bytes spill stores, %d bytes spill loads", &r->stack_bytes,
-           &r->spill_stores, &r->spill_loads);
+    int stack;
+    sscanf(q, "%d bytes stack frame, %d bytes spill stores, %d bytes spill loads", &stack, &r->spill_stores,
+           &r->spill_loads);
   }
 }
 

@@ -1,10 +1,13 @@
 #!/bin/sh
 # deps.sh: installs what moejit needs to build and test on Debian 12, only
 # the packages that are missing.  The CUDA 13 toolkit is expected at
-# /usr/local/cuda (or pass --with-cuda=DIR to configure).
+# /usr/local/cuda (or pass --with-cuda=DIR to configure).  unicode-data and
+# bzip2 serve one test only (tests/nfc_conformance.sh: the Unicode NFC
+# conformance file); the tokenizer's oracle test needs node and npm, which
+# it uses where present (it installs its npm packages itself).
 set -eu
 pkgs="build-essential autoconf automake pkg-config llvm-19-dev libxxhash-dev \
-libzstd-dev zlib1g-dev libpcre2-dev"
+libzstd-dev zlib1g-dev libpcre2-dev unicode-data bzip2"
 missing=
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -19,13 +19,41 @@
     "moejit version [--json]\n")                                             \
   X(compile, "compile a DSL kernel to LLVM IR, PTX or a cubin",              \
     "moejit compile FILE.k [-D NAME=VALUE]... [--arch sm_90a] [--emit llvm|ptx|cubin]\n" \
-    "               [-o OUT] [-O 0..3] [--repeat N] [-q]\n"                  \
+    "               [-o OUT] [-O 0..3] [--repeat N] [-q] [-v]\n"                  \
     "  FILE.k may also name a built-in template (gemv_bf16.k).\n"            \
     "  -D NAME=VALUE  binds a specialisation constant (repeatable)\n"        \
     "  --arch         sm_80, sm_86, sm_89, sm_90 or sm_90a (default)\n"      \
     "  --emit         llvm, ptx (default without -o) or cubin (default with -o)\n" \
     "  --repeat N     compile N times, report the median time\n"             \
+    "  -v             also print nvJitLink's log (the ptxas report)\n"       \
     "  MOEJIT_DUMP=tokens,ast,llvm-raw,llvm,ptx prints those stages to stderr\n") \
+  X(bench, "GPU benchmarks: time kernels against the measured copy bandwidth", \
+    "moejit bench gemv [--n N] [--k K] [--configs THREADS:ROWS:UNROLL,...] \n") \
+  X(tokenize, "print the tokens of a text (ids, pieces or JSON)",            \
+    "moejit tokenize (-m DIR | --tokenizer FILE.json) [--ids|--pieces] [--chat [--no-think]]\n" \
+    "                [--json] TEXT|-\n"                                        \
+    "  -m DIR            a model folder: uses DIR/tokenizer.json\n"             \
+    "  --tokenizer FILE  a tokenizer.json\n"                                    \
+    "  --ids             one token id per line (the default)\n"                 \
+    "  --pieces          one token per line as the vocabulary writes it (Ġ is a space)\n" \
+    "  --chat            wrap TEXT as a user turn of the GLM-5 chat prompt\n"    \
+    "  --no-think        with --chat: end with <|assistant|></think>\n"         \
+    "  --json            {\"ids\":[...]} (and \"pieces\" with --pieces)\n"         \
+    "  TEXT              the text, or - to read it from stdin\n") \
+  X(info, "load and validate a GLM-5 checkpoint folder and summarise it",     \
+    "moejit info -m DIR [--json]\n"                                          \
+    "  checks config.json, hf_quant_config.json and every safetensors header,\n" \
+    "  then prints layers, widths, experts, quantisation and bytes\n")       \
+  X(mkmodel, "write a synthetic GLM-5 checkpoint (Hugging Face / ModelOpt layout)", \
+    "moejit mkmodel --out DIR [--preset tiny|small|glm5] [--layers N]\n"     \
+    "       [--dense-layers N] [--experts E] [--experts-per-tok K]\n"        \
+    "       [--n-group G] [--topk-group T] [--shared-experts S]\n"           \
+    "       [--index-topk K] [--indexer-types FSF..] [--vocab V] [--merges M]\n" \
+    "       [--seed S] [--nvfp4] [--shard-size BYTES] [--threads T] [--force] [-q]\n" \
+    "  deterministic for a seed; --nvfp4 quantises the routed experts\n")   \
+  X(forward, "run token ids through the CPU reference forward pass, greedy decode", \
+    "moejit forward -m DIR --tokens ID,ID,... [--steps N] [--threads T] [--absorbed]\n" \
+    "  prefill the ids, then N greedy decode steps; prints tokens and timings\n") \
   X(cache, "show and manage the on-disk cubin cache",                         \
     "moejit cache stats|list|verify|prune|clear [--dir DIR] [--max SIZE]\n"   \
     "  stats    counters (all runs) and size against the cap\n"              \

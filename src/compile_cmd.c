@@ -12,8 +12,9 @@
  * moejit uses: from the cubin cache when it is there, else compiled and
  * stored, so `moejit compile -o x.cubin` also warms the cache.  -O then
  * travels as MOEJIT_DSL_OPT, the variable the cache key records.  The
- * stage times need a compile that bypasses the cache: they are printed
- * with --repeat (which times the compiler itself), or for LLVM IR and PTX.
+ * stage times and the nvJitLink log need a compile that bypasses the
+ * cache: with --repeat (which times the compiler itself) or -v the
+ * compiler runs too, and the cubin written is still the front door's.
  */
 #include <stdbool.h>
 #include <stdlib.h>
@@ -91,13 +92,13 @@ static int cubin_via_jit(const char *kernel, const dsl_define *dv, int ndefs, co
 int cmd_compile(int argc, char **argv, mj_err *err) {
   const char *arch = "sm_90a", *emit = NULL, *out = NULL;
   int64_t opt_level = -1, repeat = 1; /* -1: -O not given */
-  bool quiet = false;
+  bool quiet = false, verbose = false;
   cli_list defs = {0}, pos = {0};
   cli_opt opts[] = {
       {"define", 'D', CLI_MULTI, &defs}, {"arch", 0, CLI_STR, &arch},
       {"emit", 0, CLI_STR, &emit},       {"output", 'o', CLI_STR, &out},
       {"opt", 'O', CLI_INT, &opt_level}, {"repeat", 0, CLI_INT, &repeat},
-      {"quiet", 'q', CLI_FLAG, &quiet},
+      {"quiet", 'q', CLI_FLAG, &quiet},  {"verbose", 'v', CLI_FLAG, &verbose},
   };
   dsl_define *dv = NULL;
   char *src = NULL;
@@ -140,7 +141,7 @@ int cmd_compile(int argc, char **argv, mj_err *err) {
     char lvl[2] = {(char)('0' + opt_level), 0};
     setenv("MOEJIT_DSL_OPT", lvl, 1);
   }
-  if (via_jit && repeat == 1) {
+  if (via_jit && repeat == 1 && !verbose) {
     rc = cubin_via_jit(pos.v[0], dv, defs.n, arch, out, quiet, err);
     goto done;
   }
@@ -190,6 +191,7 @@ int cmd_compile(int argc, char **argv, mj_err *err) {
       fprintf(f, "  resources: %d registers, %d bytes shared, %d bytes stack, %d bytes spill stores, %d bytes spill loads\n",
               r.regs, r.shared_bytes, r.stack_bytes, r.spill_stores, r.spill_loads);
     if (out) fprintf(f, "  wrote %s (%s)\n", out, emit);
+    if (verbose && r.link_log) fprintf(f, "nvJitLink log:\n%s", r.link_log);
   }
 done:
   dsl_result_free(&r);

@@ -27,27 +27,29 @@ static int load(mj_err *err) {
   if (!h)
     return mj_fail(err, MJ_ENOGPU, "no GPU: the CUDA driver (libcuda.so.1) is not installed");
   CUresult (*init)(unsigned) = (CUresult(*)(unsigned))dlsym(h, "cuInit");
-  CUresult (*gpa)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
-      (CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))
-          dlsym(h, "cuGetProcAddress_v2");
-  if (!init || !gpa)
-    return mj_fail(err, MJ_ENOGPU, "no GPU: libcuda.so.1 is too old (needs CUDA 12 or later)");
+  if (!init) return mj_fail(err, MJ_ENOGPU, "no GPU: libcuda.so.1 has no cuInit");
   CUresult r = init(0);
   if (r != CUDA_SUCCESS)
     return mj_fail(err, MJ_ENOGPU, "no GPU: the CUDA driver did not start (cuInit error %d)",
                    (int)r);
+  /* Each entry is looked up by the exact symbol cuda.h's macros name
+   * (cuMemAlloc -> cuMemAlloc_v2), so the pointer has the prototype the
+   * header declares.  cuGetProcAddress would instead return the newest
+   * ABI of a base name: for cuCtxSynchronize that is the CUDA 13 variant
+   * taking a context, while the header's cuCtxSynchronize takes none. */
+#define SYM_(f) #f
+#define SYM(f) SYM_(f)
 #define X(f)                                                                  \
   {                                                                           \
-    CUdriverProcAddressQueryResult st;                                        \
-    void *p = NULL;                                                           \
-    if (gpa(#f, &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &st) != 0 || !p) \
-      return mj_fail(err, MJ_ENOGPU,                                          \
-                     "no GPU: the CUDA driver lacks %s (driver too old for CUDA %d)", #f, \
-                     CUDA_VERSION);                                           \
+    void *p = dlsym(h, SYM(f));                                               \
+    if (!p)                                                                   \
+      return mj_fail(err, MJ_ENOGPU, "no GPU: the CUDA driver lacks %s (needs CUDA 13)", SYM(f)); \
     memcpy(&cu.f, &p, sizeof p);                                              \
   }
   CU_FUNCS(X)
 #undef X
+#undef SYM
+#undef SYM_
   return 0;
 }
 
@@ -148,4 +150,21 @@ out:
   if (a) cu.cuMemFree(a);
   if (b) cu.cuMemFree(b);
   return rc;
+}
+
+int cu_load_cubin(const void *cubin, const char *kernel, CUmodule *mod, CUfunction *fn, mj_err *err) {
+  CU_CHECK(err, cu.cuModuleLoadData(mod, cubin));
+  CUresult r = cu.cuModuleGetFunction(fn, *mod, kernel);
+  if (r != CUDA_SUCCESS) {
+    cu.cuModuleUnload(*mod);
+    *mod = NULL;
+    return cu_fail(err, r, "cuModuleGetFunction", __FILE__, __LINE__);
+  }
+  return 0;
+}
+
+int cu_launch(CUfunction fn, unsigned grid, unsigned block, unsigned smem, CUstream s, void **args,
+              mj_err *err) {
+  CU_CHECK(err, cu.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, smem, s, args, NULL));
+  return 0;
 }

@@ -2,9 +2,10 @@
  *
  * moejit never links libcuda: the same binary must start, compile kernels and
  * run the CPU backend on a machine with no GPU.  cu_init() opens
- * libcuda.so.1, resolves every entry point in the CU_FUNCS table through
- * cuGetProcAddress (so the versioned symbol matching the CUDA 13 headers is
- * used), initialises the driver and makes device 0's primary context (or
+ * libcuda.so.1, resolves every entry point in the CU_FUNCS table by the
+ * exact symbol cuda.h's macros name (cuMemAlloc -> cuMemAlloc_v2, so each
+ * pointer has the prototype the header declares), initialises the driver
+ * and makes device 0's primary context (or
  * MOEJIT_DEVICE's) current.  Every call goes through CU_CHECK, which records
  * the call, file:line and the driver's own message in an mj_err.
  * Prefix: cu_ (the table itself is the global `cu`, fields named as in
@@ -88,6 +89,13 @@ int cu_fail(mj_err *err, CUresult r, const char *call, const char *file, int lin
 /* Allocate device memory; out-of-memory is reported with the bytes asked
  * for and the bytes free. */
 int cu_alloc(CUdeviceptr *p, size_t bytes, const char *what, mj_err *err);
+
+/* Load a cubin and look up one kernel in it. */
+int cu_load_cubin(const void *cubin, const char *kernel, CUmodule *mod, CUfunction *fn, mj_err *err);
+
+/* Launch fn on a 1-D grid; args as for cuLaunchKernel. */
+int cu_launch(CUfunction fn, unsigned grid, unsigned block, unsigned smem, CUstream s, void **args,
+              mj_err *err);
 
 /* Measured device-to-device copy bandwidth in bytes/s (read + write counted),
  * the median of several copies of `bytes` (METHOD.md: every figure is also a

@@ -6,6 +6,8 @@
 # front door: compiled once, then from the cache, assert-warm both ways.
 set -u
 : "${MOEJIT:=./moejit}"
+MOEJIT_CACHE=on # make check turns the cache off for every other test
+export MOEJIT_CACHE
 here=$(dirname "$MOEJIT")/tests  # the build folder's test programs
 dir=$(mktemp -d "${TMPDIR:-/tmp}/moejit-cache-cli.XXXXXX")
 trap 'rm -rf "$dir"' EXIT

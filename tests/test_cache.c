@@ -175,7 +175,10 @@ static void test_parse(void) {
   T_CHECK(cache_parse_mode("off", &m) == 0 && m == CACHE_OFF);
   T_CHECK(cache_parse_mode("yes", &m) != 0);
 
-  /* The folder: MOEJIT_CACHE_DIR, else XDG, else ~/.cache. */
+  /* The folder: MOEJIT_CACHE_DIR, else XDG, else ~/.cache; the defaults
+   * with nothing else set (make check sets MOEJIT_CACHE=off). */
+  unsetenv("MOEJIT_CACHE");
+  unsetenv("MOEJIT_CACHE_MAX");
   cache_config cfg;
   setenv("MOEJIT_CACHE_DIR", "/x/y", 1);
   setenv("XDG_CACHE_HOME", "/xdg", 1);

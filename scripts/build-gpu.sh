@@ -1,0 +1,28 @@
+#!/bin/sh
+# build-gpu.sh [OUTDIR]: the portable build (LLVM and the non-CUDA libraries
+# linked statically) for the GPU host, made from a copy of this working tree
+# so the in-tree build is left alone.  Puts moejit, the GPU test programs and
+# the scripts the GPU runs need into OUTDIR (default build-gpu/), which the
+# device tool carries.
+set -eu
+top=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$top/build-gpu}
+work=${TMPDIR:-/tmp}/moejit-portable
+mkdir -p "$work" "$out"
+cd "$top"
+git ls-files -co --exclude-standard | grep -v '^build-gpu/' | tar -cf - -T - | (cd "$work" && tar -xf -)
+cd "$work"
+[ -x configure ] && [ configure -nt configure.ac ] || autoreconf -fi >/dev/null 2>&1
+[ -f Makefile ] && [ Makefile -nt Makefile.am ] && [ config.status -nt configure ] || ./configure -q --enable-portable
+make -j2 >/dev/null
+make -j2 check TESTS= >/dev/null
+# Both programs carry a static LLVM; gzip keeps the pair well under the
+# device tool's 64 MiB.  scripts/gpu-env.sh unpacks them on the GPU host.
+stage=$work/stage
+rm -rf "$stage"
+mkdir -p "$stage/tests/gpu"
+cp moejit "$stage/"
+cp tests/gpu/gputest "$stage/tests/gpu/"
+strip "$stage/moejit" "$stage/tests/gpu/gputest"
+tar -czf "$out/bin.tgz" -C "$stage" .
+echo "build-gpu.sh: $(du -h "$out/bin.tgz" | cut -f1) in $out/bin.tgz"

@@ -1,0 +1,304 @@
+/* cpu_forward.c: the GLM-5 forward pass on the CPU (cpu_forward.h).
+ *
+ * The structure follows transformers' GlmMoeDsaForCausalLM (5.17) step by
+ * step; where the reference's choice is not obvious, the comment says what
+ * it does.  Shapes are [token][feature] row-major float32 throughout; a
+ * forward call allocates its activations (the sizes depend on n) and frees
+ * them at the end, while the caches live in the cpu_model.
+ *
+ * DSA: for each query, the layer's indexer scores every visible cached key;
+ * when more than index_topk keys are visible only the index_topk best may be
+ * attended to.  "shared" layers reuse the previous layer's selection.  A
+ * query's selection is a byte mask over the cache, kept across layers of one
+ * call so shared layers can read it.
+ */
+#include "cpu_forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref_model.h"
+
+typedef struct layer_cache {
+  float *latent; /* [max_ctx][kv_lora_rank], after kv_a_layernorm */
+  float *krope;  /* [max_ctx][qk_rope_head_dim], rotated */
+  float *ikey;   /* [max_ctx][index_head_dim], after k_norm and RoPE; NULL on shared layers */
+} layer_cache;
+
+struct cpu_model {
+  const model *m;
+  cpu_params p;
+  int64_t len;
+  layer_cache *lc;
+  float *inv_freq; /* [qk_rope_head_dim / 2] */
+  float *dump;
+};
+
+static float *xalloc_f(size_t n) {
+  return mj_xmalloc((n ? n : 1) * sizeof(float));
+}
+
+int cpu_model_create(const model *m, const cpu_params *p, cpu_model **out, mj_err *err) {
+  const model_config *c = &m->cfg;
+  *out = NULL;
+  if (strcmp(c->rope_type, "default") != 0)
+    return mj_fail(err, MJ_EINPUT, "%s/config.json: rope_type \"%s\" is not supported by the CPU reference yet (only \"default\")",
+                   m->dir, c->rope_type);
+  cpu_model *s = mj_xcalloc(1, sizeof *s);
+  s->m = m;
+  s->p = *p;
+  if (s->p.max_ctx <= 0) s->p.max_ctx = 4096;
+  if (s->p.max_ctx > c->max_position_embeddings) s->p.max_ctx = c->max_position_embeddings;
+  int64_t T = s->p.max_ctx;
+  s->lc = mj_xcalloc((size_t)c->num_hidden_layers, sizeof *s->lc);
+  for (int64_t L = 0; L < c->num_hidden_layers; L++) {
+    s->lc[L].latent = xalloc_f((size_t)(T * c->kv_lora_rank));
+    s->lc[L].krope = xalloc_f((size_t)(T * c->qk_rope_head_dim));
+    if (m->layers[L].has_indexer) s->lc[L].ikey = xalloc_f((size_t)(T * c->index_head_dim));
+  }
+  s->inv_freq = xalloc_f((size_t)c->qk_rope_head_dim / 2);
+  ref_rope_inv_freq(c->rope_theta, c->qk_rope_head_dim, s->inv_freq);
+  *out = s;
+  return 0;
+}
+
+void cpu_model_destroy(cpu_model *s) {
+  if (!s) return;
+  for (int64_t L = 0; L < s->m->cfg.num_hidden_layers; L++) {
+    free(s->lc[L].latent);
+    free(s->lc[L].krope);
+    free(s->lc[L].ikey);
+  }
+  free(s->lc);
+  free(s->inv_freq);
+  free(s);
+}
+
+int64_t cpu_model_len(const cpu_model *s) { return s->len; }
+void cpu_model_set_dump(cpu_model *s, float *dump) { s->dump = dump; }
+
+/* ---- the DSA indexer ---------------------------------------------------------------- */
+/* Fill sel[i][0..T) for the n queries: 1 where query i may attend. */
+static void indexer(cpu_model *s, const model_layer *ly, layer_cache *lc, const float *xn, const float *qr,
+                    int64_t n, int64_t pos, uint8_t *sel, int64_t T) {
+  const model_config *c = &s->m->cfg;
+  int64_t nh = c->index_n_heads, hd = c->index_head_dim, dr = c->qk_rope_head_dim;
+  int th = s->p.threads;
+  float *q = xalloc_f((size_t)(n * nh * hd)), *k = xalloc_f((size_t)(n * hd)), *w = xalloc_f((size_t)(n * nh));
+  ref_matmul(&ly->idx_wq_b, qr, n, q, th); /* from q_resid, the normalised q latent */
+  ref_matmul(&ly->idx_wk, xn, n, k, th);   /* from the layer's normalised input */
+  ref_matmul(&ly->idx_wproj, xn, n, w, th);
+  for (int64_t i = 0; i < n; i++) {
+    /* Rope part FIRST in the indexer ([rope | rest]), unlike attention. */
+    for (int64_t h = 0; h < nh; h++) ref_rope_interleaved(q + (i * nh + h) * hd, dr, pos + i, s->inv_freq);
+    float *ki = lc->ikey + (pos + i) * hd;
+    ref_layernorm(k + i * hd, &ly->idx_k_norm_w, &ly->idx_k_norm_b, 1e-6, hd, ki);
+    ref_rope_interleaved(ki, dr, pos + i, s->inv_freq);
+  }
+  float wscale = 1.0f / sqrtf((float)nh), sscale = 1.0f / sqrtf((float)hd);
+  float *score = xalloc_f((size_t)T);
+  int64_t *top = mj_xmalloc((size_t)c->index_topk * sizeof *top);
+  for (int64_t i = 0; i < n; i++) {
+    int64_t p = pos + i, vis = p + 1;
+    uint8_t *si = sel + i * T;
+    memset(si, 0, (size_t)T);
+    if (vis <= c->index_topk) {
+      /* top-k of fewer keys than k: every visible key is chosen (the
+       * causal mask still hides the later ones). */
+      memset(si, 1, (size_t)vis);
+      continue;
+    }
+    for (int64_t j = 0; j < vis; j++) {
+      float acc = 0;
+      for (int64_t h = 0; h < nh; h++) {
+        float d = 0;
+        const float *qh = q + (i * nh + h) * hd, *kj = lc->ikey + j * hd;
+        for (int64_t e = 0; e < hd; e++) d += qh[e] * kj[e];
+        d *= sscale;
+        if (d > 0) acc += (w[i * nh + h] * wscale) * d; /* ReLU per head, then the head weight */
+      }
+      score[j] = acc;
+    }
+    ref_topk(score, vis, c->index_topk, top);
+    for (int64_t t = 0; t < c->index_topk; t++) si[top[t]] = 1;
+  }
+  free(q), free(k), free(w), free(score), free(top);
+}
+
+/* ---- MLA attention ---------------------------------------------------------------------- */
+/* One query against the visible, selected keys j < vis (sel[j] set):
+ * score_j = (qa . ka_j + qr . kr_j) * scale, where ka_j = ka + j * stride
+ * (na wide) and kr_j = kr + j * dr; softmax in float32 over those scores
+ * (masked keys weigh exactly 0, as exp(min - max) does in the reference);
+ * out = sum_j p_j * (val + j * stride)[0..nv).  p is scratch of vis. */
+static void attend(const float *qa, const float *ka, int64_t na, int64_t stride, const float *qr, const float *kr,
+                   int64_t dr, const uint8_t *sel, int64_t vis, float scale, const float *val, int64_t nv, float *p,
+                   float *out) {
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < vis; j++) {
+    if (!sel[j]) continue;
+    const float *kj = ka + j * stride, *rj = kr + j * dr;
+    float d = 0;
+    for (int64_t e = 0; e < na; e++) d += qa[e] * kj[e];
+    for (int64_t e = 0; e < dr; e++) d += qr[e] * rj[e];
+    p[j] = d * scale;
+    if (p[j] > mx) mx = p[j];
+  }
+  float sum = 0;
+  for (int64_t j = 0; j < vis; j++)
+    if (sel[j]) sum += (p[j] = expf(p[j] - mx));
+  memset(out, 0, (size_t)nv * sizeof *out);
+  for (int64_t j = 0; j < vis; j++) {
+    if (!sel[j]) continue;
+    float pj = p[j] / sum;
+    const float *vj = val + j * stride;
+    for (int64_t e = 0; e < nv; e++) out[e] += pj * vj[e];
+  }
+}
+
+static void attention(cpu_model *s, int64_t L, const float *xn, int64_t n, int64_t pos, uint8_t *sel,
+                      float *out) {
+  const model_config *c = &s->m->cfg;
+  const model_layer *ly = &s->m->layers[L];
+  layer_cache *lc = &s->lc[L];
+  int64_t nh = c->num_attention_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim;
+  int64_t r = c->kv_lora_rank, qr = c->q_lora_rank, dq = dn + dr, T = pos + n;
+  int th = s->p.threads;
+
+  /* q_resid = q_a_layernorm(q_a_proj(x)); the latent norms use the RMSNorm
+   * class default eps 1e-6, not rms_norm_eps. */
+  float *qa = xalloc_f((size_t)(n * qr)), *q = xalloc_f((size_t)(n * nh * dq));
+  ref_matmul(&ly->q_a, xn, n, qa, th);
+  for (int64_t i = 0; i < n; i++) ref_rmsnorm(qa + i * qr, &ly->q_a_norm, 1e-6, qr, qa + i * qr);
+  ref_matmul(&ly->q_b, qa, n, q, th);
+  float *ckv = xalloc_f((size_t)(n * (r + dr)));
+  ref_matmul(&ly->kv_a, xn, n, ckv, th);
+  for (int64_t i = 0; i < n; i++) {
+    for (int64_t h = 0; h < nh; h++) ref_rope_interleaved(q + (i * nh + h) * dq + dn, dr, pos + i, s->inv_freq);
+    ref_rmsnorm(ckv + i * (r + dr), &ly->kv_a_norm, 1e-6, r, lc->latent + (pos + i) * r);
+    float *kr = lc->krope + (pos + i) * dr;
+    memcpy(kr, ckv + i * (r + dr) + r, (size_t)dr * sizeof *kr);
+    ref_rope_interleaved(kr, dr, pos + i, s->inv_freq);
+  }
+  if (ly->has_indexer) indexer(s, ly, lc, xn, qa, n, pos, sel, T);
+
+  float scale = 1.0f / sqrtf((float)dq);
+  float *o = xalloc_f((size_t)(n * nh * dv)), *p = xalloc_f((size_t)T);
+  int64_t kvw = nh * (dn + dv);
+  if (!s->p.absorbed) {
+    /* Expanded: k_nope and v of every cached token through kv_b_proj. */
+    float *kv = xalloc_f((size_t)(T * kvw));
+    ref_matmul(&ly->kv_b, lc->latent, T, kv, th);
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t h = 0; h < nh; h++) {
+        const float *qh = q + (i * nh + h) * dq, *kh = kv + h * (dn + dv);
+        attend(qh, kh, dn, kvw, qh + dn, lc->krope, dr, sel + i * T, pos + i + 1, scale, kh + dn, dv, p,
+               o + (i * nh + h) * dv);
+      }
+    free(kv);
+  } else {
+    /* Absorbed: q_lat = W_uk^T q_nope per head, scores against the cached
+     * latents, the output latent expanded by W_uv afterwards. */
+    float *wkb = xalloc_f((size_t)(kvw * r)), *ql = xalloc_f((size_t)r), *ol = xalloc_f((size_t)r);
+    for (int64_t row = 0; row < kvw; row++) model_weight_row(&ly->kv_b, row, wkb + row * r);
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t h = 0; h < nh; h++) {
+        const float *qh = q + (i * nh + h) * dq;
+        memset(ql, 0, (size_t)r * sizeof *ql);
+        for (int64_t e = 0; e < dn; e++) {
+          const float *wr = wkb + (h * (dn + dv) + e) * r;
+          for (int64_t a = 0; a < r; a++) ql[a] += qh[e] * wr[a];
+        }
+        attend(ql, lc->latent, r, r, qh + dn, lc->krope, dr, sel + i * T, pos + i + 1, scale, lc->latent, r, p, ol);
+        float *oh = o + (i * nh + h) * dv;
+        for (int64_t e = 0; e < dv; e++) {
+          const float *wr = wkb + (h * (dn + dv) + dn + e) * r;
+          float d = 0;
+          for (int64_t a = 0; a < r; a++) d += wr[a] * ol[a];
+          oh[e] = d;
+        }
+      }
+    free(wkb), free(ql), free(ol);
+  }
+  ref_matmul(&ly->o, o, n, out, th);
+  free(qa), free(q), free(ckv), free(o), free(p);
+}
+
+/* ---- MoE ---------------------------------------------------------------------------------- */
+static void moe(cpu_model *s, const model_layer *ly, const float *xn, int64_t n, float *out) {
+  const model_config *c = &s->m->cfg;
+  int64_t H = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
+  int th = s->p.threads;
+  float *logits = xalloc_f((size_t)(n * E)), *w = xalloc_f((size_t)(n * K));
+  int64_t *idx = mj_xmalloc((size_t)(n * K) * sizeof *idx);
+  ref_matmul(&ly->router, xn, n, logits, th); /* fp32 router logits */
+  for (int64_t t = 0; t < n; t++) ref_route(logits + t * E, &ly->router_bias, c, idx + t * K, w + t * K);
+  memset(out, 0, (size_t)(n * H) * sizeof *out);
+  /* Experts in ascending order, each on the tokens that chose it (the
+   * reference's loop order, so the sums add up in the same order). */
+  float *xe = xalloc_f((size_t)(n * H)), *ye = xalloc_f((size_t)(n * H)), *we = xalloc_f((size_t)n);
+  int64_t *te = mj_xmalloc((size_t)n * sizeof *te);
+  for (int64_t e = 0; e < E; e++) {
+    int64_t m = 0;
+    for (int64_t t = 0; t < n; t++)
+      for (int64_t k = 0; k < K; k++)
+        if (idx[t * K + k] == e) {
+          te[m] = t, we[m] = w[t * K + k];
+          memcpy(xe + m * H, xn + t * H, (size_t)H * sizeof *xe);
+          m++;
+        }
+    if (!m) continue;
+    ref_swiglu(&ly->experts[e], xe, m, ye, th);
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t d = 0; d < H; d++) out[te[i] * H + d] += ye[i * H + d] * we[i];
+  }
+  if (c->n_shared_experts > 0) {
+    ref_swiglu(&ly->shared, xn, n, ye, th);
+    for (int64_t i = 0; i < n * H; i++) out[i] += ye[i];
+  }
+  free(logits), free(w), free(idx), free(xe), free(ye), free(we), free(te);
+}
+
+/* ---- the whole pass ------------------------------------------------------------------------- */
+int cpu_forward(cpu_model *s, const int32_t *tokens, int64_t n, int64_t pos, float *logits, bool all_logits,
+                mj_err *err) {
+  const model *m = s->m;
+  const model_config *c = &m->cfg;
+  int64_t H = c->hidden_size, V = c->vocab_size;
+  if (n <= 0) return mj_fail(err, MJ_EINPUT, "cpu_forward: no tokens to run");
+  if (pos < 0 || pos > s->len)
+    return mj_fail(err, MJ_EINPUT, "cpu_forward: position %lld is past the %lld cached tokens", (long long)pos,
+                   (long long)s->len);
+  if (pos + n > s->p.max_ctx)
+    return mj_fail(err, MJ_EINPUT, "cpu_forward: %lld tokens exceed the context of %lld", (long long)(pos + n),
+                   (long long)s->p.max_ctx);
+  for (int64_t i = 0; i < n; i++)
+    if (tokens[i] < 0 || tokens[i] >= V)
+      return mj_fail(err, MJ_EINPUT, "cpu_forward: token id %d is outside the vocabulary (0..%lld)", tokens[i],
+                     (long long)V - 1);
+  int64_t T = pos + n;
+  float *x = xalloc_f((size_t)(n * H)), *xn = xalloc_f((size_t)(n * H)), *y = xalloc_f((size_t)(n * H));
+  uint8_t *sel = mj_xcalloc((size_t)(n * T), 1);
+  for (int64_t i = 0; i < n; i++) model_weight_row(&m->embed, tokens[i], x + i * H);
+  for (int64_t L = 0; L < c->num_hidden_layers; L++) {
+    const model_layer *ly = &m->layers[L];
+    for (int64_t i = 0; i < n; i++) ref_rmsnorm(x + i * H, &ly->input_norm, c->rms_norm_eps, H, xn + i * H);
+    attention(s, L, xn, n, pos, sel, y);
+    for (int64_t i = 0; i < n * H; i++) x[i] += y[i];
+    for (int64_t i = 0; i < n; i++) ref_rmsnorm(x + i * H, &ly->post_norm, c->rms_norm_eps, H, xn + i * H);
+    if (ly->sparse) moe(s, ly, xn, n, y);
+    else ref_swiglu(&ly->dense, xn, n, y, s->p.threads);
+    for (int64_t i = 0; i < n * H; i++) x[i] += y[i];
+    if (s->dump) memcpy(s->dump + L * n * H, x, (size_t)(n * H) * sizeof *x);
+  }
+  s->len = T;
+  if (logits) {
+    int64_t first = all_logits ? 0 : n - 1;
+    for (int64_t i = first; i < n; i++) ref_rmsnorm(x + i * H, &m->norm, c->rms_norm_eps, H, xn + (i - first) * H);
+    ref_matmul(&m->lm_head, xn, n - first, logits, s->p.threads);
+  }
+  free(x), free(xn), free(y), free(sel);
+  s->dump = NULL;
+  return 0;
+}

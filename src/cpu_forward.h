@@ -1,0 +1,45 @@
+/* cpu_forward.h: the CPU reference forward pass of GLM-5, with a KV cache.
+ *
+ * A cpu_model holds the per-layer caches of one sequence: the MLA
+ * compressed cache (the kv_lora_rank latent after kv_a_layernorm and the
+ * rotated rope key, per token) and the DSA indexer's key cache.  cpu_forward
+ * runs n tokens at positions pos..pos+n-1 through every layer (a prefill
+ * when n > 1, a decode step when n == 1) and writes logits.  Attention is
+ * computed from the compressed cache in either the expanded form (kv_b_proj
+ * applied to every cached latent, as the reference does) or the absorbed
+ * form (kv_b_proj folded into the query and output), which must agree.
+ * Prefix: cpu_.
+ */
+#ifndef MOEJIT_CPU_FORWARD_H
+#define MOEJIT_CPU_FORWARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "util.h"
+
+typedef struct cpu_params {
+  int64_t max_ctx; /* cache capacity in tokens (0: 4096, capped by the config) */
+  int threads;     /* matmul threads (0 or 1: none) */
+  bool absorbed;   /* absorbed MLA instead of the expanded form */
+} cpu_params;
+
+typedef struct cpu_model cpu_model;
+
+int cpu_model_create(const model *m, const cpu_params *p, cpu_model **out, mj_err *err);
+void cpu_model_destroy(cpu_model *s);
+
+/* Run tokens[0..n) at positions pos..pos+n-1.  pos may be at most the
+ * number of tokens cached (a smaller pos rewinds the cache).  logits (may be
+ * NULL) receives n * vocab_size floats when all_logits, else the last
+ * token's vocab_size. */
+int cpu_forward(cpu_model *s, const int32_t *tokens, int64_t n, int64_t pos, float *logits, bool all_logits,
+                mj_err *err);
+/* Tokens in the cache. */
+int64_t cpu_model_len(const cpu_model *s);
+/* For diagnosis: if set, the next cpu_forward writes each layer's output
+ * (the residual stream) to dump[layer][token][hidden]. */
+void cpu_model_set_dump(cpu_model *s, float *dump);
+
+#endif

@@ -1,0 +1,179 @@
+/* model_cmd.c: the commands of the model module, `moejit info`,
+ * `moejit mkmodel` and `moejit forward`.
+ *
+ * They are linked into the program only (not libmoejit.a), because they use
+ * the CLI's option parser, which lives with the dispatcher in main.c; the
+ * work itself is in model.c and mkmodel.c, where tests call it directly.
+ */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "cpu_forward.h"
+#include "mkmodel.h"
+#include "model.h"
+
+int cmd_info(int argc, char **argv, mj_err *err) {
+  const char *dir = NULL;
+  bool as_json = false;
+  cli_opt opts[] = {{"model", 'm', CLI_STR, &dir}, {"json", 0, CLI_FLAG, &as_json}};
+  int r = cli_parse("info", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
+  if (r) return r < 0 ? 0 : r;
+  if (!dir) return mj_fail(err, MJ_EUSAGE, "moejit info: -m DIR is required");
+  model *m;
+  if ((r = model_load(dir, &m, err))) return r;
+  const model_config *c = &m->cfg;
+  int64_t nsparse = 0, nfull = 0;
+  for (int64_t L = 0; L < c->num_hidden_layers; L++) nsparse += c->layer_sparse[L], nfull += c->layer_indexer_full[L];
+  double gbs = (double)m->bytes_total / (m->load_ms * 1e6);
+  if (as_json) {
+    printf("{\"layers\":%lld,\"dense_layers\":%lld,\"moe_layers\":%lld,\"hidden_size\":%lld,\"vocab_size\":%lld,"
+           "\"heads\":%lld,\"n_routed_experts\":%lld,\"num_experts_per_tok\":%lld,\"n_shared_experts\":%lld,"
+           "\"index_topk\":%lld,\"indexer_full_layers\":%lld,\"quant_algo\":%s%s%s,\"nvfp4_linears\":%zu,"
+           "\"plain_linears\":%zu,\"files\":%d,\"tensors\":%zu,\"skipped_tensors\":%zu,\"bytes\":%llu,"
+           "\"bytes_bf16\":%llu,\"bytes_f32\":%llu,\"bytes_nvfp4\":%llu,\"load_ms\":%.3f}\n",
+           (long long)c->num_hidden_layers, (long long)(c->num_hidden_layers - nsparse), (long long)nsparse,
+           (long long)c->hidden_size, (long long)c->vocab_size, (long long)c->num_attention_heads,
+           (long long)c->n_routed_experts, (long long)c->num_experts_per_tok, (long long)c->n_shared_experts,
+           (long long)c->index_topk, (long long)nfull, c->quant_algo ? "\"" : "", c->quant_algo ? c->quant_algo : "null",
+           c->quant_algo ? "\"" : "", m->n_nvfp4_linears, m->n_plain_linears, m->st.nfiles, m->n_tensors,
+           m->n_skipped, (unsigned long long)m->bytes_total, (unsigned long long)m->bytes_bf16,
+           (unsigned long long)m->bytes_f32, (unsigned long long)m->bytes_nvfp4, m->load_ms);
+  } else {
+    char b1[32], b2[32], b3[32], b4[32];
+    printf("model      %s\n", dir);
+    printf("layers     %lld (%lld dense, %lld MoE), hidden %lld, vocab %lld\n", (long long)c->num_hidden_layers,
+           (long long)(c->num_hidden_layers - nsparse), (long long)nsparse, (long long)c->hidden_size,
+           (long long)c->vocab_size);
+    printf("attention  MLA %lld heads, q_lora %lld, kv_lora %lld, qk %lld+%lld, v %lld, rope theta %g (%s)\n",
+           (long long)c->num_attention_heads, (long long)c->q_lora_rank, (long long)c->kv_lora_rank,
+           (long long)c->qk_nope_head_dim, (long long)c->qk_rope_head_dim, (long long)c->v_head_dim, c->rope_theta,
+           c->rope_type);
+    printf("indexer    %lld heads x %lld, top-k %lld, %lld full / %lld shared layers\n", (long long)c->index_n_heads,
+           (long long)c->index_head_dim, (long long)c->index_topk, (long long)nfull,
+           (long long)(c->num_hidden_layers - nfull));
+    printf("moe        %lld routed experts, top %lld (groups %lld, keep %lld), %lld shared, intermediate %lld, "
+           "dense intermediate %lld, scaling %g\n",
+           (long long)c->n_routed_experts, (long long)c->num_experts_per_tok, (long long)c->n_group,
+           (long long)c->topk_group, (long long)c->n_shared_experts, (long long)c->moe_intermediate_size,
+           (long long)c->intermediate_size, c->routed_scaling_factor);
+    printf("quant      %s%s%s%s: %zu NVFP4 linears, %zu plain\n", c->quant_algo ? c->quant_algo : "none",
+           c->quant_source ? " (" : "", c->quant_source ? c->quant_source : "", c->quant_source ? ")" : "",
+           m->n_nvfp4_linears, m->n_plain_linears);
+    printf("files      %d safetensors file%s, %zu tensors", m->st.nfiles, m->st.nfiles == 1 ? "" : "s",
+           m->n_tensors);
+    if (m->n_skipped) printf(" (%zu of the MTP layer skipped)", m->n_skipped);
+    printf("\nbytes      %s (bf16 %s, f32 %s, nvfp4 %s)\n", mj_fmt_bytes((double)m->bytes_total, b1, sizeof b1),
+           mj_fmt_bytes((double)m->bytes_bf16, b2, sizeof b2), mj_fmt_bytes((double)m->bytes_f32, b3, sizeof b3),
+           mj_fmt_bytes((double)m->bytes_nvfp4, b4, sizeof b4));
+    printf("load       %.2f ms (%.1f GB/s)\n", m->load_ms, gbs);
+  }
+  model_free(m);
+  return 0;
+}
+
+int cmd_mkmodel(int argc, char **argv, mj_err *err) {
+  const char *preset = "tiny", *out = NULL, *itypes = NULL;
+  int64_t layers = -1, dense = -1, experts = -1, per_tok = -1, n_group = -1, topk_group = -1, shared = -1;
+  int64_t itopk = -1, vocab = -1, seed = 1, shard = 0, merges = -1, threads = 0;
+  bool nvfp4 = false, force = false, quiet = false;
+  cli_opt opts[] = {
+      {"preset", 0, CLI_STR, &preset},        {"layers", 0, CLI_INT, &layers},
+      {"dense-layers", 0, CLI_INT, &dense},   {"experts", 0, CLI_INT, &experts},
+      {"experts-per-tok", 0, CLI_INT, &per_tok}, {"n-group", 0, CLI_INT, &n_group},
+      {"topk-group", 0, CLI_INT, &topk_group}, {"shared-experts", 0, CLI_INT, &shared},
+      {"index-topk", 0, CLI_INT, &itopk},     {"indexer-types", 0, CLI_STR, &itypes},
+      {"vocab", 0, CLI_INT, &vocab},          {"merges", 0, CLI_INT, &merges},
+      {"seed", 0, CLI_INT, &seed},            {"nvfp4", 0, CLI_FLAG, &nvfp4},
+      {"shard-size", 0, CLI_INT, &shard},     {"out", 'o', CLI_STR, &out},
+      {"force", 0, CLI_FLAG, &force},         {"quiet", 'q', CLI_FLAG, &quiet},
+      {"threads", 0, CLI_INT, &threads},
+  };
+  int r = cli_parse("mkmodel", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
+  if (r) return r < 0 ? 0 : r;
+  if (!out) return mj_fail(err, MJ_EUSAGE, "moejit mkmodel: --out DIR is required");
+  mkmodel_spec s;
+  if (mkmodel_preset(preset, &s))
+    return mj_fail(err, MJ_EUSAGE, "moejit mkmodel: unknown preset '%s' (tiny, small or glm5)", preset);
+  if (layers >= 0) {
+    s.layers = layers;
+    if (dense < 0 && s.dense_layers > layers) s.dense_layers = layers;
+  }
+  if (dense >= 0) s.dense_layers = dense;
+  if (experts >= 0) s.experts = experts;
+  if (per_tok >= 0) s.per_tok = per_tok;
+  if (n_group >= 0) s.n_group = n_group;
+  if (topk_group >= 0) s.topk_group = topk_group;
+  if (shared >= 0) s.shared = shared;
+  if (itopk >= 0) s.idx_topk = itopk;
+  if (vocab >= 0) s.vocab = vocab;
+  if (merges >= 0) s.merges = merges;
+  s.indexer_types = itypes;
+  s.seed = (uint64_t)seed;
+  s.nvfp4 = nvfp4;
+  s.shard_size = shard;
+  /* Generation threads: all cores by default (up to 8); the bytes written
+   * do not depend on the count. */
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  s.threads = threads > 0 ? threads : ncpu > 8 ? 8 : ncpu > 0 ? ncpu : 1;
+  double t0 = mj_now_ms();
+  uint64_t bytes = 0;
+  if ((r = mkmodel_write(&s, out, force, &bytes, err))) return r;
+  if (!quiet) {
+    char hb[32];
+    double ms = mj_now_ms() - t0;
+    printf("wrote %s: %s preset, %lld layers, %lld experts%s, %s of safetensors in %.1f s (%.2f GB/s)\n", out, preset,
+           (long long)s.layers, (long long)s.experts, s.nvfp4 ? " (NVFP4)" : "",
+           mj_fmt_bytes((double)bytes, hb, sizeof hb), ms / 1000, (double)bytes / (ms * 1e6));
+  }
+  return 0;
+}
+
+/* ---- moejit forward ------------------------------------------------------------------ */
+int cmd_forward(int argc, char **argv, mj_err *err) {
+  const char *dir = NULL, *toks = NULL;
+  int64_t steps = 0, threads = 2;
+  bool absorbed = false;
+  cli_opt opts[] = {{"model", 'm', CLI_STR, &dir},      {"tokens", 't', CLI_STR, &toks},
+                    {"steps", 0, CLI_INT, &steps},       {"threads", 0, CLI_INT, &threads},
+                    {"absorbed", 0, CLI_FLAG, &absorbed}};
+  int r = cli_parse("forward", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
+  if (r) return r < 0 ? 0 : r;
+  if (!dir || !toks) return mj_fail(err, MJ_EUSAGE, "moejit forward: -m DIR and --tokens ID,ID,... are required");
+  if (steps < 0 || steps > 100000) return mj_fail(err, MJ_EUSAGE, "moejit forward: --steps must be 0..100000");
+  int64_t ids[4096];
+  int n = mj_parse_i64_list(toks, ids, 4096);
+  if (n < 1) return mj_fail(err, MJ_EUSAGE, "moejit forward: --tokens must be a comma-separated list of ids");
+  model *m;
+  if ((r = model_load(dir, &m, err))) return r;
+  cpu_params p = {.max_ctx = n + steps + 1, .threads = (int)threads, .absorbed = absorbed};
+  cpu_model *s = NULL;
+  int64_t V = m->cfg.vocab_size;
+  int32_t *tok = mj_xmalloc((size_t)(n + steps + 1) * sizeof *tok);
+  float *logits = mj_xmalloc((size_t)V * sizeof *logits);
+  for (int i = 0; i < n; i++) tok[i] = (int32_t)ids[i];
+  if ((r = cpu_model_create(m, &p, &s, err))) goto out;
+  double t0 = mj_now_ms();
+  if ((r = cpu_forward(s, tok, n, 0, logits, false, err))) goto out;
+  double t1 = mj_now_ms();
+  printf("prefill  %d tokens in %.1f ms\n", n, t1 - t0);
+  for (int64_t k = 0; k <= steps; k++) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; i++)
+      if (logits[i] > logits[best]) best = i;
+    tok[n + k] = (int32_t)best;
+    printf("token    %lld (logit %.4f)\n", (long long)best, logits[best]);
+    if (k == steps) break;
+    double ts = mj_now_ms();
+    if ((r = cpu_forward(s, tok + n + k, 1, n + k, logits, false, err))) goto out;
+    printf("decode   step %lld in %.1f ms\n", (long long)k + 1, mj_now_ms() - ts);
+  }
+out:
+  cpu_model_destroy(s);
+  free(tok), free(logits);
+  model_free(m);
+  return r;
+}

@@ -1,0 +1,51 @@
+/* ref_model.h: the CPU reference ops of the GLM-5 forward pass.
+ *
+ * Plain C, float32 values and accumulation, every op written to mean exactly
+ * what transformers' GlmMoeDsaForCausalLM computes (see docs/model.md for
+ * the points where that differs from glm5.md).  These are the oracle for GPU
+ * kernels: readable first, fast enough for small models second.  Weights are
+ * read straight from the checkpoint's formats (bf16, f32, NVFP4) one row at a
+ * time.  This file holds the model ops; other ref_ ops live beside it in
+ * their own files.  Prefix: ref_.
+ */
+#ifndef MOEJIT_REF_MODEL_H
+#define MOEJIT_REF_MODEL_H
+
+#include <stdint.h>
+
+#include "model.h"
+
+/* y = w * (x * rsqrt(mean(x^2) + eps)), one vector of n. */
+void ref_rmsnorm(const float *x, const model_vec *w, double eps, int64_t n, float *y);
+/* y = (x - mean) / sqrt(var + eps) * w + b (biased variance), one vector. */
+void ref_layernorm(const float *x, const model_vec *w, const model_vec *b, double eps, int64_t n, float *y);
+
+/* y[t][r] = sum_c x[t][c] * W[r][c] for n tokens.  Rows are split over
+ * nthreads (pthreads) when the product is large enough to pay for them. */
+void ref_matmul(const model_weight *w, const float *x, int64_t n, float *y, int nthreads);
+
+/* SwiGLU MLP: y = down(silu(gate(x)) * up(x)) for n tokens. */
+void ref_swiglu(const model_mlp *m, const float *x, int64_t n, float *y, int nthreads);
+float ref_silu(float x);
+float ref_sigmoid(float x);
+
+/* RoPE inverse frequencies inv[i] = 1 / theta^(2i/dim), i < dim/2, rounded
+ * as the reference's float32 computation rounds them. */
+void ref_rope_inv_freq(double theta, int64_t dim, float *inv);
+/* Interleaved RoPE at position pos, in place: pair (x[2i], x[2i+1]) is
+ * rotated by angle pos * inv[i] and the results are written de-interleaved,
+ * [x'[0], x'[2], ... | x'[1], x'[3], ...], the reference's output layout. */
+void ref_rope_interleaved(float *x, int64_t dim, int64_t pos, const float *inv);
+
+/* Indices of the k largest of v[0..n) (k <= n), largest first; equal values
+ * go to the lower index. */
+void ref_topk(const float *v, int64_t n, int64_t k, int64_t *idx);
+
+/* GLM-5 routing of one token: s = sigmoid(logits); choice = s + bias; with
+ * n_group > 1 only the topk_group groups with the best sum of their two best
+ * choices stay eligible; top num_experts_per_tok by choice; weights are s at
+ * those experts, divided by their sum (+1e-20) when norm_topk_prob, times
+ * routed_scaling_factor.  idx and w hold num_experts_per_tok entries. */
+void ref_route(const float *logits, const model_vec *bias, const model_config *c, int64_t *idx, float *w);
+
+#endif

@@ -1,0 +1,220 @@
+/* sample.c: penalties, filters and the draw (see sample.h).
+ *
+ * Candidates live in one array of (id, logit, p) sized to the vocabulary.
+ * Selection is a quickselect that moves the k largest logits to the front
+ * in linear time; exp() is monotonic, so ordering by logit is ordering by
+ * probability and one key serves every filter.
+ */
+#include "sample.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+struct sampler {
+  sample_params p;
+  int32_t n_vocab;
+  sample_cand *c;
+  uint32_t *seen; /* stamp per id: penalised in this step */
+  uint32_t stamp;
+  sample_rng rng;
+};
+
+sample_params sample_defaults(void) {
+  return (sample_params){.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
+                         .repeat_penalty = 1.0f, .repeat_last_n = 64, .seed = 0};
+}
+
+/* ---- xoshiro256** (Blackman and Vigna), seeded by splitmix64 ---------------------- */
+static uint64_t splitmix64(uint64_t *x) {
+  uint64_t z = (*x += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+void sample_rng_seed(sample_rng *r, uint64_t seed) {
+  for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+}
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+uint64_t sample_rng_next(sample_rng *r) {
+  uint64_t *s = r->s;
+  uint64_t out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+  s[2] ^= s[0];
+  s[3] ^= s[1];
+  s[1] ^= s[2];
+  s[0] ^= s[3];
+  s[2] ^= t;
+  s[3] = rotl(s[3], 45);
+  return out;
+}
+double sample_rng_uniform(sample_rng *r) { return (double)(sample_rng_next(r) >> 11) * 0x1.0p-53; }
+
+/* ---- sampler ------------------------------------------------------------------------ */
+sampler *sample_create(const sample_params *p, int32_t n_vocab) {
+  MJ_ASSERT(n_vocab > 0);
+  sampler *s = mj_xcalloc(1, sizeof *s);
+  s->p = *p;
+  s->n_vocab = n_vocab;
+  s->c = mj_xmalloc((size_t)n_vocab * sizeof *s->c);
+  s->seen = mj_xcalloc((size_t)n_vocab, sizeof *s->seen);
+  sample_rng_seed(&s->rng, p->seed);
+  return s;
+}
+
+void sample_destroy(sampler *s) {
+  if (!s) return;
+  free(s->c);
+  free(s->seen);
+  free(s);
+}
+
+int32_t sample_argmax(const float *v, int32_t n) {
+  int32_t best = 0;
+  for (int32_t i = 1; i < n; i++)
+    if (v[i] > v[best]) best = i;
+  return best;
+}
+
+/* Larger logit first; the lower id first on ties, so results do not depend
+ * on where the selection happened to leave equal values. */
+static inline bool before(const sample_cand *a, const sample_cand *b) {
+  return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
+}
+static inline void swap(sample_cand *a, sample_cand *b) {
+  sample_cand t = *a;
+  *a = *b;
+  *b = t;
+}
+
+/* Move the k first candidates (by before()) of c[0..n) to c[0..k), in any
+ * order.  Quickselect with a median-of-three pivot. */
+static void select_top(sample_cand *c, size_t n, size_t k) {
+  size_t lo = 0, hi = n; /* the k-th element lies in [lo, hi) */
+  while (hi - lo > 1) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (before(&c[mid], &c[lo])) swap(&c[mid], &c[lo]);
+    if (before(&c[hi - 1], &c[lo])) swap(&c[hi - 1], &c[lo]);
+    if (before(&c[hi - 1], &c[mid])) swap(&c[hi - 1], &c[mid]);
+    sample_cand pivot = c[mid];
+    /* Partition: those before the pivot to the left. */
+    swap(&c[mid], &c[hi - 1]);
+    size_t store = lo;
+    for (size_t i = lo; i < hi - 1; i++)
+      if (before(&c[i], &pivot)) swap(&c[i], &c[store++]);
+    swap(&c[store], &c[hi - 1]);
+    if (store == k || store + 1 == k) return;
+    if (store > k) hi = store;
+    else lo = store + 1;
+  }
+}
+
+static int cmp_cand(const void *a, const void *b) {
+  return before(a, b) ? -1 : before(b, a) ? 1 : 0;
+}
+
+static float penalised(float logit, float penalty) {
+  return logit > 0 ? logit / penalty : logit * penalty;
+}
+
+/* Mark the distinct ids of the window of history the penalty sees. */
+static void mark_history(sampler *s, const int32_t *h, size_t nh) {
+  if (++s->stamp == 0) { /* wrapped: clear the stamps */
+    memset(s->seen, 0, (size_t)s->n_vocab * sizeof *s->seen);
+    s->stamp = 1;
+  }
+  if (s->p.repeat_penalty == 1.0f) return;
+  size_t from = s->p.repeat_last_n > 0 && nh > (size_t)s->p.repeat_last_n ? nh - (size_t)s->p.repeat_last_n : 0;
+  for (size_t i = from; i < nh; i++)
+    if (h[i] >= 0 && h[i] < s->n_vocab) s->seen[h[i]] = s->stamp;
+}
+
+size_t sample_filter(sampler *s, const float *logits, const int32_t *history, size_t nh,
+                     const sample_cand **out) {
+  const sample_params *p = &s->p;
+  sample_cand *c = s->c;
+  *out = c;
+  mark_history(s, history, nh);
+  bool penalty = p->repeat_penalty != 1.0f;
+  if (p->temperature <= 0 || p->top_k == 1) {
+    /* Greedy: one pass, no copy. */
+    int32_t best = 0;
+    float bv = -INFINITY;
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+      float v = logits[i];
+      if (penalty && s->seen[i] == s->stamp) v = penalised(v, p->repeat_penalty);
+      if (v > bv || i == 0) {
+        bv = v;
+        best = i;
+      }
+    }
+    c[0] = (sample_cand){best, bv, 1.0f};
+    return 1;
+  }
+  float inv_t = 1.0f / p->temperature;
+  size_t n = (size_t)s->n_vocab;
+  for (size_t i = 0; i < n; i++) {
+    float v = logits[i];
+    if (penalty && s->seen[i] == s->stamp) v = penalised(v, p->repeat_penalty);
+    c[i] = (sample_cand){(int32_t)i, v * inv_t, 0};
+  }
+  if (p->top_k > 0 && (size_t)p->top_k < n) {
+    select_top(c, n, (size_t)p->top_k);
+    n = (size_t)p->top_k;
+  }
+  /* Softmax over the survivors (relative to the largest). */
+  float mx = -INFINITY;
+  for (size_t i = 0; i < n; i++) mx = c[i].logit > mx ? c[i].logit : mx;
+  double sum = 0;
+  for (size_t i = 0; i < n; i++) {
+    c[i].p = expf(c[i].logit - mx);
+    sum += c[i].p;
+  }
+  if (p->top_p < 1.0f && n > 1) {
+    /* Sort the m most likely; if they do not reach the mass, widen m. */
+    double target = (double)p->top_p * sum;
+    size_t m = n < 64 ? n : 64;
+    for (;;) {
+      select_top(c, n, m);
+      qsort(c, m, sizeof *c, cmp_cand);
+      double acc = 0;
+      size_t keep = 0;
+      while (keep < m && acc < target) acc += c[keep++].p;
+      if (acc >= target || m == n) {
+        n = keep ? keep : 1;
+        sum = 0;
+        for (size_t i = 0; i < n; i++) sum += c[i].p;
+        break;
+      }
+      m = m * 8 < n ? m * 8 : n;
+    }
+  }
+  if (p->min_p > 0) {
+    /* The largest survivor has p = 1 here (relative to mx). */
+    float thr = p->min_p;
+    size_t k = 0;
+    sum = 0;
+    for (size_t i = 0; i < n; i++)
+      if (c[i].p >= thr) {
+        c[k++] = c[i];
+        sum += c[i].p;
+      }
+    n = k;
+  }
+  for (size_t i = 0; i < n; i++) c[i].p = (float)(c[i].p / sum);
+  return n;
+}
+
+int32_t sample_next(sampler *s, const float *logits, const int32_t *history, size_t nh) {
+  const sample_cand *c;
+  size_t n = sample_filter(s, logits, history, nh, &c);
+  if (n == 1) return c[0].id;
+  double u = sample_rng_uniform(&s->rng), acc = 0;
+  for (size_t i = 0; i < n; i++) {
+    acc += c[i].p;
+    if (u < acc) return c[i].id;
+  }
+  return c[n - 1].id; /* rounding left u above the total */
+}

@@ -1,0 +1,66 @@
+/* sample.h: choosing the next token from the logits.
+ *
+ * The samplers of Hugging Face transformers' generate(), in its order,
+ * because the GLM-5 reference runs there: repetition penalty (a logit > 0
+ * is divided by the penalty, one < 0 multiplied, once per distinct recent
+ * token), then temperature, top-k, top-p (the smallest set of most likely
+ * tokens whose probability reaches p) and min-p (drop tokens below min_p
+ * times the most likely one's probability), then a draw from what is left.
+ * Temperature 0 is greedy (argmax, lowest id on ties).  The generator is
+ * xoshiro256** seeded through splitmix64, so a --seed reproduces a run.
+ * With GLM-5's 154880 logits a step must not sort them all: top-k and
+ * top-p work by selection (quickselect) and sort only the few survivors,
+ * widening the selection only when the nucleus turns out larger.
+ * Prefix: sample_.
+ */
+#ifndef MOEJIT_SAMPLE_H
+#define MOEJIT_SAMPLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct sample_params {
+  float temperature;     /* <= 0: greedy */
+  int32_t top_k;         /* <= 0: off */
+  float top_p;           /* >= 1: off */
+  float min_p;           /* <= 0: off */
+  float repeat_penalty;  /* 1: off */
+  int32_t repeat_last_n; /* the penalty sees this many recent tokens; <= 0: all given */
+  uint64_t seed;
+} sample_params;
+
+/* temperature 1, top_k off, top_p 1, min_p 0, no penalty (last 64), seed 0 */
+sample_params sample_defaults(void);
+
+/* The random generator, usable on its own. */
+typedef struct sample_rng {
+  uint64_t s[4];
+} sample_rng;
+void sample_rng_seed(sample_rng *r, uint64_t seed);
+uint64_t sample_rng_next(sample_rng *r);
+double sample_rng_uniform(sample_rng *r); /* [0, 1), 53 bits */
+
+/* A candidate after filtering: id and its probability among the kept. */
+typedef struct sample_cand {
+  int32_t id;
+  float logit; /* after penalty and temperature */
+  float p;
+} sample_cand;
+
+typedef struct sampler sampler;
+sampler *sample_create(const sample_params *p, int32_t n_vocab);
+void sample_destroy(sampler *s);
+
+/* Apply penalty and filters to logits[0..n_vocab) given the tokens so far
+ * (prompt and generated, oldest first); *out points at the kept candidates
+ * (owned by s, valid until the next call), their p summing to 1.  Returns
+ * how many were kept (>= 1). */
+size_t sample_filter(sampler *s, const float *logits, const int32_t *history, size_t n_history,
+                     const sample_cand **out);
+/* Filter, then draw one id. */
+int32_t sample_next(sampler *s, const float *logits, const int32_t *history, size_t n_history);
+
+/* Index of the largest value (the lowest index on ties). */
+int32_t sample_argmax(const float *v, int32_t n);
+
+#endif

