@@ -437,16 +437,10 @@ static int jit_init(mj_err *err) {
 static int load_module(jit_entry *e, const char *arch, mj_err *err) {
   if (!J.have_gpu || strcmp(arch, J.dev_arch) != 0) return 0;
   uint64_t t0 = mj_now_ns();
-  CU_CHECK(err, cu.cuModuleLoadData(&e->fn.module, e->fn.cubin));
-  CUresult r = cu.cuModuleGetFunction(&e->fn.fn, e->fn.module, e->fn.meta.kernel_name);
+  int r = cu_load_cubin(e->fn.cubin, e->fn.meta.kernel_name, &e->fn.module, &e->fn.fn, err);
   cache_count(J.cache, CACHE_STAT_loads, 1);
   cache_count(J.cache, CACHE_STAT_load_us, (mj_now_ns() - t0) / 1000);
-  if (r != CUDA_SUCCESS) {
-    cu.cuModuleUnload(e->fn.module);
-    e->fn.module = NULL;
-    return cu_fail(err, r, "cuModuleGetFunction", __FILE__, __LINE__);
-  }
-  return 0;
+  return r;
 }
 
 /* Fill e for (kernel, spec, arch): from the disk cache or a compile, then
