@@ -10,7 +10,8 @@
  * reference may round an intermediate differently when its fp32 sums
  * differ in the last bit), and the relative error ||gpu - ref|| / ||ref||
  * below 1e-2.  The kernels are compiled into a scratch cache, so the whole
- * path (compile, store, load) runs.
+ * path (compile, store, load) runs; then one shape again after a restart,
+ * its cubin loaded from the disk cache.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -123,6 +124,20 @@ int gpu_test_rmsnorm(void) {
       t_checks++, t_failures++;
     }
   }
+  /* After a restart the kernel comes from the disk cache and is loaded
+   * from there: run the first shape again that way. */
+  jit_shutdown();
+  mj_err_clear(&err);
+  if (run_shape(&shapes[0], &err)) {
+    mj_err_print(&err, stderr);
+    t_checks++, t_failures++;
+  }
+  cache_stats st;
+  jit_stats(&st);
+  T_EQ_INT(st.v[CACHE_STAT_disk_hits], 1);
+  T_EQ_INT(st.v[CACHE_STAT_compiles], 0);
+  T_EQ_INT(st.v[CACHE_STAT_loads], 1);
+  printf("from the disk cache: load %.2f ms\n", (double)st.v[CACHE_STAT_load_us] / 1e3);
   jit_shutdown();
   return t_scratch_done(t_status());
 }
