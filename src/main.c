@@ -149,7 +149,9 @@ int cmd_help(int argc, char **argv, mj_err *err) {
          "commands:\n", PACKAGE_VERSION);
   for (size_t i = 0; i < MJ_ARRAY_LEN(commands); i++)
     printf("  %-10s %s\n", commands[i].name, commands[i].summary);
-  printf("\nenvironment: MOEJIT_CACHE_DIR, MOEJIT_CACHE, MOEJIT_LOG=0..3, MOEJIT_DEVICE,\n"
+  printf("\nenvironment: MOEJIT_CACHE_DIR, MOEJIT_CACHE=on|off|ro|assert-warm,\n"
+         "MOEJIT_CACHE_MAX=2G, MOEJIT_DSL_OPT=0..3, MOEJIT_NVRTC_FLAGS (docs/cache.md),\n"
+         "MOEJIT_LOG=0..3, MOEJIT_DEVICE,\n"
          "MOEJIT_DUMP=tokens,ast,llvm,ptx (print compiler stages to stderr)\n");
   return 0;
 }
