@@ -40,6 +40,20 @@
     "  --no-think        with --chat: end with <|assistant|></think>\n"         \
     "  --json            {\"ids\":[...]} (and \"pieces\" with --pieces)\n"         \
     "  TEXT              the text, or - to read it from stdin\n") \
+  X(generate, "generate text from a GLM-5-format model (streams tokens, reports speed)", \
+    "moejit generate [-m DIR] -p TEXT|- [-n N] [--chat] [--system TEXT] [--no-think]\n" \
+    "                [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n" \
+    "                [--seed S] [--backend cpu|cuda] [--threads T] [--ctx N] [--json] [-q]\n" \
+    "  -m DIR       a Hugging Face GLM-5 folder (config.json, safetensors, tokenizer.json);\n" \
+    "               without it, a built-in synthetic model written to the data folder\n" \
+    "               (MOEJIT_DATA_DIR, else $XDG_DATA_HOME/moejit) on first use\n" \
+    "  -p TEXT      the prompt; -p - reads it from stdin\n"                   \
+    "  -n N         generate at most N tokens (default 64); stops early on an eos id\n" \
+    "  --chat       format as a GLM-5 chat: [gMASK]<sop><|system|>..<|user|>..<|assistant|>\n" \
+    "  --no-think   with --chat: answer without the thinking block\n"       \
+    "  --temp T     0 is greedy (default 0.8); --top-k 0 and --top-p 1 turn those off\n" \
+    "  --seed S     makes sampling reproducible\n"                           \
+    "  --json       print one JSON record instead of streaming\n")           \
   X(info, "load and validate a GLM-5 checkpoint folder and summarise it",     \
     "moejit info -m DIR [--json]\n"                                          \
     "  checks config.json, hf_quant_config.json and every safetensors header,\n" \

@@ -1,0 +1,244 @@
+/* generate.c: `moejit generate`, text from a GLM-5-format model.
+ *
+ * The loop every user runs first: load the model folder, encode the prompt
+ * (plain, or as a GLM-5 chat with --chat), prefill it, then decode one token
+ * at a time, sampling each from the logits and streaming its text as soon
+ * as it forms complete UTF-8, until an end-of-sequence id or -n tokens.  It
+ * ends with the prompt and decode speeds (tokens/s), or one JSON record with
+ * --json.  The backend is the CPU reference forward (src/cpu_forward.c);
+ * the GPU decode engine joins as --backend cuda when it exists.
+ *
+ * Without -m, moejit uses a small synthetic GLM-5 model (mkmodel's `small`
+ * preset with NVFP4 experts) that it writes into its data folder on first
+ * use, so the command works on a fresh machine with no download.  Its
+ * weights are random: the text is noise, the machinery is real.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "chat.h"
+#include "cli.h"
+#include "cpu_forward.h"
+#include "json.h"
+#include "mkmodel.h"
+#include "model.h"
+#include "sample.h"
+#include "tokenizer.h"
+
+/* The data folder: MOEJIT_DATA_DIR, else $XDG_DATA_HOME/moejit, else
+ * ~/.local/share/moejit. */
+static int data_dir(char *buf, size_t n, mj_err *err) {
+  const char *d = getenv("MOEJIT_DATA_DIR"), *x = getenv("XDG_DATA_HOME"), *h = getenv("HOME");
+  if (d && *d) snprintf(buf, n, "%s", d);
+  else if (x && *x) snprintf(buf, n, "%s/moejit", x);
+  else if (h && *h) snprintf(buf, n, "%s/.local/share/moejit", h);
+  else return mj_fail(err, MJ_EIO, "no data folder for the built-in model: set MOEJIT_DATA_DIR or pass -m DIR");
+  return 0;
+}
+
+/* The built-in model's folder, written on first use.  The folder name
+ * carries the preset and seed so a future change of the built-in model
+ * gets a new folder rather than a stale one. */
+static int default_model(char *dir, size_t n, bool quiet, mj_err *err) {
+  char base[2048];
+  int r = data_dir(base, sizeof base, err);
+  if (r) return r;
+  if (snprintf(dir, n, "%s/default-small-nvfp4-s1", base) >= (int)n)
+    return mj_fail(err, MJ_EIO, "%s: data folder path too long", base);
+  char cfg[4200];
+  snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+  struct stat st;
+  if (stat(cfg, &st) == 0) return 0;
+  if ((r = mj_mkdirs(base, err))) {
+    mj_err_clear(err);
+    return mj_fail(err, MJ_EIO, "%s: cannot create the data folder for the built-in model (set MOEJIT_DATA_DIR or pass -m DIR)",
+                   base);
+  }
+  mkmodel_spec s;
+  mkmodel_preset("small", &s);
+  s.nvfp4 = true;
+  s.seed = 1;
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  s.threads = ncpu > 8 ? 8 : ncpu > 0 ? ncpu : 1;
+  if (!quiet) fprintf(stderr, "moejit: writing the built-in synthetic GLM-5 model (first use) to %s\n", dir);
+  /* Written under a temporary name and renamed, so an interrupted first run
+   * never leaves a half-written model that later runs would trust. */
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
+  uint64_t bytes;
+  if ((r = mkmodel_write(&s, tmp, true, &bytes, err))) return r;
+  if (rename(tmp, dir) != 0 && stat(cfg, &st) != 0) /* another process may have won the race */
+    return mj_fail(err, MJ_EIO, "%s: cannot move the built-in model into place: %s", dir, strerror(errno));
+  return 0;
+}
+
+static char *read_prompt(const char *p, size_t *len, mj_err *err) {
+  if (strcmp(p, "-") != 0) {
+    *len = strlen(p);
+    return mj_xstrdup(p);
+  }
+  char *data;
+  if (mj_read_file("-", &data, len, err)) return NULL;
+  return data;
+}
+
+int cmd_generate(int argc, char **argv, mj_err *err) {
+  const char *dir = NULL, *prompt = NULL, *system = NULL, *backend = "cpu";
+  int64_t n_predict = 64, top_k = 0, seed = -1, threads = 0, ctx = 0;
+  double temp = 0.8, top_p = 0.95, min_p = 0.05, rep = 1.0;
+  bool chat = false, no_think = false, as_json = false, quiet = false;
+  cli_opt opts[] = {
+      {"model", 'm', CLI_STR, &dir},       {"prompt", 'p', CLI_STR, &prompt},
+      {"n-predict", 'n', CLI_INT, &n_predict}, {"chat", 0, CLI_FLAG, &chat},
+      {"system", 0, CLI_STR, &system},     {"no-think", 0, CLI_FLAG, &no_think},
+      {"temp", 0, CLI_NUM, &temp},         {"top-k", 0, CLI_INT, &top_k},
+      {"top-p", 0, CLI_NUM, &top_p},       {"min-p", 0, CLI_NUM, &min_p},
+      {"repeat-penalty", 0, CLI_NUM, &rep}, {"seed", 0, CLI_INT, &seed},
+      {"backend", 0, CLI_STR, &backend},   {"json", 0, CLI_FLAG, &as_json},
+      {"threads", 't', CLI_INT, &threads}, {"ctx", 'c', CLI_INT, &ctx},
+      {"quiet", 'q', CLI_FLAG, &quiet},
+  };
+  int r = cli_parse("generate", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
+  if (r) return r < 0 ? 0 : r;
+  if (!prompt) return mj_fail(err, MJ_EUSAGE, "moejit generate: -p TEXT is required (-p - reads stdin)");
+  if (n_predict < 0 || n_predict > 1 << 20) return mj_fail(err, MJ_EUSAGE, "moejit generate: -n must be 0..1048576");
+  if (temp < 0 || top_p <= 0 || top_p > 1 || min_p < 0 || min_p >= 1 || rep <= 0 || top_k < 0)
+    return mj_fail(err, MJ_EUSAGE,
+                   "moejit generate: --temp >= 0, --top-p in (0, 1], --min-p in [0, 1), --repeat-penalty > 0, --top-k >= 0");
+  if ((system || no_think) && !chat)
+    return mj_fail(err, MJ_EUSAGE, "moejit generate: --system and --no-think go with --chat");
+  if (strcmp(backend, "cpu") != 0) {
+    if (strcmp(backend, "cuda") == 0)
+      return mj_fail(err, MJ_EUSAGE, "moejit generate: --backend cuda: the GPU decode engine is not built yet; use --backend cpu");
+    return mj_fail(err, MJ_EUSAGE, "moejit generate: --backend must be cpu or cuda, not '%s'", backend);
+  }
+
+  char defdir[4096];
+  if (!dir) {
+    if ((r = default_model(defdir, sizeof defdir, quiet || as_json, err))) return r;
+    dir = defdir;
+  }
+  size_t plen;
+  char *ptext = read_prompt(prompt, &plen, err);
+  if (!ptext) return MJ_EIO;
+
+  model *m = NULL;
+  tok_tokenizer *tok = NULL;
+  cpu_model *cm = NULL;
+  sampler *smp = NULL;
+  float *logits = NULL;
+  tok_ids ids = {0};
+  mj_buf text = {0}, piece = {0};
+  if ((r = model_load(dir, &m, err))) goto out;
+  char tpath[4200];
+  snprintf(tpath, sizeof tpath, "%s/tokenizer.json", dir);
+  if ((r = tok_load(tpath, &tok, err))) goto out;
+  chat_format cf;
+  bool have_chat = chat_format_init(&cf, tok, NULL) == 0;
+  if (chat) {
+    if (!have_chat && (r = chat_format_init(&cf, tok, err))) goto out;
+    chat_msg msgs[2];
+    size_t nm = 0;
+    if (system) msgs[nm++] = (chat_msg){CHAT_SYSTEM, system, strlen(system)};
+    msgs[nm++] = (chat_msg){CHAT_USER, ptext, plen};
+    if ((r = chat_encode(tok, &cf, msgs, nm, true, !no_think, &ids, err))) goto out;
+  } else if ((r = tok_encode(tok, ptext, plen, true, &ids, err))) {
+    goto out;
+  }
+  if (ids.n == 0) {
+    r = mj_fail(err, MJ_EINPUT, "moejit generate: the prompt is empty");
+    goto out;
+  }
+  const model_config *c = &m->cfg;
+  int64_t need = (int64_t)ids.n + n_predict;
+  cpu_params cp = {.max_ctx = ctx > 0 ? ctx : need, .threads = (int)(threads > 0 ? threads : sysconf(_SC_NPROCESSORS_ONLN))};
+  if (need > cp.max_ctx || need > c->max_position_embeddings) {
+    r = mj_fail(err, MJ_EUSAGE, "moejit generate: prompt (%zu tokens) + -n %lld exceeds the context (%lld)", ids.n,
+                (long long)n_predict, (long long)(cp.max_ctx < c->max_position_embeddings ? cp.max_ctx : c->max_position_embeddings));
+    goto out;
+  }
+  if ((r = cpu_model_create(m, &cp, &cm, err))) goto out;
+  sample_params sp = sample_defaults();
+  sp.temperature = (float)temp;
+  sp.top_k = (int32_t)top_k;
+  sp.top_p = (float)top_p;
+  sp.min_p = (float)min_p;
+  sp.repeat_penalty = (float)rep;
+  sp.seed = seed >= 0 ? (uint64_t)seed : (uint64_t)mj_now_ns();
+  smp = sample_create(&sp, (int32_t)c->vocab_size);
+  logits = mj_xmalloc((size_t)c->vocab_size * sizeof *logits);
+
+  size_t n_prompt = ids.n;
+  double t0 = mj_now_ms();
+  if ((r = cpu_forward(cm, ids.v, (int64_t)ids.n, 0, logits, false, err))) goto out;
+  double t_prompt = mj_now_ms() - t0;
+  tok_stream ts;
+  tok_stream_init(&ts, tok, true);
+  const char *stop = "length";
+  int64_t n_gen = 0;
+  double t1 = mj_now_ms();
+  for (;;) {
+    int32_t id = sample_next(smp, logits, ids.v, ids.n);
+    bool eos = have_chat ? chat_is_eos(&cf, id) : false;
+    for (int i = 0; i < c->n_eos; i++) eos |= id == c->eos_token_id[i];
+    if (eos) {
+      stop = "eos";
+      break;
+    }
+    tok_ids_push(&ids, id);
+    n_gen++;
+    piece.len = 0;
+    if (tok_decode_stream(&ts, id, &piece)) {
+      mj_buf_put(&text, piece.data, piece.len);
+      if (!as_json) {
+        fwrite(piece.data, 1, piece.len, stdout);
+        fflush(stdout);
+      }
+    }
+    if (n_gen >= n_predict) break;
+    if ((r = cpu_forward(cm, &id, 1, (int64_t)ids.n - 1, logits, false, err))) goto out;
+  }
+  double t_decode = mj_now_ms() - t1;
+  piece.len = 0;
+  if (tok_stream_finish(&ts, &piece)) {
+    mj_buf_put(&text, piece.data, piece.len);
+    if (!as_json) fwrite(piece.data, 1, piece.len, stdout);
+  }
+  double pps = n_prompt / (t_prompt / 1000.0), dps = n_gen > 0 ? n_gen / (t_decode / 1000.0) : 0;
+  if (as_json) {
+    mj_buf j = {0};
+    mj_buf_puts(&j, "{\"text\":");
+    json_write_str(&j, text.data ? text.data : "", text.len);
+    mj_buf_printf(&j, ",\"tokens\":[");
+    for (size_t i = n_prompt; i < ids.n; i++) mj_buf_printf(&j, "%s%d", i > n_prompt ? "," : "", ids.v[i]);
+    mj_buf_printf(&j, "],\"prompt_tokens\":%zu,\"generated_tokens\":%lld,\"stop\":\"%s\",\"backend\":\"%s\","
+                      "\"prompt_ms\":%.3f,\"decode_ms\":%.3f,\"prompt_tokens_per_s\":%.2f,\"decode_tokens_per_s\":%.2f,\"model\":",
+                  n_prompt, (long long)n_gen, stop, backend, t_prompt, t_decode, pps, dps);
+    json_write_str(&j, dir, strlen(dir));
+    mj_buf_puts(&j, "}\n");
+    fputs(j.data, stdout);
+    mj_buf_free(&j);
+  } else {
+    printf("\n");
+    fflush(stdout);
+    if (!quiet)
+      fprintf(stderr, "moejit: prompt %zu tokens in %.1f ms (%.1f tok/s), generated %lld tokens in %.1f ms (%.2f tok/s), stop: %s, backend %s\n",
+              n_prompt, t_prompt, pps, (long long)n_gen, t_decode, dps, stop, backend);
+  }
+  r = 0;
+out:
+  free(ptext);
+  free(logits);
+  tok_ids_free(&ids);
+  mj_buf_free(&text);
+  mj_buf_free(&piece);
+  if (smp) sample_destroy(smp);
+  if (cm) cpu_model_destroy(cm);
+  if (tok) tok_destroy(tok);
+  if (m) model_free(m);
+  return r;
+}

@@ -1,0 +1,58 @@
+#!/bin/sh
+# generate.sh: `moejit generate` on the CPU backend with a tiny synthetic
+# model: it streams text and ends with the speed line; --seed makes runs
+# identical; --json is one record; greedy ignores the seed; the built-in
+# model is written to the data folder on first use; bad flags and a broken
+# tokenizer.json give one line and status 1.
+set -u
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+ok() { echo "ok   $1"; }
+bad() { echo "FAIL $1"; fail=1; }
+$MOEJIT mkmodel --preset tiny --seed 5 --out "$tmp/m" -q || { echo "FAIL mkmodel"; exit 1; }
+
+$MOEJIT generate -m "$tmp/m" -p "hello world" -n 12 --seed 3 > "$tmp/a.out" 2> "$tmp/a.err" || bad "generate exit status"
+grep -q "^moejit: prompt [0-9]* tokens in .* tok/s), generated [0-9]* tokens in .* tok/s), stop: " "$tmp/a.err" && ok "speed line" || bad "speed line: $(cat "$tmp/a.err")"
+$MOEJIT generate -m "$tmp/m" -p "hello world" -n 12 --seed 3 > "$tmp/b.out" 2>/dev/null
+cmp -s "$tmp/a.out" "$tmp/b.out" && ok "same seed, same text" || bad "same seed gave different text"
+
+$MOEJIT generate -m "$tmp/m" -p "hello world" -n 12 --seed 3 --json > "$tmp/j1" 2>/dev/null || bad "--json status"
+$MOEJIT generate -m "$tmp/m" -p "hello world" -n 12 --seed 4 --json > "$tmp/j2" 2>/dev/null
+tokens1=$(sed 's/.*"tokens":\[\([^]]*\)\].*/\1/' "$tmp/j1")
+tokens2=$(sed 's/.*"tokens":\[\([^]]*\)\].*/\1/' "$tmp/j2")
+[ "$(wc -l < "$tmp/j1")" -eq 1 ] && grep -q '"generated_tokens":' "$tmp/j1" && grep -q '"decode_tokens_per_s":' "$tmp/j1" && ok "--json record" || bad "--json record: $(cat "$tmp/j1")"
+[ "$tokens1" != "$tokens2" ] && ok "another seed, other tokens" || bad "seeds 3 and 4 gave the same tokens"
+# greedy: the seed does not matter
+g1=$($MOEJIT generate -m "$tmp/m" -p "abc" -n 8 --temp 0 --seed 1 --json 2>/dev/null | sed 's/.*"tokens":\[\([^]]*\)\].*/\1/')
+g2=$($MOEJIT generate -m "$tmp/m" -p "abc" -n 8 --temp 0 --seed 2 --json 2>/dev/null | sed 's/.*"tokens":\[\([^]]*\)\].*/\1/')
+[ -n "$g1" ] && [ "$g1" = "$g2" ] && ok "greedy ignores the seed" || bad "greedy differs: $g1 / $g2"
+# chat prompt and stdin
+printf 'from stdin' | $MOEJIT generate -m "$tmp/m" -p - --chat --system "be brief" --no-think -n 4 --json > "$tmp/c" 2>/dev/null || bad "chat from stdin"
+grep -q '"prompt_tokens":' "$tmp/c" && ok "chat prompt from stdin" || bad "chat: $(cat "$tmp/c")"
+# the built-in model, written on first use
+MOEJIT_DATA_DIR="$tmp/data" $MOEJIT generate -p "hi" -n 3 --seed 1 -q > /dev/null 2>&1 && [ -f "$tmp/data/default-small-nvfp4-s1/config.json" ] && ok "built-in model" || bad "built-in model"
+
+# errors: one line, status 1
+expect1() {
+  want=$1
+  shift
+  "$@" > /dev/null 2> "$tmp/err"
+  status=$?
+  if [ "$status" -eq 1 ] && [ "$(cat "$tmp/err")" = "$want" ]; then ok "$want"; else bad "status $status: $(cat "$tmp/err") (want: $want)"; fi
+}
+expect1 "moejit: moejit generate: -p TEXT is required (-p - reads stdin)" $MOEJIT generate -m "$tmp/m"
+expect1 "moejit: moejit generate: --temp expects a number, not 'hot'" $MOEJIT generate -m "$tmp/m" -p x --temp hot
+expect1 "moejit: moejit generate: --backend must be cpu or cuda, not 'tpu'" $MOEJIT generate -m "$tmp/m" -p x --backend tpu
+expect1 "moejit: moejit generate: --system and --no-think go with --chat" $MOEJIT generate -m "$tmp/m" -p x --system y
+expect1 "moejit: moejit generate: unknown option '--temperature' (see moejit generate --help)" $MOEJIT generate -m "$tmp/m" -p x --temperature 1
+cp -r "$tmp/m" "$tmp/broken"
+printf '{"model": {"type": "BPE", ' > "$tmp/broken/tokenizer.json"
+"$MOEJIT" generate -m "$tmp/broken" -p x > /dev/null 2> "$tmp/err"
+st=$?
+if [ "$st" -eq 1 ] && [ "$(wc -l < "$tmp/err")" -eq 1 ] && grep -q "broken/tokenizer.json:1:" "$tmp/err"; then ok "malformed tokenizer.json"; else bad "malformed tokenizer.json: status $st: $(cat "$tmp/err")"; fi
+rm "$tmp/broken/tokenizer.json"
+"$MOEJIT" generate -m "$tmp/broken" -p x > /dev/null 2> "$tmp/err"
+st=$?
+if [ "$st" -eq 1 ] && [ "$(wc -l < "$tmp/err")" -eq 1 ] && grep -q "tokenizer.json" "$tmp/err"; then ok "missing tokenizer.json"; else bad "missing tokenizer.json: status $st: $(cat "$tmp/err")"; fi
+exit $fail
