@@ -6,9 +6,8 @@
 #include <time.h>
 
 #include "cudrv.h"
-#include "dsl.h"
+#include "jit.h"
 #include "ref.h"
-#include "embed.h"
 #include "t.h"
 
 static uint64_t rng;
@@ -23,19 +22,15 @@ static void run_case(int N, int K, const char *threads, const char *rows, const 
   snprintf(ns, sizeof ns, "%d", N);
   snprintf(ks, sizeof ks, "%d", K);
   dsl_define defs[] = {{"N", ns}, {"K", ks}, {"THREADS", threads}, {"ROWS", rows}, {"UNROLL", unroll}};
-  const embed_file *src = embed_find("gemv_bf16.k");
-  dsl_options o = {.arch = cu_dev()->arch, .opt_level = 3};
-  dsl_result r;
-  T_CHECK(src != NULL);
-  if (dsl_compile(src->path, src->data, src->size, defs, 5, &o, &r, &err)) {
+  jit_request req = {"gemv_bf16.k", {NULL, defs, 5}, NULL, NULL};
+  const jit_fn *jf;
+  if (jit_get(&req, &jf, &err)) {
     mj_err_print(&err, stderr);
-    T_CHECK(!"compile failed");
+    T_CHECK(!"jit_get failed");
     mj_err_clear(&err);
     return;
   }
-  CUmodule mod;
-  CUfunction fn;
-  T_EQ_INT(cu_load_cubin(r.cubin, r.kernel_name, &mod, &fn, &err), 0);
+  CUfunction fn = jf->fn;
   size_t wn = (size_t)N * K;
   bf16 *W = malloc(wn * 2), *x = malloc((size_t)K * 2), *y = malloc((size_t)N * 2);
   float *ref = malloc((size_t)N * 4), *got = malloc((size_t)N * 4);
@@ -67,9 +62,7 @@ static void run_case(int N, int K, const char *threads, const char *rows, const 
   T_CHECK(e < 1e-2);
   if (err.code) mj_err_print(&err, stderr);
   cu.cuMemFree(dW), cu.cuMemFree(dx), cu.cuMemFree(dy);
-  cu.cuModuleUnload(mod);
   free(W), free(x), free(y), free(ref), free(got);
-  dsl_result_free(&r);
   mj_err_clear(&err);
 }
 
