@@ -16,13 +16,15 @@ cd "$work"
 [ -f Makefile ] && [ Makefile -nt Makefile.am ] && [ config.status -nt configure ] || ./configure -q --enable-portable
 make -j2 >/dev/null
 make -j2 check TESTS= >/dev/null
+make -j2 bench/bench_cache >/dev/null
 # Both programs carry a static LLVM; gzip keeps the pair well under the
 # device tool's 64 MiB.  scripts/gpu-env.sh unpacks them on the GPU host.
 stage=$work/stage
 rm -rf "$stage"
-mkdir -p "$stage/tests/gpu"
+mkdir -p "$stage/tests/gpu" "$stage/bench"
 cp moejit "$stage/"
 cp tests/gpu/gputest "$stage/tests/gpu/"
-strip "$stage/moejit" "$stage/tests/gpu/gputest"
+cp bench/bench_cache "$stage/bench/"
+strip "$stage/moejit" "$stage/tests/gpu/gputest" "$stage/bench/bench_cache"
 tar -czf "$out/bin.tgz" -C "$stage" .
 echo "build-gpu.sh: $(du -h "$out/bin.tgz" | cut -f1) in $out/bin.tgz"
