@@ -19,8 +19,6 @@
 #include "jit.h"
 #include "ref.h"
 
-typedef int (*launch_fn)(void *ctx, int i, CUstream s, mj_err *err);
-
 static int cmp_f(const void *a, const void *b) {
   float x = *(const float *)a, y = *(const float *)b;
   return (x > y) - (x < y);
@@ -28,7 +26,7 @@ static int cmp_f(const void *a, const void *b) {
 
 /* Capture n launches (launch(ctx, i) for i < n) in one graph, replay it
  * reps times and return the median time per launch in microseconds. */
-static int time_graph(launch_fn launch, void *ctx, int n, int reps, double *us, mj_err *err) {
+int bench_time_graph(bench_launch_fn launch, void *ctx, int n, int reps, double *us, mj_err *err) {
   CUstream s = NULL;
   CUgraph g = NULL;
   CUgraphExec ge = NULL;
@@ -160,7 +158,7 @@ static int bench_gemv(int argc, char **argv, mj_err *err) {
     for (int64_t i = 0; i < N; i++) got[i] = dt_bf16_to_f32(y[i]);
     double e = ref_rel_err(got, ref, (size_t)N);
     double tus;
-    if ((rc = time_graph(gemv_launch, &g, 40, 15, &tus, err))) goto out;
+    if ((rc = bench_time_graph(gemv_launch, &g, 40, 15, &tus, err))) goto out;
     double gbs = bytes / (tus * 1e-6) / 1e9;
     if (e < 1e-2 && gbs > best) best = gbs;
     printf("| %d | %d | %d | %d | %.1f %s | %.1e%s | %.1f | %.0f | %.1f%% |\n", t, r, u, jf->meta.regs, tj,
@@ -180,8 +178,9 @@ out:
 int cmd_bench(int argc, char **argv, mj_err *err) {
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
     cli_usage("bench", stdout);
-    return argc < 2 ? mj_fail(err, MJ_EUSAGE, "moejit bench: name a benchmark (gemv)") : 0;
+    return argc < 2 ? mj_fail(err, MJ_EUSAGE, "moejit bench: name a benchmark (gemv, moe)") : 0;
   }
   if (!strcmp(argv[1], "gemv")) return bench_gemv(argc - 1, argv + 1, err);
-  return mj_fail(err, MJ_EUSAGE, "moejit bench: unknown benchmark '%s' (gemv)", argv[1]);
+  if (!strcmp(argv[1], "moe")) return bench_moe(argc - 1, argv + 1, err);
+  return mj_fail(err, MJ_EUSAGE, "moejit bench: unknown benchmark '%s' (gemv, moe)", argv[1]);
 }

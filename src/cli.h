@@ -28,7 +28,10 @@
     "  -v             also print nvJitLink's log (the ptxas report)\n"       \
     "  MOEJIT_DUMP=tokens,ast,llvm-raw,llvm,ptx prints those stages to stderr\n") \
   X(bench, "GPU benchmarks: time kernels against the measured copy bandwidth", \
-    "moejit bench gemv [--n N] [--k K] [--configs THREADS:ROWS:UNROLL,...] \n") \
+    "moejit bench gemv [--n N] [--k K] [--configs THREADS:ROWS:UNROLL,...] \n" \
+    "moejit bench moe [--batches 1,2,4,...] [--gu-configs ROWS:THREADS:CHAIN:GX,...]\n" \
+    "                 [--dn-configs ROWS:THREADS:CHAIN:GX,...] [--mt N] [--sets N] [--copies N]\n" \
+    "                 [--check-tokens N] [--experts E] [--hidden H] [--inter I]\n") \
   X(tokenize, "print the tokens of a text (ids, pieces or JSON)",            \
     "moejit tokenize (-m DIR | --tokenizer FILE.json) [--ids|--pieces] [--chat [--no-think]]\n" \
     "                [--json] TEXT|-\n"                                        \
@@ -105,5 +108,13 @@ typedef struct cli_list {
 
 int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts,
               int nopts, cli_list *positional, mj_err *err);
+
+/* Benchmark helpers shared by src/bench.c and src/bench_moe.c: capture n
+ * launches (launch(ctx, i) for i < n) in one CUDA graph, replay it reps
+ * times, and return the median time per launch in microseconds. */
+#include "cudrv.h"
+typedef int (*bench_launch_fn)(void *ctx, int i, CUstream s, mj_err *err);
+int bench_time_graph(bench_launch_fn launch, void *ctx, int n, int reps, double *us, mj_err *err);
+int bench_moe(int argc, char **argv, mj_err *err);
 
 #endif

@@ -1,0 +1,289 @@
+/* moe.c: the device side of the MoE layer (see moe.h and docs/moe.md).
+ *
+ * The layout is chosen for the kernel's decode, not for the checkpoint: a
+ * weight row becomes one record, its codes (16 bytes per 32 values) then
+ * its scales, so a warp streams a row's bytes from one place; the four
+ * 32-bit words of a 16-byte chunk each hold 8 codes with their bits
+ * scattered so that four masks and a few shifts turn a word into four
+ * bf16x2 values (moe_record_value below is that decode in C, and the
+ * repack round-trip test checks it against the checkpoint's values).
+ * Repacking happens once, on the host, when weights are loaded. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsl.h"
+#include "embed.h"
+#include "moe.h"
+#include "jit.h"
+
+/* Where the bits m, e0, e1, s (e2m1: s e1 e0 m) of output o's low value sit
+ * in the word; the high value's are 16 higher.  The kernel's decode:
+ *   o0 = v & 0x81C081C0            bits 6,7,8,15  -> 6,7,8,15
+ *   o1 = (v << 3) & 0x81C081C0     bits 3,4,5,12
+ *   o2 = (v << 6) & 0x81C081C0     bits 0,1,2,9
+ *   o3 = (v >> 4) & 0x00C000C0 | (v >> 5) & 0x01000100 | (v << 1) & 0x80008000
+ *                                  bits 10,11 -> 6,7; 13 -> 8; 14 -> 15
+ * leaving each value as bf16 bits s<<15 | e<<7 | m<<6 = e2m1 * 2^-126. */
+static const int bitpos[4][4] = {{6, 7, 8, 15}, {3, 4, 5, 12}, {0, 1, 2, 9}, {10, 11, 13, 14}};
+
+size_t moe_gate_up_bytes(const ref_moe_cfg *c) { return 2 * (size_t)c->inter * moe_record_bytes(c->hidden); }
+size_t moe_down_bytes(const ref_moe_cfg *c) { return (size_t)c->hidden * moe_record_bytes(c->inter); }
+
+void moe_repack_row(const uint8_t *codes, const uint8_t *scales, int k, uint8_t *rec) {
+  for (int c = 0; c < k / 32; c++)
+    for (int q = 0; q < 4; q++) {
+      uint32_t v = 0;
+      for (int o = 0; o < 4; o++)
+        for (int hf = 0; hf < 2; hf++) {
+          int col = 32 * c + 8 * q + 2 * o + hf;
+          unsigned code = (codes[col / 2] >> (4 * (col & 1))) & 15;
+          for (int bit = 0; bit < 4; bit++)
+            v |= (uint32_t)((code >> bit) & 1) << (bitpos[o][bit] + 16 * hf);
+        }
+      uint8_t *w = rec + 16 * c + 4 * q; /* little-endian, as the GPU reads it */
+      w[0] = (uint8_t)v, w[1] = (uint8_t)(v >> 8), w[2] = (uint8_t)(v >> 16), w[3] = (uint8_t)(v >> 24);
+    }
+  memcpy(rec + k / 2, scales, (size_t)k / 16);
+}
+
+void moe_repack_gate_up(const ref_nvfp4 *gate, const ref_nvfp4 *up, uint8_t *dst) {
+  size_t rb = moe_record_bytes(gate->k);
+  for (int r = 0; r < gate->n; r++) {
+    moe_repack_row(gate->w + (size_t)r * gate->k / 2, gate->s + (size_t)r * gate->k / 16, gate->k, dst + 2 * r * rb);
+    moe_repack_row(up->w + (size_t)r * up->k / 2, up->s + (size_t)r * up->k / 16, up->k, dst + (2 * r + 1) * rb);
+  }
+}
+
+void moe_repack_down(const ref_nvfp4 *down, uint8_t *dst) {
+  size_t rb = moe_record_bytes(down->k);
+  for (int r = 0; r < down->n; r++)
+    moe_repack_row(down->w + (size_t)r * down->k / 2, down->s + (size_t)r * down->k / 16, down->k, dst + r * rb);
+}
+
+float moe_record_value(const uint8_t *rec, int k, int col) {
+  int c = col / 32, q = (col % 32) / 8, o = (col % 8) / 2, hf = col & 1;
+  const uint8_t *p = rec + 16 * c + 4 * q;
+  uint32_t v = p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+  uint32_t out[4] = {v & 0x81C081C0u, (v << 3) & 0x81C081C0u, (v << 6) & 0x81C081C0u,
+                     ((v >> 4) & 0x00C000C0u) | ((v >> 5) & 0x01000100u) | ((v << 1) & 0x80008000u)};
+  bf16 bits = (bf16)(out[o] >> (16 * hf));
+  float w = dt_bf16_to_f32(bits) * 0x1p126f; /* exact: the decode is e2m1 * 2^-126 */
+  return w * dt_e4m3_to_f32(rec[k / 2 + col / 16]);
+}
+
+/* ---- plan -------------------------------------------------------------------------- */
+void moe_plan_default(const ref_moe_cfg *c, int bcap, moe_plan *p) {
+  memset(p, 0, sizeof *p);
+  p->cfg = *c;
+  p->bcap = bcap;
+  /* Expected rows per active expert: 1 at batch 1, ~1.1 at 8, ~2.3 at 64,
+   * ~4 at 128 (glm5.md); MT above that only costs registers. */
+  p->mt = bcap <= 1 ? 1 : bcap <= 16 ? 2 : 4;
+  p->gu = (moe_tile){.rows = 2, .threads = 256, .chain = 8, .gx = 0};
+  p->dn = (moe_tile){.rows = 4, .threads = 256, .chain = 8, .gx = 0};
+  p->router_tb = bcap < 8 ? bcap : 8;
+}
+
+/* Row tiles of an expert kernel, and its blocks per slot (gx 0: all). */
+static int expert_tiles(const moe_plan *p, int mode) {
+  const moe_tile *t = mode ? &p->dn : &p->gu;
+  int recs = mode ? p->cfg.hidden : 2 * p->cfg.inter;
+  return recs / (t->rows * t->threads / 32);
+}
+static unsigned expert_gx(const moe_plan *p, int mode) {
+  const moe_tile *t = mode ? &p->dn : &p->gu;
+  int tiles = expert_tiles(p, mode);
+  return (unsigned)(t->gx > 0 && t->gx < tiles ? t->gx : tiles);
+}
+
+/* ---- kernels ----------------------------------------------------------------------- */
+const char *const moe_kernel_names[MOE_NK] = {
+#define X(k) #k,
+    MOE_KERNELS(X)
+#undef X
+};
+
+typedef struct defs {
+  dsl_define d[12];
+  char v[12][24];
+  int n;
+} defs;
+static void def_i(defs *d, const char *name, long v) {
+  snprintf(d->v[d->n], sizeof d->v[0], "%ld", v);
+  d->d[d->n] = (dsl_define){name, d->v[d->n]};
+  d->n++;
+}
+
+/* Every kernel comes through the front door (jit.h): memory table, disk
+ * cache, compile.  compile_ms is the time jit_get took (a cache hit is a
+ * fraction of a millisecond); cached says whether it compiled. */
+static int load_one(moe_kernels *k, int id, const char *file, const defs *d, const char *arch, mj_err *err) {
+  jit_request req = {file, {NULL, d->d, d->n}, NULL, arch};
+  const jit_fn *f;
+  cache_stats s0, s1;
+  jit_stats(&s0);
+  double t0 = mj_now_ms();
+  int rc = jit_get(&req, &f, err);
+  if (rc) return rc;
+  jit_stats(&s1);
+  k->fn[id] = f->fn;
+  k->regs[id] = f->meta.regs;
+  k->spills[id] = f->meta.spill_stores;
+  k->compile_ms[id] = mj_now_ms() - t0;
+  k->compiled[id] = s1.v[CACHE_STAT_compiles] > s0.v[CACHE_STAT_compiles];
+  return 0;
+}
+
+int moe_kernels_load(moe_kernels *k, const moe_plan *p, const char *arch, mj_err *err) {
+  const ref_moe_cfg *c = &p->cfg;
+  memset(k, 0, sizeof *k);
+  defs d = {0};
+  def_i(&d, "E", c->n_experts), def_i(&d, "K", c->hidden), def_i(&d, "TB", p->router_tb);
+  int rc = load_one(k, MOE_K_router, "moe_router.k", &d, arch, err);
+  if (!rc) {
+    d.n = 0;
+    def_i(&d, "E", c->n_experts), def_i(&d, "TOPK", c->topk), def_i(&d, "BCAP", p->bcap);
+    def_i(&d, "NG", c->n_group > 0 ? c->n_group : 1), def_i(&d, "TG", c->topk_group > 0 ? c->topk_group : 1);
+    def_i(&d, "NORM", c->norm_topk_prob);
+    snprintf(d.v[d.n], sizeof d.v[0], "%.9g", (double)c->scaling);
+    d.d[d.n] = (dsl_define){"SCALE", d.v[d.n]}, d.n++;
+    rc = load_one(k, MOE_K_route, "moe_route.k", &d, arch, err);
+  }
+  for (int mode = 0; mode < 2 && !rc; mode++) {
+    const moe_tile *t = mode ? &p->dn : &p->gu;
+    d.n = 0;
+    def_i(&d, "MODE", mode), def_i(&d, "K", mode ? c->inter : c->hidden), def_i(&d, "N", mode ? c->hidden : c->inter);
+    def_i(&d, "MT", p->mt), def_i(&d, "ROWS", t->rows), def_i(&d, "THREADS", t->threads), def_i(&d, "CHAIN", t->chain);
+    rc = load_one(k, mode ? MOE_K_down : MOE_K_gate_up, "moe_expert.k", &d, arch, err);
+  }
+  if (!rc) {
+    d.n = 0;
+    def_i(&d, "N", c->hidden), def_i(&d, "TOPK", c->topk);
+    rc = load_one(k, MOE_K_combine, "moe_combine.k", &d, arch, err);
+  }
+  if (rc) moe_kernels_free(k);
+  return rc;
+}
+
+void moe_kernels_free(moe_kernels *k) {
+  /* The modules belong to the front door (unloaded by jit_shutdown). */
+  memset(k->fn, 0, sizeof k->fn);
+}
+
+/* ---- device memory ----------------------------------------------------------------- */
+int moe_weights_alloc(moe_weights *w, const ref_moe_cfg *c, mj_err *err) {
+  memset(w, 0, sizeof *w);
+  size_t E = (size_t)c->n_experts;
+  int rc = cu_alloc(&w->router, E * (size_t)c->hidden * 2, "MoE router weight", err);
+  if (!rc) rc = cu_alloc(&w->bias, E * 4, "MoE router bias", err);
+  if (!rc) rc = cu_alloc(&w->gate_up, (E + 1) * moe_gate_up_bytes(c), "MoE gate_up experts", err);
+  if (!rc) rc = cu_alloc(&w->down, (E + 1) * moe_down_bytes(c), "MoE down experts", err);
+  if (!rc) rc = cu_alloc(&w->gscale, (E + 1) * 16, "MoE global scales", err);
+  if (rc) moe_weights_free(w);
+  return rc;
+}
+
+void moe_weights_free(moe_weights *w) {
+  CUdeviceptr *p[] = {&w->router, &w->bias, &w->gate_up, &w->down, &w->gscale};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(p); i++)
+    if (*p[i]) cu.cuMemFree(*p[i]), *p[i] = 0;
+}
+
+int moe_weights_set_expert(const moe_weights *w, const ref_moe_cfg *c, int e, const ref_nvfp4 *gate,
+                           const ref_nvfp4 *up, const ref_nvfp4 *down, mj_err *err) {
+  if (gate->n != c->inter || gate->k != c->hidden || up->n != c->inter || up->k != c->hidden ||
+      down->n != c->hidden || down->k != c->inter || e < 0 || e > c->n_experts)
+    return mj_fail(err, MJ_EINPUT, "moe: expert %d has the wrong shape for this layer", e);
+  size_t gub = moe_gate_up_bytes(c), dnb = moe_down_bytes(c);
+  uint8_t *buf = mj_xmalloc(gub > dnb ? gub : dnb);
+  int rc = MJ_ECUDA;
+  moe_repack_gate_up(gate, up, buf);
+  CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(w->gate_up + (size_t)e * gub, buf, gub), out);
+  moe_repack_down(down, buf);
+  CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(w->down + (size_t)e * dnb, buf, dnb), out);
+  float gs[4] = {gate->s2, up->s2, down->s2, 0.0f};
+  CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(w->gscale + (size_t)e * 16, gs, 16), out);
+  rc = 0;
+out:
+  free(buf);
+  return rc;
+}
+
+int moe_bufs_alloc(moe_bufs *b, const moe_plan *p, mj_err *err) {
+  memset(b, 0, sizeof *b);
+  size_t B = (size_t)p->bcap, H = (size_t)p->cfg.hidden, E = (size_t)p->cfg.n_experts, K = (size_t)p->cfg.topk;
+  size_t S = (size_t)moe_slots(p), P = (size_t)moe_pairs(p);
+  struct { CUdeviceptr *ptr; size_t bytes; const char *what; } t[] = {
+      {&b->x, B * H * 2, "MoE x"},           {&b->out, B * H * 2, "MoE out"},
+      {&b->logits, B * E * 4, "MoE logits"}, {&b->slot_expert, S * 4, "MoE slots"},
+      {&b->slot_count, S * 4, "MoE slots"},  {&b->slot_off, S * 4, "MoE slots"},
+      {&b->pair_token, P * 4, "MoE pairs"},  {&b->pair_weight, P * 4, "MoE pairs"},
+      {&b->tok_pair, B * (K + 1) * 4, "MoE token pairs"}, {&b->tok_expert, B * K * 4, "MoE choices"},
+      {&b->tok_weight, B * K * 4, "MoE choices"}, {&b->h, P * (size_t)p->cfg.inter * 2, "MoE h"},
+      {&b->y, P * H * 4, "MoE y"}};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(t); i++) {
+    int rc = cu_alloc(t[i].ptr, t[i].bytes, t[i].what, err);
+    if (rc) {
+      moe_bufs_free(b);
+      return rc;
+    }
+  }
+  return 0;
+}
+
+void moe_bufs_free(moe_bufs *b) {
+  CUdeviceptr *p[] = {&b->x, &b->out, &b->logits, &b->slot_expert, &b->slot_count, &b->slot_off, &b->pair_token,
+                      &b->pair_weight, &b->tok_pair, &b->tok_expert, &b->tok_weight, &b->h, &b->y};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(p); i++)
+    if (*p[i]) cu.cuMemFree(*p[i]), *p[i] = 0;
+}
+
+/* ---- launches ---------------------------------------------------------------------- */
+static int launch2(CUfunction fn, unsigned gx, unsigned gy, unsigned block, CUstream s, void **args, mj_err *err) {
+  CU_CHECK(err, cu.cuLaunchKernel(fn, gx, gy, 1, block, 1, 1, 0, s, args, NULL));
+  return 0;
+}
+
+int moe_launch(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
+               CUdeviceptr x_in, int B, moe_kernel_id which, CUstream s, mj_err *err) {
+  const ref_moe_cfg *c = &p->cfg;
+  if (B < 1 || B > p->bcap) return mj_fail(err, MJ_EINPUT, "moe: batch %d outside 1..%d", B, p->bcap);
+  unsigned slots = (unsigned)moe_slots(p);
+  CUdeviceptr x = x_in;
+  switch (which) {
+  case MOE_K_router: {
+    void *a[] = {(void *)&w->router, &x, (void *)&b->logits, &B};
+    return launch2(k->fn[which], (unsigned)c->n_experts, (unsigned)((B + p->router_tb - 1) / p->router_tb), 128, s, a, err);
+  }
+  case MOE_K_route: {
+    void *a[] = {(void *)&b->logits, (void *)&w->bias, &B, (void *)&b->slot_expert, (void *)&b->slot_count,
+                 (void *)&b->slot_off, (void *)&b->pair_token, (void *)&b->pair_weight, (void *)&b->tok_pair,
+                 (void *)&b->tok_expert, (void *)&b->tok_weight};
+    return launch2(k->fn[which], 1, 1, 1024, s, a, err);
+  }
+  case MOE_K_gate_up:
+  case MOE_K_down: {
+    int mode = which == MOE_K_down;
+    const moe_tile *t = mode ? &p->dn : &p->gu;
+    CUdeviceptr W = mode ? w->down : w->gate_up, in = mode ? b->h : x;
+    void *a[] = {&W, (void *)&w->gscale, &in, (void *)&b->slot_expert, (void *)&b->slot_count,
+                 (void *)&b->slot_off, (void *)&b->pair_token, (void *)&b->pair_weight, (void *)&b->h, (void *)&b->y};
+    return launch2(k->fn[which], expert_gx(p, mode), slots, (unsigned)t->threads, s, a, err);
+  }
+  case MOE_K_combine: {
+    void *a[] = {(void *)&b->y, (void *)&b->tok_pair, (void *)&b->out};
+    return launch2(k->fn[which], (unsigned)(c->hidden / 1024), (unsigned)B, 256, s, a, err);
+  }
+  case MOE_NK: break;
+  }
+  return mj_fail(err, MJ_EINTERNAL, "moe: no kernel %d", (int)which);
+}
+
+int moe_forward(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
+                CUdeviceptr x_in, int B, CUstream s, mj_err *err) {
+  for (int i = 0; i < MOE_NK; i++) {
+    int rc = moe_launch(k, p, w, b, x_in, B, (moe_kernel_id)i, s, err);
+    if (rc) return rc;
+  }
+  return 0;
+}

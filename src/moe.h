@@ -1,0 +1,126 @@
+/* moe.h: the GPU MoE layer of GLM-5 on NVFP4 experts: the device weight
+ * layout and its repacking from the checkpoint format, the capacity plan
+ * (which specialisation of each kernel a batch bucket uses), loading the
+ * five kernels, and launching one layer without any host synchronisation.
+ *
+ * A layer is five launches (docs/moe.md): moe_router.k (f32 logits),
+ * moe_route.k (top-k, weights, per-expert row lists, all on the device),
+ * moe_expert.k MODE 0 (gate+up+SiLU*mul), MODE 1 (down, times the routing
+ * weight) and moe_combine.k (deterministic per-token sum).  Kernels are
+ * specialised on the plan (capacity bucket, tiles), never on the routing,
+ * so one CUDA graph per bucket replays every step.  Prefix: moe_.
+ */
+#ifndef MOEJIT_MOE_H
+#define MOEJIT_MOE_H
+
+#include "cudrv.h"
+#include "ref.h"
+
+/* ---- the device layout (host side, no GPU needed) ---------------------------------- */
+
+/* A record: one weight row of K values as K/2 code bytes (in the decode
+ * order of docs/moe.md) followed by its K/16 e4m3 scales. */
+static inline size_t moe_record_bytes(int k) { return (size_t)k / 2 + (size_t)k / 16; }
+/* Bytes of one expert's gate_up (2 * inter records of hidden values) and
+ * down (hidden records of inter values) blocks. */
+size_t moe_gate_up_bytes(const ref_moe_cfg *c);
+size_t moe_down_bytes(const ref_moe_cfg *c);
+
+/* Repack one row (codes[k/2], scales[k/16] as on disk) into a record. */
+void moe_repack_row(const uint8_t *codes, const uint8_t *scales, int k, uint8_t *rec);
+/* gate and up [inter, hidden] -> records gate 0, up 0, gate 1, up 1, ... */
+void moe_repack_gate_up(const ref_nvfp4 *gate, const ref_nvfp4 *up, uint8_t *dst);
+/* down [hidden, inter] -> one record per row. */
+void moe_repack_down(const ref_nvfp4 *down, uint8_t *dst);
+/* Column col of a record, decoded exactly as the kernel does (bit ops to
+ * bf16 bits, times 2^126) and times its block scale: e2m1 * e4m3 (no s2). */
+float moe_record_value(const uint8_t *rec, int k, int col);
+
+/* ---- the plan: what a batch bucket compiles ---------------------------------------- */
+typedef struct moe_tile {
+  int rows;     /* weight records per warp (ROWS) */
+  int threads;  /* THREADS */
+  int chain;    /* CHAIN: bf16x2 FMAs per f32 fold (8 or 4) */
+  int gx;       /* blocks per slot (0: one row tile per block) */
+} moe_tile;
+
+typedef struct moe_plan {
+  ref_moe_cfg cfg;
+  int bcap;     /* batch-size bucket: at most bcap tokens */
+  int mt;       /* rows of a slot per pass (MT) */
+  moe_tile gu, dn;
+  int router_tb;
+} moe_plan;
+
+/* The default plan for a bucket: MT grows with the expected rows per
+ * expert, tiles as measured (bench/results). */
+void moe_plan_default(const ref_moe_cfg *c, int bcap, moe_plan *p);
+static inline int moe_slots(const moe_plan *p) {
+  int r = p->cfg.topk * p->bcap;
+  return 1 + (r < p->cfg.n_experts ? r : p->cfg.n_experts);
+}
+static inline int moe_pairs(const moe_plan *p) { return p->bcap * (p->cfg.topk + 1); }
+
+/* ---- kernels --------------------------------------------------------------------- */
+#define MOE_KERNELS(X) X(router) X(route) X(gate_up) X(down) X(combine)
+typedef enum {
+#define X(k) MOE_K_##k,
+  MOE_KERNELS(X)
+#undef X
+  MOE_NK
+} moe_kernel_id;
+extern const char *const moe_kernel_names[MOE_NK];
+
+typedef struct moe_kernels {
+  CUfunction fn[MOE_NK];
+  int regs[MOE_NK], spills[MOE_NK];
+  double compile_ms[MOE_NK]; /* time of jit_get */
+  bool compiled[MOE_NK];     /* compiled in this call (else a cache hit) */
+} moe_kernels;
+
+/* Obtain the five kernels of a plan for arch (NULL: the GPU's) through the
+ * front door, jit_get. */
+int moe_kernels_load(moe_kernels *k, const moe_plan *p, const char *arch, mj_err *err);
+void moe_kernels_free(moe_kernels *k);
+
+/* ---- device memory --------------------------------------------------------------- */
+typedef struct moe_weights {
+  CUdeviceptr router;   /* bf16 [E, hidden] */
+  CUdeviceptr bias;     /* f32 [E] e_score_correction_bias */
+  CUdeviceptr gate_up;  /* [E + 1] experts x moe_gate_up_bytes (the shared expert last) */
+  CUdeviceptr down;     /* [E + 1] x moe_down_bytes */
+  CUdeviceptr gscale;   /* f32 [E + 1][4]: gate s2, up s2, down s2, 0 */
+} moe_weights;
+
+int moe_weights_alloc(moe_weights *w, const ref_moe_cfg *c, mj_err *err);
+void moe_weights_free(moe_weights *w);
+/* Repack expert e (e == n_experts: the shared one) and copy it in. */
+int moe_weights_set_expert(const moe_weights *w, const ref_moe_cfg *c, int e, const ref_nvfp4 *gate,
+                           const ref_nvfp4 *up, const ref_nvfp4 *down, mj_err *err);
+
+typedef struct moe_bufs {
+  CUdeviceptr x;            /* bf16 [bcap, hidden] input */
+  CUdeviceptr out;          /* bf16 [bcap, hidden] output */
+  CUdeviceptr logits;       /* f32 [bcap, E] */
+  CUdeviceptr slot_expert, slot_count, slot_off; /* i32 [slots] */
+  CUdeviceptr pair_token;   /* i32 [pairs] */
+  CUdeviceptr pair_weight;  /* f32 [pairs] */
+  CUdeviceptr tok_pair;     /* i32 [bcap, topk + 1] */
+  CUdeviceptr tok_expert;   /* i32 [bcap, topk]: the choices, for tests */
+  CUdeviceptr tok_weight;   /* f32 [bcap, topk] */
+  CUdeviceptr h;            /* bf16 [pairs, inter] */
+  CUdeviceptr y;            /* f32 [pairs, hidden] */
+} moe_bufs;
+
+int moe_bufs_alloc(moe_bufs *b, const moe_plan *p, mj_err *err);
+void moe_bufs_free(moe_bufs *b);
+
+/* Launch one kernel of the layer for B <= bcap tokens (x read from x_in,
+ * output to b->out), or all five in order with moe_forward.  No host
+ * synchronisation: safe to capture in a CUDA graph. */
+int moe_launch(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
+               CUdeviceptr x_in, int B, moe_kernel_id which, CUstream s, mj_err *err);
+int moe_forward(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
+                CUdeviceptr x_in, int B, CUstream s, mj_err *err);
+
+#endif

@@ -1,0 +1,249 @@
+/* test_moe.c (GPU): the whole MoE layer on the device (router, routing,
+ * gate+up, down, combine: src/moe.c) against the CPU reference straight
+ * from the checkpoint format (src/ref_moe.c).
+ *
+ * Weights are quantised with ModelOpt's formulas from fresh random values
+ * each run, outputs are poisoned (NaN) before each launch, and each case
+ * checks: the device's f32 logits against the CPU's; the device's expert
+ * choices against the CPU routing of the device's own logits (so a near
+ * tie cannot flake: a differing choice is accepted only when the two
+ * candidates' scores are within 1e-5, and then the device's choice is
+ * used); the routing weights; every output written; and the output's
+ * relative L2 error <= 1e-2.  Reduced layers (fewer experts, narrower) for
+ * most batch sizes, grouped routing, and full GLM-5 width (with five
+ * distinct expert weight sets shared round-robin by the 257 experts, each
+ * with its own global scales, so a wrong expert id still shows). */
+#include <math.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "moe.h"
+#include "t.h"
+
+static uint64_t rng;
+static float frand(void) { /* uniform in [-1, 1) */
+  rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+  return (float)((rng >> 40) & 0xFFFFFF) / 8388608.0f - 1.0f;
+}
+
+/* A host-side layer: NPOOL distinct weight sets, expert e uses set e % NPOOL
+ * with global scales multiplied by its own factor. */
+#define NPOOL 5
+typedef struct layer {
+  ref_moe_cfg cfg;
+  int npool;
+  uint8_t *codes[NPOOL][3], *scales[NPOOL][3];
+  float s2[NPOOL][3];
+  ref_nvfp4 *gate, *up, *down; /* [E + 1] */
+  bf16 *router;
+  float *bias;
+} layer;
+
+static void quant(int n, int k, float amp, uint8_t **codes, uint8_t **scales, float *s2) {
+  float *W = malloc((size_t)n * k * sizeof *W);
+  for (size_t i = 0; i < (size_t)n * k; i++) W[i] = frand() * amp * (1.0f + (float)(i % 97 == 0) * 3.0f);
+  *codes = malloc((size_t)n * k / 2);
+  *scales = malloc((size_t)n * k / 16);
+  ref_nvfp4_quantize(W, n, k, *codes, *scales, s2);
+  free(W);
+}
+
+static void layer_make(layer *L, const ref_moe_cfg *c, int npool) {
+  L->cfg = *c;
+  L->npool = npool;
+  int H = c->hidden, I = c->inter, E = c->n_experts;
+  /* amplitudes keep activations O(1): gate/up ~ 1/sqrt(H), down ~ 1/sqrt(I) */
+  for (int p = 0; p < npool; p++) {
+    quant(I, H, 1.7f / sqrtf((float)H), &L->codes[p][0], &L->scales[p][0], &L->s2[p][0]);
+    quant(I, H, 1.7f / sqrtf((float)H), &L->codes[p][1], &L->scales[p][1], &L->s2[p][1]);
+    quant(H, I, 1.7f / sqrtf((float)I), &L->codes[p][2], &L->scales[p][2], &L->s2[p][2]);
+  }
+  L->gate = malloc((size_t)(E + 1) * sizeof *L->gate);
+  L->up = malloc((size_t)(E + 1) * sizeof *L->up);
+  L->down = malloc((size_t)(E + 1) * sizeof *L->down);
+  for (int e = 0; e <= E; e++) {
+    int p = e % npool;
+    float f = 1.0f + (float)e / 64.0f;
+    L->gate[e] = (ref_nvfp4){L->codes[p][0], L->scales[p][0], L->s2[p][0] * f, I, H};
+    L->up[e] = (ref_nvfp4){L->codes[p][1], L->scales[p][1], L->s2[p][1] / f, I, H};
+    L->down[e] = (ref_nvfp4){L->codes[p][2], L->scales[p][2], L->s2[p][2] * f, H, I};
+  }
+  L->router = malloc((size_t)E * H * 2);
+  L->bias = malloc((size_t)E * 4);
+  for (size_t i = 0; i < (size_t)E * H; i++) L->router[i] = dt_f32_to_bf16(frand() * 1.7f / sqrtf((float)H));
+  for (int e = 0; e < E; e++) L->bias[e] = frand() * 0.05f;
+}
+
+static void layer_free(layer *L) {
+  for (int p = 0; p < L->npool; p++)
+    for (int t = 0; t < 3; t++) free(L->codes[p][t]), free(L->scales[p][t]);
+  free(L->gate), free(L->up), free(L->down), free(L->router), free(L->bias);
+}
+
+/* Upload: expert e's bytes are repacked once per pool set and copied. */
+static int layer_upload(const layer *L, moe_weights *w, mj_err *err) {
+  const ref_moe_cfg *c = &L->cfg;
+  int rc = moe_weights_alloc(w, c, err);
+  for (int e = 0; e <= c->n_experts && !rc; e++)
+    rc = moe_weights_set_expert(w, c, e, &L->gate[e], &L->up[e], &L->down[e], err);
+  if (!rc) rc = cu.cuMemcpyHtoD(w->router, L->router, (size_t)c->n_experts * c->hidden * 2) ? MJ_ECUDA : 0;
+  if (!rc) rc = cu.cuMemcpyHtoD(w->bias, L->bias, (size_t)c->n_experts * 4) ? MJ_ECUDA : 0;
+  return rc;
+}
+
+/* One batch: run the layer, check logits, choices, weights and output. */
+static void run_batch(const layer *L, const moe_weights *w, int B, int bcap, int check_tokens) {
+  const ref_moe_cfg *c = &L->cfg;
+  int H = c->hidden, E = c->n_experts, K = c->topk;
+  mj_err err = {0};
+  moe_plan p;
+  moe_plan_default(c, bcap, &p);
+  moe_kernels k;
+  moe_bufs b;
+  if (moe_kernels_load(&k, &p, cu_dev()->arch, &err)) {
+    mj_err_print(&err, stderr);
+    T_CHECK(!"kernels failed to load");
+    mj_err_clear(&err);
+    return;
+  }
+  T_EQ_INT(moe_bufs_alloc(&b, &p, &err), 0);
+  bf16 *x = malloc((size_t)B * H * 2), *out = malloc((size_t)B * H * 2);
+  for (size_t i = 0; i < (size_t)B * H; i++) x[i] = dt_f32_to_bf16(frand() * 2.0f);
+  cu.cuMemcpyHtoD(b.x, x, (size_t)B * H * 2);
+  cu.cuMemsetD8(b.out, 0xFF, (size_t)bcap * H * 2); /* bf16 NaN */
+  cu.cuMemsetD8(b.h, 0xFF, (size_t)moe_pairs(&p) * c->inter * 2);
+  cu.cuMemsetD8(b.y, 0xFF, (size_t)moe_pairs(&p) * H * 4);
+  T_EQ_INT(moe_forward(&k, &p, w, &b, b.x, B, NULL, &err), 0);
+  T_EQ_INT(cu.cuCtxSynchronize(), CUDA_SUCCESS);
+  if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
+
+  float *dlog = malloc((size_t)B * E * 4), *clog = malloc((size_t)B * E * 4);
+  int *dids = malloc((size_t)B * K * 4), *cids = malloc((size_t)B * K * 4);
+  float *dw = malloc((size_t)B * K * 4), *cw = malloc((size_t)B * K * 4);
+  cu.cuMemcpyDtoH(dlog, b.logits, (size_t)B * E * 4);
+  cu.cuMemcpyDtoH(dids, b.tok_expert, (size_t)B * K * 4);
+  cu.cuMemcpyDtoH(dw, b.tok_weight, (size_t)B * K * 4);
+  cu.cuMemcpyDtoH(out, b.out, (size_t)B * H * 2);
+  ref_moe_logits(c, L->router, x, B, clog);
+  double elog = ref_rel_err(dlog, clog, (size_t)B * E);
+  ref_moe_route(c, dlog, L->bias, B, cids, cw);
+  int wrong = 0, ties = 0;
+  double werr = 0;
+  for (int t = 0; t < B; t++) {
+    bool same = true;
+    for (int j = 0; j < K; j++) same &= dids[t * K + j] == cids[t * K + j];
+    if (!same) {
+      /* accept only a near tie: the scores of the two sets' extra members */
+      float lo = INFINITY, hi = -INFINITY;
+      for (int j = 0; j < K; j++) {
+        int de = dids[t * K + j], ce = cids[t * K + j];
+        float sd = 1 / (1 + expf(-dlog[t * E + de])) + L->bias[de], sc = 1 / (1 + expf(-dlog[t * E + ce])) + L->bias[ce];
+        lo = fminf(lo, fminf(sd, sc)), hi = fmaxf(hi, fmaxf(sd, sc));
+      }
+      bool set_equal = true;
+      for (int j = 0; j < K; j++) {
+        bool f = false;
+        for (int i = 0; i < K; i++) f |= dids[t * K + j] == cids[t * K + i];
+        set_equal &= f;
+      }
+      if (set_equal || hi - lo <= 1e-5f) ties++;
+      else if (wrong++ < 3) {
+        fprintf(stderr, "  token %d: device", t);
+        for (int j = 0; j < K; j++) fprintf(stderr, " %d", dids[t * K + j]);
+        fprintf(stderr, ", cpu");
+        for (int j = 0; j < K; j++) fprintf(stderr, " %d", cids[t * K + j]);
+        fprintf(stderr, "\n");
+      }
+      for (int j = 0; j < K; j++) cids[t * K + j] = dids[t * K + j], cw[t * K + j] = dw[t * K + j];
+    }
+    for (int j = 0; j < K; j++) werr = fmax(werr, fabs(dw[t * K + j] - cw[t * K + j]));
+  }
+  /* the output: the reference on a sample of tokens (or all) */
+  int nt = check_tokens < B ? check_tokens : B;
+  float *ref = malloc((size_t)H * 4), *got = malloc((size_t)nt * H * 4), *refs = malloc((size_t)nt * H * 4);
+  int unwritten = 0;
+  for (int i = 0; i < nt; i++) {
+    int t = nt == B ? i : (int)((long)i * (B - 1) / (nt - 1 > 0 ? nt - 1 : 1));
+    ref_moe_experts(c, L->gate, L->up, L->down, x + (size_t)t * H, 1, cids + t * K, cw + t * K, ref);
+    for (int n = 0; n < H; n++) {
+      got[(size_t)i * H + n] = dt_bf16_to_f32(out[(size_t)t * H + n]);
+      unwritten += isnan(got[(size_t)i * H + n]);
+      refs[(size_t)i * H + n] = ref[n];
+    }
+  }
+  double e = ref_rel_err(got, refs, (size_t)nt * H);
+  printf("  moe H=%d I=%d E=%d top%d groups %d/%d  B=%3d (bucket %3d, MT %d): logits %.1e, choices %d wrong %d tie,"
+         " weights %.1e, out rel err %.2e over %d tokens, unwritten %d\n",
+         H, c->inter, E, K, c->n_group, c->topk_group, B, bcap, p.mt, elog, wrong, ties, werr, e, nt, unwritten);
+  T_CHECK(elog < 1e-5);
+  T_EQ_INT(wrong, 0);
+  T_CHECK(werr < 1e-4);
+  T_EQ_INT(unwritten, 0);
+  T_CHECK(e <= 1e-2);
+  free(ref), free(got), free(refs), free(dlog), free(clog), free(dids), free(cids), free(dw), free(cw);
+  free(x), free(out);
+  moe_bufs_free(&b);
+  moe_kernels_free(&k);
+}
+
+static int bucket(int B) {
+  int b = 1;
+  while (b < B) b *= 2;
+  return b;
+}
+
+static void test_reduced(void) {
+  ref_moe_cfg c = {.hidden = 2048, .inter = 1024, .n_experts = 64, .topk = 8, .n_group = 1, .topk_group = 1,
+                   .norm_topk_prob = true, .scaling = 2.5f};
+  layer L;
+  layer_make(&L, &c, NPOOL);
+  moe_weights w;
+  mj_err err = {0};
+  T_EQ_INT(layer_upload(&L, &w, &err), 0);
+  static const int batches[] = {1, 2, 3, 5, 8, 16, 33, 64, 128};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(batches); i++) run_batch(&L, &w, batches[i], bucket(batches[i]), 1 << 30);
+  run_batch(&L, &w, 3, 128, 1 << 30); /* a small batch in a large bucket */
+  moe_weights_free(&w);
+  layer_free(&L);
+}
+
+static void test_grouped(void) {
+  ref_moe_cfg c = {.hidden = 1024, .inter = 1024, .n_experts = 64, .topk = 6, .n_group = 8, .topk_group = 3,
+                   .norm_topk_prob = true, .scaling = 1.5f};
+  layer L;
+  layer_make(&L, &c, NPOOL);
+  moe_weights w;
+  mj_err err = {0};
+  T_EQ_INT(layer_upload(&L, &w, &err), 0);
+  run_batch(&L, &w, 5, 8, 1 << 30);
+  run_batch(&L, &w, 33, 64, 1 << 30);
+  moe_weights_free(&w);
+  layer_free(&L);
+}
+
+static void test_full_width(void) {
+  ref_moe_cfg c = {.hidden = 6144, .inter = 2048, .n_experts = 256, .topk = 8, .n_group = 1, .topk_group = 1,
+                   .norm_topk_prob = true, .scaling = 2.5f};
+  layer L;
+  layer_make(&L, &c, NPOOL);
+  moe_weights w;
+  mj_err err = {0};
+  if (layer_upload(&L, &w, &err)) {
+    mj_err_print(&err, stderr);
+    T_CHECK(!"upload failed");
+    return;
+  }
+  run_batch(&L, &w, 1, 1, 1);
+  run_batch(&L, &w, 8, 8, 3);
+  run_batch(&L, &w, 64, 64, 3);
+  moe_weights_free(&w);
+  layer_free(&L);
+}
+
+int gpu_test_moe(void) {
+  rng = (uint64_t)time(NULL) * 2654435761u;
+  T_RUN(test_reduced);
+  T_RUN(test_grouped);
+  T_RUN(test_full_width);
+  return t_status();
+}

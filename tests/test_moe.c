@@ -1,0 +1,186 @@
+/* test_moe.c: the CPU side of the MoE layer, no GPU needed: the ModelOpt
+ * quantiser, the repacked device layout (every value decoded the kernel's
+ * way equals the checkpoint's value), the reference router on hand-made
+ * logits (top-k order and ties, bias that only selects, group selection,
+ * normalisation and scaling applied once) and the reference expert sum. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "moe.h"
+#include "ref.h"
+#include "t.h"
+
+static uint64_t rng = 12345;
+static float frand(void) { /* uniform in [-1, 1) */
+  rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+  return (float)((rng >> 40) & 0xFFFFFF) / 8388608.0f - 1.0f;
+}
+
+static void test_quantize(void) {
+  enum { N = 4, K = 64 };
+  float W[N * K];
+  uint8_t codes[N * K / 2], scales[N * K / 16];
+  for (int i = 0; i < N * K; i++) W[i] = frand() * 3.0f;
+  W[5] = -7.5f; /* the tensor's amax */
+  for (int i = 16; i < 32; i++) W[i] = 0.0f; /* an all-zero block */
+  float s2;
+  ref_nvfp4_quantize(W, N, K, codes, scales, &s2);
+  T_NEAR(s2, 7.5 / 2688.0, 1e-9);
+  T_EQ_INT(scales[1], 0);                            /* zero block: scale 0 */
+  T_EQ_INT(scales[0], dt_f32_to_e4m3(7.5f / (6.0f * s2))); /* = 448 */
+  T_EQ_INT(scales[0], 0x7E);
+  ref_nvfp4 t = {codes, scales, s2, N, K};
+  T_NEAR(ref_nvfp4_value(&t, 0, 5), -7.5, 1e-5);     /* the amax is exact: code -6 at scale 448 */
+  /* every value within half an e2m1 step (relative to its block's scale) */
+  double worst = 0;
+  for (int r = 0; r < N; r++)
+    for (int c = 0; c < K; c++) {
+      float sc = dt_e4m3_to_f32(scales[r * K / 16 + c / 16]) * s2;
+      float d = fabsf(ref_nvfp4_value(&t, r, c) - W[r * K + c]);
+      if (sc > 0) worst = fmax(worst, d / sc);
+    }
+  T_CHECK(worst <= 1.0 + 1e-4); /* steps of e2m1 are at most 2 (4 -> 6) */
+  /* the code layout: even column in the low nibble */
+  T_EQ_INT(codes[2] & 15, dt_f32_to_e2m1(W[4] / (dt_e4m3_to_f32(scales[0]) * s2)));
+  T_EQ_INT(codes[2] >> 4, dt_f32_to_e2m1(W[5] / (dt_e4m3_to_f32(scales[0]) * s2)));
+}
+
+/* Every code and scale through the repacked record decodes to the value the
+ * checkpoint format gives, including all 16 codes and subnormal scales. */
+static void test_repack_roundtrip(void) {
+  enum { N = 3, K = 1024 };
+  uint8_t codes[N * K / 2], scales[N * K / 16], rec[N][K / 2 + K / 16];
+  for (int i = 0; i < N * K / 2; i++) codes[i] = (uint8_t)(i * 37 + (i >> 5));
+  for (int i = 0; i < N * K / 16; i++) scales[i] = (uint8_t)((i * 13 + 1) % 0x7F); /* finite (not 0x7F), incl. subnormals */
+  scales[0] = 0x01, scales[1] = 0x80 | 0x30;                                     /* smallest subnormal, negative */
+  ref_nvfp4 t = {codes, scales, 1.0f, N, K};
+  T_EQ_INT(moe_record_bytes(K), sizeof rec[0]);
+  for (int r = 0; r < N; r++) moe_repack_row(codes + r * K / 2, scales + r * K / 16, K, rec[r]);
+  int bad = 0, seen[16] = {0};
+  for (int r = 0; r < N; r++)
+    for (int c = 0; c < K; c++) {
+      float want = ref_nvfp4_value(&t, r, c), got = moe_record_value(rec[r], K, c);
+      seen[(codes[r * K / 2 + c / 2] >> (4 * (c & 1))) & 15]++;
+      if (got != want && !(got == 0 && want == 0)) {
+        if (bad++ < 5) fprintf(stderr, "  row %d col %d: record %g, checkpoint %g\n", r, c, got, want);
+      }
+    }
+  T_EQ_INT(bad, 0);
+  for (int i = 0; i < 16; i++) T_CHECK(seen[i] > 0);
+}
+
+static void test_repack_gate_up(void) {
+  /* gate row r is record 2r, up row r record 2r+1; down rows in order */
+  enum { I = 2, H = 64 };
+  uint8_t gc[I * H / 2], gs[I * H / 16], uc[I * H / 2], us[I * H / 16];
+  for (int i = 0; i < I * H / 2; i++) gc[i] = (uint8_t)(i * 7), uc[i] = (uint8_t)(i * 11 + 3);
+  for (int i = 0; i < I * H / 16; i++) gs[i] = (uint8_t)(0x30 + i), us[i] = (uint8_t)(0x38 + i);
+  ref_nvfp4 g = {gc, gs, 1.0f, I, H}, u = {uc, us, 1.0f, I, H};
+  ref_moe_cfg c = {.hidden = H, .inter = I};
+  uint8_t *buf = malloc(moe_gate_up_bytes(&c));
+  T_EQ_INT(moe_gate_up_bytes(&c), 2 * I * moe_record_bytes(H));
+  moe_repack_gate_up(&g, &u, buf);
+  size_t rb = moe_record_bytes(H);
+  int bad = 0;
+  for (int r = 0; r < I; r++)
+    for (int k = 0; k < H; k++) {
+      bad += moe_record_value(buf + 2 * r * rb, H, k) != ref_nvfp4_value(&g, r, k);
+      bad += moe_record_value(buf + (2 * r + 1) * rb, H, k) != ref_nvfp4_value(&u, r, k);
+    }
+  T_EQ_INT(bad, 0);
+  free(buf);
+}
+
+static void test_route(void) {
+  /* 8 experts, top 3; logits chosen so sigmoid order and bias order differ */
+  ref_moe_cfg c = {.hidden = 0, .inter = 0, .n_experts = 8, .topk = 3, .n_group = 1, .topk_group = 1,
+                   .norm_topk_prob = true, .scaling = 2.5f};
+  float logits[8] = {0.0f, 1.0f, -1.0f, 2.0f, 0.5f, 0.5f, -2.0f, 3.0f};
+  float bias[8] = {0, 0, 0, 0, 0, 0, 5.0f, 0};
+  int ids[3];
+  float w[3];
+  ref_moe_route(&c, logits, bias, 1, ids, w);
+  /* the bias makes expert 6 the first choice, but its weight is its own sigmoid */
+  T_EQ_INT(ids[0], 6); T_EQ_INT(ids[1], 7); T_EQ_INT(ids[2], 3);
+  float s6 = 1 / (1 + expf(2.0f)), s7 = 1 / (1 + expf(-3.0f)), s3 = 1 / (1 + expf(-2.0f));
+  float sum = s6 + s7 + s3;
+  T_NEAR(w[0], s6 / sum * 2.5, 1e-6);
+  T_NEAR(w[1], s7 / sum * 2.5, 1e-6);
+  T_NEAR(w[0] + w[1] + w[2], 2.5, 1e-5); /* normalised, then scaled once */
+  /* ties go to the lower id */
+  float tie[8] = {1, 2, 2, 2, 0, 0, 0, 0};
+  float nob[8] = {0};
+  ref_moe_route(&c, tie, nob, 1, ids, w);
+  T_EQ_INT(ids[0], 1); T_EQ_INT(ids[1], 2); T_EQ_INT(ids[2], 3);
+  /* no normalisation: sigmoid times the scale */
+  c.norm_topk_prob = false;
+  ref_moe_route(&c, tie, nob, 1, ids, w);
+  T_NEAR(w[0], 2.5 / (1 + exp(-2.0)), 1e-6);
+  /* groups: 4 groups of 2, keep 2; group scores (sum of both) pick groups
+   * 3 and 0 although expert 2 alone has the highest logit */
+  c.norm_topk_prob = true, c.n_group = 4, c.topk_group = 2;
+  float g[8] = {1.0f, 1.0f, 4.0f, -4.0f, 0.0f, 0.0f, 2.0f, 2.0f};
+  ref_moe_route(&c, g, nob, 1, ids, w);
+  T_EQ_INT(ids[0], 6); T_EQ_INT(ids[1], 7); T_EQ_INT(ids[2], 0);
+  /* two tokens route independently */
+  c.n_group = 1, c.topk_group = 1;
+  float two[16] = {0, 0, 0, 0, 0, 0, 0, 9, 9, 0, 0, 0, 0, 0, 0, 0};
+  int ids2[6];
+  float w2[6];
+  ref_moe_route(&c, two, nob, 2, ids2, w2);
+  T_EQ_INT(ids2[0], 7); T_EQ_INT(ids2[3], 0);
+}
+
+/* The expert sum on a tiny layer whose weights are all exact: with one
+ * expert of ones and a shared expert of zeros, out = w * down(h). */
+static void test_experts(void) {
+  enum { H = 32, I = 16, E = 2 };
+  ref_moe_cfg c = {.hidden = H, .inter = I, .n_experts = E, .topk = 1, .n_group = 1, .topk_group = 1,
+                   .norm_topk_prob = true, .scaling = 1.0f};
+  uint8_t one_gu[I * H / 2], one_dn[H * I / 2], zero[H * I / 2], sc_gu[I * H / 16], sc_dn[H * I / 16];
+  for (size_t i = 0; i < sizeof one_gu; i++) one_gu[i] = 0x22; /* code 2 = 1.0 */
+  for (size_t i = 0; i < sizeof one_dn; i++) one_dn[i] = 0x22;
+  memset(zero, 0, sizeof zero);
+  memset(sc_gu, 0x38, sizeof sc_gu); /* e4m3 1.0 */
+  memset(sc_dn, 0x38, sizeof sc_dn);
+  ref_nvfp4 gate[E + 1], up[E + 1], down[E + 1];
+  for (int e = 0; e <= E; e++) {
+    const uint8_t *gu = e == 1 ? one_gu : zero, *dn = e == 1 ? one_dn : zero;
+    gate[e] = (ref_nvfp4){gu, sc_gu, 0.125f, I, H};
+    up[e] = (ref_nvfp4){gu, sc_gu, 0.25f, I, H};
+    down[e] = (ref_nvfp4){dn, sc_dn, 1.0f, H, I};
+  }
+  bf16 x[H];
+  for (int i = 0; i < H; i++) x[i] = dt_f32_to_bf16(0.25f);
+  int ids[1] = {1};
+  float w[1] = {0.5f}, out[H];
+  ref_moe_experts(&c, gate, up, down, x, 1, ids, w, out);
+  /* gate = 0.125 * 32 * 0.25 = 1, up = 2, h = silu(1) * 2, out = 0.5 * 16 * bf16(h) */
+  float h = dt_bf16_to_f32(dt_f32_to_bf16(1.0f / (1.0f + expf(-1.0f)) * 2.0f));
+  T_NEAR(out[0], 0.5 * 16 * h, 1e-5);
+  T_NEAR(out[H - 1], 0.5 * 16 * h, 1e-5);
+}
+
+static void test_plan(void) {
+  ref_moe_cfg c = {.hidden = 6144, .inter = 2048, .n_experts = 256, .topk = 8, .n_group = 1, .topk_group = 1,
+                   .norm_topk_prob = true, .scaling = 2.5f};
+  moe_plan p;
+  moe_plan_default(&c, 1, &p);
+  T_EQ_INT(moe_slots(&p), 9);
+  T_EQ_INT(p.mt, 1);
+  moe_plan_default(&c, 64, &p);
+  T_EQ_INT(moe_slots(&p), 257);
+  T_EQ_INT(moe_pairs(&p), 64 * 9);
+  /* one expert's bytes: the checkpoint's 21,233,664 (glm5.md) */
+  T_EQ_INT(moe_gate_up_bytes(&c) + moe_down_bytes(&c), 21233664);
+}
+
+int main(void) {
+  T_RUN(test_quantize);
+  T_RUN(test_repack_roundtrip);
+  T_RUN(test_repack_gate_up);
+  T_RUN(test_route);
+  T_RUN(test_experts);
+  T_RUN(test_plan);
+  return t_status();
+}
