@@ -13,6 +13,7 @@
  * use, so the command works on a fresh machine with no download.  Its
  * weights are random: the text is noise, the machinery is real.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -38,6 +39,20 @@ static int data_dir(char *buf, size_t n, mj_err *err) {
   else if (h && *h) snprintf(buf, n, "%s/.local/share/moejit", h);
   else return mj_fail(err, MJ_EIO, "no data folder for the built-in model: set MOEJIT_DATA_DIR or pass -m DIR");
   return 0;
+}
+
+/* Remove a folder of plain files (a model folder mkmodel wrote). */
+static void remove_flat_dir(const char *path) {
+  DIR *d = opendir(path);
+  if (!d) return;
+  struct dirent *e;
+  char p[4600];
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
+        snprintf(p, sizeof p, "%s/%s", path, e->d_name) < (int)sizeof p)
+      unlink(p);
+  closedir(d);
+  rmdir(path);
 }
 
 /* The built-in model's folder, written on first use.  The folder name
@@ -70,9 +85,19 @@ static int default_model(char *dir, size_t n, bool quiet, mj_err *err) {
   char tmp[4200];
   snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
   uint64_t bytes;
-  if ((r = mkmodel_write(&s, tmp, true, &bytes, err))) return r;
-  if (rename(tmp, dir) != 0 && stat(cfg, &st) != 0) /* another process may have won the race */
-    return mj_fail(err, MJ_EIO, "%s: cannot move the built-in model into place: %s", dir, strerror(errno));
+  if ((r = mkmodel_write(&s, tmp, true, &bytes, err))) {
+    remove_flat_dir(tmp);
+    return r;
+  }
+  if (rename(tmp, dir) != 0) {
+    int e = errno;
+    /* Several first runs at once: each writes its own copy and the first
+     * rename wins (a folder is renamed whole, so readers never see part of
+     * one); the others find the winner's model and drop their copy. */
+    remove_flat_dir(tmp);
+    if (stat(cfg, &st) != 0)
+      return mj_fail(err, MJ_EIO, "%s: cannot move the built-in model into place: %s", dir, strerror(e));
+  }
   return 0;
 }
 
