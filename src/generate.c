@@ -117,9 +117,9 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
   double temp = 0.8, top_p = 0.95, min_p = 0.05, rep = 1.0;
   bool chat = false, no_think = false, as_json = false, quiet = false;
   cli_opt opts[] = {
-      {"model", 'm', CLI_STR, &dir},       {"prompt", 'p', CLI_STR, &prompt},
+      {"model", 'm', CLI_STR, &dir},       {"prompt", 'p', CLI_TEXT, &prompt},
       {"n-predict", 'n', CLI_INT, &n_predict}, {"chat", 0, CLI_FLAG, &chat},
-      {"system", 0, CLI_STR, &system},     {"no-think", 0, CLI_FLAG, &no_think},
+      {"system", 0, CLI_TEXT, &system},     {"no-think", 0, CLI_FLAG, &no_think},
       {"temp", 0, CLI_NUM, &temp},         {"top-k", 0, CLI_INT, &top_k},
       {"top-p", 0, CLI_NUM, &top_p},       {"min-p", 0, CLI_NUM, &min_p},
       {"repeat-penalty", 0, CLI_NUM, &rep}, {"seed", 0, CLI_INT, &seed},
@@ -131,6 +131,9 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
   if (r) return r < 0 ? 0 : r;
   if (!prompt) return mj_fail(err, MJ_EUSAGE, "moejit generate: -p TEXT is required (-p - reads stdin)");
   if (n_predict < 0 || n_predict > 1 << 20) return mj_fail(err, MJ_EUSAGE, "moejit generate: -n must be 0..1048576");
+  if (threads < 0 || threads > CLI_MAX_THREADS || ctx < 0)
+    return mj_fail(err, MJ_EUSAGE, "moejit generate: --threads must be 0 (all cores) to %d, --ctx 0 (as needed) or more",
+                   CLI_MAX_THREADS);
   if (temp < 0 || top_p <= 0 || top_p > 1 || min_p < 0 || min_p >= 1 || rep <= 0 || top_k < 0)
     return mj_fail(err, MJ_EUSAGE,
                    "moejit generate: --temp >= 0, --top-p in (0, 1], --min-p in [0, 1), --repeat-penalty > 0, --top-k >= 0");

@@ -54,6 +54,10 @@ static int set_opt(const char *cmd, const cli_opt *o, const char *shown, const c
     *(bool *)o->out = true;
     return 0;
   case CLI_STR:
+    if (!*val) return mj_fail(err, MJ_EUSAGE, "moejit %s: %s needs a value, not an empty string", cmd, shown);
+    *(const char **)o->out = val;
+    return 0;
+  case CLI_TEXT:
     *(const char **)o->out = val;
     return 0;
   case CLI_INT:

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -349,7 +350,7 @@ int mj_parse_f64(const char *s, double *out) {
   char *end;
   errno = 0;
   double v = strtod(s, &end);
-  if (errno || *end) return -1;
+  if (errno || *end || !isfinite(v)) return -1; /* nan and inf are never a setting */
   *out = v;
   return 0;
 }
