@@ -739,8 +739,9 @@ int tok_load_mem(const char *text, size_t len, const char *name, tok_tokenizer *
     return MJ_EINPUT;
   }
   if (root->type != JSON_OBJ) {
+    int r = bad(err, name, root, "%s", "the top level is not an object"); /* root lives in ja */
     mj_arena_free(&ja);
-    return bad(err, name, root, "%s", "the top level is not an object");
+    return r;
   }
   tok_tokenizer *t = mj_xcalloc(1, sizeof *t);
   t->name = mj_xstrdup(name);

@@ -26,5 +26,24 @@ for f in "$srcdir"/tests/fuzz/regress/dsl-*; do
   status=$?
   if [ "$status" -gt 1 ]; then echo "FAIL $(basename "$f"): status $status"; fail=1; else echo "ok   $(basename "$f"): status $status"; fi
 done
+# Parser findings through the command line too: status 1 and one line.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+one_line() { # NAME STATUS: the last command's status and $tmp/err
+  if [ "$2" -eq 1 ] && [ "$(wc -l < "$tmp/err")" -eq 1 ]; then echo "ok   $1: status 1, one line"
+  else echo "FAIL $1: status $2, stderr: $(cat "$tmp/err")"; fail=1; fi
+}
+for f in "$srcdir"/tests/fuzz/regress/tokenizer-*; do
+  [ -e "$f" ] || continue
+  tail -c +2 "$f" > "$tmp/tokenizer.json"
+  $MOEJIT tokenize --tokenizer "$tmp/tokenizer.json" "some text" > /dev/null 2> "$tmp/err"
+  one_line "$(basename "$f") (moejit tokenize)" $?
+done
+for f in "$srcdir"/tests/fuzz/regress/model_config-*; do
+  [ -e "$f" ] || continue
+  rm -rf "$tmp/m" && mkdir "$tmp/m" && cp "$f" "$tmp/m/config.json"
+  $MOEJIT info -m "$tmp/m" > /dev/null 2> "$tmp/err"
+  one_line "$(basename "$f") (moejit info)" $?
+done
 [ "$n" -gt 0 ] || { echo "FAIL: no regression inputs"; exit 1; }
 exit $fail
