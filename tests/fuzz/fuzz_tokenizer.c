@@ -39,7 +39,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 static void run(tok_tokenizer *t, const char *text, size_t n, bool exact) {
   tok_ids ids = {0};
   mj_err err = {0};
-  if (tok_encode(t, text, n, n & 1, &ids, &err) != 0) abort(); /* any bytes encode */
+  if (tok_encode(t, text, n, n & 1, &ids, &err) != 0) {
+    /* Any bytes encode with the fixed tokenizer; a loaded one may hold a
+     * regex that gives up (PCRE2's match limit): one MJ_EINPUT line. */
+    if (exact || err.code != MJ_EINPUT || strchr(err.msg, '\n')) abort();
+    mj_err_clear(&err);
+    tok_ids_free(&ids);
+    return;
+  }
   int32_t vs = tok_vocab_size(t);
   for (size_t i = 0; i < ids.n; i++)
     if (ids.v[i] < 0 || ids.v[i] >= vs) abort();
