@@ -157,6 +157,13 @@ int cmd_forward(int argc, char **argv, mj_err *err) {
   if (n < 1) return mj_fail(err, MJ_EUSAGE, "moejit forward: --tokens must be a comma-separated list of ids");
   model *m;
   if ((r = model_load(dir, &m, err))) return r;
+  for (int i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= m->cfg.vocab_size) {
+      r = mj_fail(err, MJ_EUSAGE, "moejit forward: --tokens: id %lld is outside the vocabulary of %s (0..%lld)",
+                  (long long)ids[i], dir, (long long)m->cfg.vocab_size - 1);
+      model_free(m);
+      return r;
+    }
   cpu_params p = {.max_ctx = n + steps + 1, .threads = (int)threads, .absorbed = absorbed};
   cpu_model *s = NULL;
   int64_t V = m->cfg.vocab_size;

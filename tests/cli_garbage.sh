@@ -82,6 +82,8 @@ check mkmodel $(base mkmodel) --shared-experts=99999999999
 check mkmodel $(base mkmodel) --layers=-1
 check mkmodel $(base mkmodel) --merges=-1
 check mkmodel $(base mkmodel) --threads=99999999999
+check forward -m "$tmp/m" --tokens 1,99999
+grep -q -- "--tokens: id 99999 is outside the vocabulary" "$tmp/err" || { echo "FAIL forward --tokens 99999 names the argument: $(cat "$tmp/err")"; fail=1; }
 check cache stats --dir=
 [ -z "$(ls "$tmp/work")" ] || { echo "FAIL: garbage arguments wrote $(ls "$tmp/work")"; fail=1; }
 echo "$n garbage command lines checked"
