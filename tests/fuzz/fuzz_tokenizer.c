@@ -6,12 +6,16 @@
  * fixed GLM-style tokenizer of tests/data/glm-tiny-tokenizer.json (loaded
  * once, from $srcdir or the current folder); the ids must lie in the
  * vocabulary, decoding must give back the text with invalid UTF-8 replaced
- * (that tokenizer has no normalizer, so the round trip is exact), and the
+ * (that tokenizer has no normalizer, so the round trip is exact unless the
+ * text holds its whitespace-stripping tokens <ls> and <rs>), and the
  * streamed pieces must be valid UTF-8 that add up to the whole decode.
  * Odd: the rest is a tokenizer.json, loaded; when it loads, a fixed
  * multilingual text is encoded, decoded and streamed with the same checks
  * except the round trip.  A refused file must be one MJ_EINPUT line.
  * Seeds: tests/fuzz/tokenizer/. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* memmem */
+#endif
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,7 +66,10 @@ static void run(tok_tokenizer *t, const char *text, size_t n, bool exact) {
   tok_stream_finish(&st, &streamed);
   if (dec.len != streamed.len || (dec.len && memcmp(dec.data, streamed.data, dec.len) != 0)) abort();
   if (dec.len && utf8_valid_len(dec.data, dec.len) != dec.len) abort();
-  if (exact && !(n & 1)) {
+  /* The fixture's <ls> and <rs> are added tokens with lstrip / rstrip: they
+   * absorb the whitespace beside them, as the reference does, so text
+   * holding them does not round-trip (a harness finding, not a bug). */
+  if (exact && !(n & 1) && !memmem(text, n, "<ls>", 4) && !memmem(text, n, "<rs>", 4)) {
     mj_buf want = {0};
     utf8_repair(text, n, &want);
     if (want.len != dec.len || (want.len && memcmp(want.data, dec.data, want.len) != 0)) abort();
