@@ -342,6 +342,17 @@ static int entry_decode(const unsigned char *p, size_t n, entry_view *v, mj_err 
   return 0;
 }
 
+int cache_entry_decode(const void *data, size_t n, cache_meta *meta, const char **key,
+                       size_t *key_len, const void **cubin, size_t *cubin_size, mj_err *err) {
+  entry_view v;
+  int r = entry_decode(data, n, &v, err);
+  if (r) return r;
+  if (meta) *meta = v.meta;
+  if (key) *key = v.key, *key_len = v.key_len;
+  if (cubin) *cubin = v.cubin, *cubin_size = v.cubin_size;
+  return 0;
+}
+
 /* Read a whole entry file.  1 when it does not exist, 0 when read (the
  * file's size and an open fd in *fd_out when fd_out is given), MJ_ECACHE
  * when unreadable as an entry. */

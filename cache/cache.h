@@ -145,6 +145,14 @@ typedef struct cache_blob {
 } cache_blob;
 void cache_blob_free(cache_blob *b);
 
+/* Decode the bytes of one entry file: 0 when they are a sound entry of this
+ * format version (meta filled; key and cubin point into data), else
+ * MJ_ECACHE with the reason.  Every entry the cache reads goes through it;
+ * it is public so the fuzzer (tests/fuzz/fuzz_cache_entry.c) reaches it
+ * without files. */
+int cache_entry_decode(const void *data, size_t n, cache_meta *meta, const char **key,
+                       size_t *key_len, const void **cubin, size_t *cubin_size, mj_err *err);
+
 typedef struct cache cache;
 
 /* Open the cache described by cfg (NULL: from the environment).  Never

@@ -93,13 +93,18 @@ void cli_usage(const char *cmd, FILE *f);
  * cli_parse fills the values and collects positional arguments.  An unknown
  * option, a missing value or a bad number is an MJ_EUSAGE error naming the
  * command and the option.  "--help" makes cli_parse print the usage and
- * return -1: the command then returns 0 (`if (r) return r < 0 ? 0 : r;`). */
-typedef enum { CLI_FLAG, CLI_STR, CLI_INT, CLI_NUM, CLI_MULTI } cli_kind;
+ * return -1: the command then returns 0 (`if (r) return r < 0 ? 0 : r;`).
+ * CLI_STR values (paths, names) must not be empty; CLI_TEXT (a prompt) may
+ * be.  CLI_NUM refuses NaN and infinities. */
+/* The most threads a --threads option accepts. */
+#define CLI_MAX_THREADS 1024
+
+typedef enum { CLI_FLAG, CLI_STR, CLI_TEXT, CLI_INT, CLI_NUM, CLI_MULTI } cli_kind;
 typedef struct cli_opt {
   const char *long_name; /* "arch" for --arch */
   char short_name;       /* 'o' for -o, or 0 */
   cli_kind kind;
-  void *out; /* bool*, const char**, int64_t*, double*, or cli_list* */
+  void *out; /* bool*, const char** (STR, TEXT), int64_t*, double*, or cli_list* */
 } cli_opt;
 typedef struct cli_list {
   const char **v;

@@ -13,6 +13,7 @@
  * use, so the command works on a fresh machine with no download.  Its
  * weights are random: the text is noise, the machinery is real.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -38,6 +39,20 @@ static int data_dir(char *buf, size_t n, mj_err *err) {
   else if (h && *h) snprintf(buf, n, "%s/.local/share/moejit", h);
   else return mj_fail(err, MJ_EIO, "no data folder for the built-in model: set MOEJIT_DATA_DIR or pass -m DIR");
   return 0;
+}
+
+/* Remove a folder of plain files (a model folder mkmodel wrote). */
+static void remove_flat_dir(const char *path) {
+  DIR *d = opendir(path);
+  if (!d) return;
+  struct dirent *e;
+  char p[4600];
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
+        snprintf(p, sizeof p, "%s/%s", path, e->d_name) < (int)sizeof p)
+      unlink(p);
+  closedir(d);
+  rmdir(path);
 }
 
 /* The built-in model's folder, written on first use.  The folder name
@@ -70,9 +85,19 @@ static int default_model(char *dir, size_t n, bool quiet, mj_err *err) {
   char tmp[4200];
   snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
   uint64_t bytes;
-  if ((r = mkmodel_write(&s, tmp, true, &bytes, err))) return r;
-  if (rename(tmp, dir) != 0 && stat(cfg, &st) != 0) /* another process may have won the race */
-    return mj_fail(err, MJ_EIO, "%s: cannot move the built-in model into place: %s", dir, strerror(errno));
+  if ((r = mkmodel_write(&s, tmp, true, &bytes, err))) {
+    remove_flat_dir(tmp);
+    return r;
+  }
+  if (rename(tmp, dir) != 0) {
+    int e = errno;
+    /* Several first runs at once: each writes its own copy and the first
+     * rename wins (a folder is renamed whole, so readers never see part of
+     * one); the others find the winner's model and drop their copy. */
+    remove_flat_dir(tmp);
+    if (stat(cfg, &st) != 0)
+      return mj_fail(err, MJ_EIO, "%s: cannot move the built-in model into place: %s", dir, strerror(e));
+  }
   return 0;
 }
 
@@ -92,9 +117,9 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
   double temp = 0.8, top_p = 0.95, min_p = 0.05, rep = 1.0;
   bool chat = false, no_think = false, as_json = false, quiet = false;
   cli_opt opts[] = {
-      {"model", 'm', CLI_STR, &dir},       {"prompt", 'p', CLI_STR, &prompt},
+      {"model", 'm', CLI_STR, &dir},       {"prompt", 'p', CLI_TEXT, &prompt},
       {"n-predict", 'n', CLI_INT, &n_predict}, {"chat", 0, CLI_FLAG, &chat},
-      {"system", 0, CLI_STR, &system},     {"no-think", 0, CLI_FLAG, &no_think},
+      {"system", 0, CLI_TEXT, &system},     {"no-think", 0, CLI_FLAG, &no_think},
       {"temp", 0, CLI_NUM, &temp},         {"top-k", 0, CLI_INT, &top_k},
       {"top-p", 0, CLI_NUM, &top_p},       {"min-p", 0, CLI_NUM, &min_p},
       {"repeat-penalty", 0, CLI_NUM, &rep}, {"seed", 0, CLI_INT, &seed},
@@ -106,6 +131,9 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
   if (r) return r < 0 ? 0 : r;
   if (!prompt) return mj_fail(err, MJ_EUSAGE, "moejit generate: -p TEXT is required (-p - reads stdin)");
   if (n_predict < 0 || n_predict > 1 << 20) return mj_fail(err, MJ_EUSAGE, "moejit generate: -n must be 0..1048576");
+  if (threads < 0 || threads > CLI_MAX_THREADS || ctx < 0)
+    return mj_fail(err, MJ_EUSAGE, "moejit generate: --threads must be 0 (all cores) to %d, --ctx 0 (as needed) or more",
+                   CLI_MAX_THREADS);
   if (temp < 0 || top_p <= 0 || top_p > 1 || min_p < 0 || min_p >= 1 || rep <= 0 || top_k < 0)
     return mj_fail(err, MJ_EUSAGE,
                    "moejit generate: --temp >= 0, --top-p in (0, 1], --min-p in [0, 1), --repeat-penalty > 0, --top-k >= 0");

@@ -3,18 +3,23 @@
  * no module (help, version).  This is the only place that chooses an exit
  * status: commands return an mj_code and fill an mj_err, which is printed
  * here as one line (plus detail lines such as a caret or a compile log).
+ * It also owns the process-level policy for a model file that changes under
+ * a running command (on_sigbus below).
  */
 #include <nvJitLink.h>
 #include <nvrtc.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "config.h"
 #include "cudrv.h"
 #include "json.h"
 #include "build_id.h"
+#include "safetensors.h"
 
 static const struct {
   const char *name, *summary, *usage;
@@ -49,6 +54,10 @@ static int set_opt(const char *cmd, const cli_opt *o, const char *shown, const c
     *(bool *)o->out = true;
     return 0;
   case CLI_STR:
+    if (!*val) return mj_fail(err, MJ_EUSAGE, "moejit %s: %s needs a value, not an empty string", cmd, shown);
+    *(const char **)o->out = val;
+    return 0;
+  case CLI_TEXT:
     *(const char **)o->out = val;
     return 0;
   case CLI_INT:
@@ -197,7 +206,43 @@ int cmd_version(int argc, char **argv, mj_err *err) {
   return 0;
 }
 
+/* ---- a model file truncated while in use -------------------------------------------
+ * Weights are read straight from read-only mappings (safetensors.c), checked
+ * against the file's size when it was opened.  If another process truncates
+ * the file afterwards, the next touch of a page past the new end raises
+ * SIGBUS (an I/O error under a mapping does too).  Re-checking the size
+ * before every access would cost a system call per weight row and still
+ * race, so the fault itself is caught: one line naming the file, then exit
+ * 1 (the file is now broken input) or 2 (an I/O error).  A SIGBUS anywhere
+ * else is a bug and crashes as usual.  Only async-signal-safe calls here. */
+static void say(const char *s) {
+  size_t n = strlen(s);
+  while (n) {
+    ssize_t w = write(2, s, n);
+    if (w <= 0) return;
+    s += w, n -= (size_t)w;
+  }
+}
+
+static void on_sigbus(int sig, siginfo_t *si, void *ctx) {
+  bool truncated = false;
+  const char *path = st_fault_file(si->si_addr, &truncated);
+  if (!path) {
+    signal(SIGBUS, SIG_DFL);
+    raise(SIGBUS);
+    return;
+  }
+  say("moejit: ");
+  say(path);
+  say(truncated ? ": truncated while in use (the file was changed after it was loaded)\n"
+                : ": I/O error while reading the mapped file\n");
+  _exit(truncated ? mj_code_exit(MJ_EINPUT) : mj_code_exit(MJ_EIO));
+}
+
 int main(int argc, char **argv) {
+  struct sigaction sa = {.sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGBUS, &sa, NULL);
   if (argc < 2) {
     cmd_help(1, argv, NULL);
     return 1;

@@ -752,7 +752,9 @@ static int spec_check(const mkmodel_spec *s, mj_err *err) {
   NEED(s->layers >= 1 && s->layers <= 1000, "--layers must be 1..1000, not %lld", (long long)s->layers);
   NEED(s->dense_layers >= 0 && s->dense_layers <= s->layers, "--dense-layers must be 0..%lld, not %lld",
        (long long)s->layers, (long long)s->dense_layers);
-  NEED(s->experts >= 2, "--experts must be at least 2, not %lld", (long long)s->experts);
+  /* Upper bounds keep a typo from writing terabytes: GLM-5 itself has 256
+   * experts, 1 shared expert and a vocabulary of 154880. */
+  NEED(s->experts >= 2 && s->experts <= 4096, "--experts must be 2..4096, not %lld", (long long)s->experts);
   NEED(s->per_tok >= 1 && s->per_tok <= s->experts, "--experts-per-tok must be 1..%lld, not %lld",
        (long long)s->experts, (long long)s->per_tok);
   NEED(s->n_group >= 1 && s->experts % s->n_group == 0 && s->experts / s->n_group >= 2,
@@ -762,9 +764,9 @@ static int spec_check(const mkmodel_spec *s, mj_err *err) {
   NEED(s->per_tok <= s->topk_group * (s->experts / s->n_group),
        "--experts-per-tok %lld exceeds the experts of --topk-group groups", (long long)s->per_tok);
   NEED(s->idx_topk >= 1, "--index-topk must be positive, not %lld", (long long)s->idx_topk);
-  NEED(s->shared >= 0, "--shared-experts must not be negative");
-  NEED(s->vocab >= 256 + N_SPECIALS, "--vocab must be at least %d (256 bytes + %d special tokens)",
-       256 + N_SPECIALS, (int)N_SPECIALS);
+  NEED(s->shared >= 0 && s->shared <= 64, "--shared-experts must be 0..64, not %lld", (long long)s->shared);
+  NEED(s->vocab >= 256 + N_SPECIALS && s->vocab <= (1 << 21), "--vocab must be %d..%d (256 bytes + %d special tokens at least)",
+       256 + N_SPECIALS, 1 << 21, (int)N_SPECIALS);
   NEED(s->shard_size >= 0, "--shard-size must not be negative");
   NEED(s->merges >= 0, "--merges must not be negative");
   if (s->indexer_types) {

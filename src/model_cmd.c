@@ -77,8 +77,12 @@ int cmd_info(int argc, char **argv, mj_err *err) {
 
 int cmd_mkmodel(int argc, char **argv, mj_err *err) {
   const char *preset = "tiny", *out = NULL, *itypes = NULL;
-  int64_t layers = -1, dense = -1, experts = -1, per_tok = -1, n_group = -1, topk_group = -1, shared = -1;
-  int64_t itopk = -1, vocab = -1, seed = 1, shard = 0, merges = -1, threads = 0;
+  /* UNSET: the option was not given (the preset's value stays); any value
+   * given, negative ones included, is checked by mkmodel_write. */
+  const int64_t UNSET = INT64_MIN;
+  int64_t layers = UNSET, dense = UNSET, experts = UNSET, per_tok = UNSET, n_group = UNSET,
+          topk_group = UNSET, shared = UNSET;
+  int64_t itopk = UNSET, vocab = UNSET, seed = 1, shard = 0, merges = UNSET, threads = 0;
   bool nvfp4 = false, force = false, quiet = false;
   cli_opt opts[] = {
       {"preset", 0, CLI_STR, &preset},        {"layers", 0, CLI_INT, &layers},
@@ -98,19 +102,21 @@ int cmd_mkmodel(int argc, char **argv, mj_err *err) {
   mkmodel_spec s;
   if (mkmodel_preset(preset, &s))
     return mj_fail(err, MJ_EUSAGE, "moejit mkmodel: unknown preset '%s' (tiny, small or glm5)", preset);
-  if (layers >= 0) {
+  if (threads < 0 || threads > CLI_MAX_THREADS)
+    return mj_fail(err, MJ_EUSAGE, "moejit mkmodel: --threads must be 0 (all cores, up to 8) to %d", CLI_MAX_THREADS);
+  if (layers != UNSET) {
     s.layers = layers;
-    if (dense < 0 && s.dense_layers > layers) s.dense_layers = layers;
+    if (dense == UNSET && s.dense_layers > layers) s.dense_layers = layers > 0 ? layers : 0;
   }
-  if (dense >= 0) s.dense_layers = dense;
-  if (experts >= 0) s.experts = experts;
-  if (per_tok >= 0) s.per_tok = per_tok;
-  if (n_group >= 0) s.n_group = n_group;
-  if (topk_group >= 0) s.topk_group = topk_group;
-  if (shared >= 0) s.shared = shared;
-  if (itopk >= 0) s.idx_topk = itopk;
-  if (vocab >= 0) s.vocab = vocab;
-  if (merges >= 0) s.merges = merges;
+  if (dense != UNSET) s.dense_layers = dense;
+  if (experts != UNSET) s.experts = experts;
+  if (per_tok != UNSET) s.per_tok = per_tok;
+  if (n_group != UNSET) s.n_group = n_group;
+  if (topk_group != UNSET) s.topk_group = topk_group;
+  if (shared != UNSET) s.shared = shared;
+  if (itopk != UNSET) s.idx_topk = itopk;
+  if (vocab != UNSET) s.vocab = vocab;
+  if (merges != UNSET) s.merges = merges;
   s.indexer_types = itypes;
   s.seed = (uint64_t)seed;
   s.nvfp4 = nvfp4;
@@ -144,11 +150,20 @@ int cmd_forward(int argc, char **argv, mj_err *err) {
   if (r) return r < 0 ? 0 : r;
   if (!dir || !toks) return mj_fail(err, MJ_EUSAGE, "moejit forward: -m DIR and --tokens ID,ID,... are required");
   if (steps < 0 || steps > 100000) return mj_fail(err, MJ_EUSAGE, "moejit forward: --steps must be 0..100000");
+  if (threads < 1 || threads > CLI_MAX_THREADS)
+    return mj_fail(err, MJ_EUSAGE, "moejit forward: --threads must be 1..%d", CLI_MAX_THREADS);
   int64_t ids[4096];
   int n = mj_parse_i64_list(toks, ids, 4096);
   if (n < 1) return mj_fail(err, MJ_EUSAGE, "moejit forward: --tokens must be a comma-separated list of ids");
   model *m;
   if ((r = model_load(dir, &m, err))) return r;
+  for (int i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= m->cfg.vocab_size) {
+      r = mj_fail(err, MJ_EUSAGE, "moejit forward: --tokens: id %lld is outside the vocabulary of %s (0..%lld)",
+                  (long long)ids[i], dir, (long long)m->cfg.vocab_size - 1);
+      model_free(m);
+      return r;
+    }
   cpu_params p = {.max_ctx = n + steps + 1, .threads = (int)threads, .absorbed = absorbed};
   cpu_model *s = NULL;
   int64_t V = m->cfg.vocab_size;

@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -88,6 +89,53 @@ static long table_insert(st_set *s, size_t i) {
   }
 }
 
+/* ---- the table of open mappings (for st_fault_file) --------------------------------
+ * A fixed array, so a signal handler can read it without locks or
+ * allocation: a slot is claimed with a compare-and-swap on its start, its
+ * size, fd and path are written before start is published, and start is
+ * cleared before the file is unmapped.  Mappings beyond the table's size
+ * still work; a fault in one is then reported as a plain crash. */
+#define ST_FAULT_SLOTS 1024
+static struct {
+  _Atomic(uintptr_t) start; /* 0 = free, 1 = being filled */
+  size_t size;
+  int fd;
+  const char *path;
+} fault_slots[ST_FAULT_SLOTS];
+
+static void fault_register(const st_file *f) {
+  for (int i = 0; i < ST_FAULT_SLOTS; i++) {
+    uintptr_t zero = 0;
+    if (atomic_compare_exchange_strong(&fault_slots[i].start, &zero, 1)) {
+      fault_slots[i].size = f->size;
+      fault_slots[i].fd = f->fd;
+      fault_slots[i].path = f->path;
+      atomic_store(&fault_slots[i].start, (uintptr_t)f->map);
+      return;
+    }
+  }
+}
+
+static void fault_unregister(const st_file *f) {
+  for (int i = 0; i < ST_FAULT_SLOTS; i++)
+    if (atomic_load(&fault_slots[i].start) == (uintptr_t)f->map) {
+      atomic_store(&fault_slots[i].start, 0);
+      return;
+    }
+}
+
+const char *st_fault_file(const void *addr, bool *truncated) {
+  uintptr_t a = (uintptr_t)addr;
+  for (int i = 0; i < ST_FAULT_SLOTS; i++) {
+    uintptr_t s = atomic_load(&fault_slots[i].start);
+    if (s <= 1 || a < s || a - s >= fault_slots[i].size) continue;
+    struct stat st;
+    *truncated = fstat(fault_slots[i].fd, &st) == 0 && (uintptr_t)st.st_size <= a - s;
+    return fault_slots[i].path;
+  }
+  return NULL;
+}
+
 /* ---- one file -------------------------------------------------------------- */
 static int map_file(st_set *s, const char *path, int *fidx, mj_err *err) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -118,6 +166,7 @@ static int map_file(st_set *s, const char *path, int *fidx, mj_err *err) {
   f->fd = fd;
   f->map = map;
   f->size = size;
+  fault_register(f);
   *fidx = s->nfiles++;
   return 0;
 }
@@ -419,6 +468,7 @@ int st_open(st_set *s, const char *path, mj_err *err) {
 
 void st_close(st_set *s) {
   for (int i = 0; i < s->nfiles; i++) {
+    fault_unregister(&s->files[i]);
     munmap(s->files[i].map, s->files[i].size);
     close(s->files[i].fd);
   }

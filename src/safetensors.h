@@ -82,6 +82,16 @@ const st_tensor *st_find(const st_set *s, const char *name);
 size_t st_index(const st_set *s, const st_tensor *t);
 /* Path of the file that holds t (for messages). */
 const char *st_path(const st_set *s, const st_tensor *t);
+/* The mapped file that holds addr, for a SIGBUS handler: tensors stay in
+ * their mappings, so a file truncated by another process after it was
+ * validated makes the next touch of a page past its new end raise SIGBUS.
+ * Returns the path (NULL when addr is in no open mapping) and sets
+ * *truncated when the file is now shorter than addr's offset (otherwise the
+ * fault was an I/O error).  Async-signal-safe: it reads a fixed table of
+ * the open mappings and calls fstat.  The library installs no handler; the
+ * CLI does (src/main.c). */
+const char *st_fault_file(const void *addr, bool *truncated);
+
 /* "[6144, 2048]" into buf. */
 const char *st_shape_str(const st_tensor *t, char *buf, size_t n);
 

@@ -402,6 +402,13 @@ static bool get_flag(const json *o, const char *key, bool dflt) {
   return v && v->type == JSON_BOOL ? v->b : dflt;
 }
 
+/* The largest token id accepted.  The entry table is indexed by id, so an
+ * absurd id in a file (the fuzzer's 1000000000) would ask for gigabytes;
+ * real vocabularies stop near 262k (GLM-5: 154880). */
+#define TOK_MAX_ID 2097151
+#define TOK_STR2(x) #x
+#define TOK_STR(x) TOK_STR2(x)
+
 static void ensure_entries(tok_tokenizer *t, int32_t id) {
   if (id < t->nent) return;
   int32_t n = t->nent ? t->nent : 1024;
@@ -480,9 +487,10 @@ static int load_model(tok_tokenizer *t, const json *model, const char *name, mj_
   mj_buf tmp = {0};
   for (size_t i = 0; i < vocab->len; i++) {
     const json *v = vocab->items[i];
-    if (v->type != JSON_NUM || !v->is_int || v->i < 0 || v->i > INT32_MAX / 2) {
+    if (v->type != JSON_NUM || !v->is_int || v->i < 0 || v->i > TOK_MAX_ID) {
       mj_buf_free(&tmp);
-      return bad(err, name, v, "model.vocab entry \"%s\" has no valid id", vocab->keys[i]);
+      return bad(err, name, v, "model.vocab entry \"%s\" has no valid id (an integer 0.." TOK_STR(TOK_MAX_ID) ")",
+                 vocab->keys[i]);
     }
     int32_t id = (int32_t)v->i;
     ensure_entries(t, id);
@@ -553,9 +561,9 @@ static int load_added(tok_tokenizer *t, const json *added, const char *name, mj_
   bool any_single = false;
   for (size_t i = 0; i < added->len; i++) {
     const json *a = added->items[i], *id = json_get(a, "id"), *content = json_get(a, "content");
-    if (!id || id->type != JSON_NUM || !id->is_int || id->i < 0 || id->i > INT32_MAX / 2 || !content ||
+    if (!id || id->type != JSON_NUM || !id->is_int || id->i < 0 || id->i > TOK_MAX_ID || !content ||
         content->type != JSON_STR || content->len == 0)
-      return bad(err, name, a, "%s", "an added token lacks a valid \"id\" or \"content\"");
+      return bad(err, name, a, "%s", "an added token lacks a valid \"id\" (0.." TOK_STR(TOK_MAX_ID) ") or \"content\"");
     added_token *k = &t->added[t->nadded++];
     k->content = mj_arena_strndup(&t->arena, content->str, content->len);
     k->len = content->len;
@@ -739,8 +747,9 @@ int tok_load_mem(const char *text, size_t len, const char *name, tok_tokenizer *
     return MJ_EINPUT;
   }
   if (root->type != JSON_OBJ) {
+    int r = bad(err, name, root, "%s", "the top level is not an object"); /* root lives in ja */
     mj_arena_free(&ja);
-    return bad(err, name, root, "%s", "the top level is not an object");
+    return r;
   }
   tok_tokenizer *t = mj_xcalloc(1, sizeof *t);
   t->name = mj_xstrdup(name);

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -40,12 +41,26 @@ int mj_code_exit(mj_code c) {
   return (unsigned)c < MJ_NERRORS ? mj_codes[c].status : 8;
 }
 
+/* Messages name what came from files and arguments (a tensor name, a
+ * model_type, a shard), so a control character in them would break the
+ * one-line promise or drive the user's terminal: each is written as an
+ * escape (\n, \t, \r, \xHH) instead.  Found by the fuzzers. */
 int mj_fail(mj_err *err, mj_code code, const char *fmt, ...) {
   if (err && err->code == MJ_OK) {
+    char raw[sizeof err->msg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    size_t k = 0;
+    for (const unsigned char *p = (const unsigned char *)raw; *p && k + 5 < sizeof err->msg; p++) {
+      if (*p >= 0x20 && *p != 0x7f) err->msg[k++] = (char)*p;
+      else if (*p == '\n') err->msg[k++] = '\\', err->msg[k++] = 'n';
+      else if (*p == '\t') err->msg[k++] = '\\', err->msg[k++] = 't';
+      else if (*p == '\r') err->msg[k++] = '\\', err->msg[k++] = 'r';
+      else k += (size_t)snprintf(err->msg + k, sizeof err->msg - k, "\\x%02x", *p);
+    }
+    err->msg[k] = 0;
     err->code = code;
   }
   return code;
@@ -349,7 +364,7 @@ int mj_parse_f64(const char *s, double *out) {
   char *end;
   errno = 0;
   double v = strtod(s, &end);
-  if (errno || *end) return -1;
+  if (errno || *end || !isfinite(v)) return -1; /* nan and inf are never a setting */
   *out = v;
   return 0;
 }

@@ -234,6 +234,11 @@ static void test_load_errors(void) {
   T_EQ_INT(tok_load("/nonexistent/tokenizer.json", &t, &err), MJ_EINPUT);
   T_CHECK(strstr(err.msg, "/nonexistent/tokenizer.json") != NULL);
   mj_err_clear(&err);
+  /* A top level that is not an object (the fuzzer's "9": the message once
+   * read the freed JSON tree for its line). */
+  T_EQ_INT(tok_load_mem("9", 1, "nine.json", &t, &err), MJ_EINPUT);
+  T_CHECK(strcmp(err.msg, "nine.json:1: the top level is not an object") == 0);
+  mj_err_clear(&err);
 }
 
 static void test_chat(void) {
