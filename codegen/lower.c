@@ -29,7 +29,6 @@ typedef struct {
   dsl_func *f;
   LLVMBasicBlockRef entry;
   LLVMBasicBlockRef brk, cont; /* innermost loop's targets */
-  int arch;                    /* 90 for sm_90a */
   int nshared;
 } lw;
 
@@ -845,7 +844,6 @@ static void define_func(lw *L, dsl_func *f) {
   L->f = f;
   L->fn = f->llvm_fn;
   L->entry = LLVMAppendBasicBlockInContext(L->ctx, L->fn, "entry");
-  L->nshared += 0;
   LLVMPositionBuilderAtEnd(L->b, L->entry);
   for (int i = 0; i < f->nparams; i++) {
     dsl_var *v = f->params[i];
@@ -867,7 +865,6 @@ int dsl_lower(dsl_ctx *c, dsl_program *p, void *llctx, void *layout, void **out)
   LLVMSetTarget(L.mod, "nvptx64-nvidia-cuda");
   LLVMSetModuleDataLayout(L.mod, (LLVMTargetDataRef)layout);
   L.b = LLVMCreateBuilderInContext(L.ctx);
-  L.arch = c->opt->arch && !strncmp(c->opt->arch, "sm_", 3) ? atoi(c->opt->arch + 3) : 90;
   for (int i = 0; i < p->nshared; i++) shared_array(&L, p->shared_globals[i]);
   for (int i = 0; i < p->nfuncs; i++) declare_func(&L, p->funcs[i]);
   for (int i = 0; i < p->nfuncs; i++) define_func(&L, p->funcs[i]);
