@@ -1,0 +1,154 @@
+/* gpu_ops.h: the ops of a GLM-5 decode step on the GPU, one launcher each.
+ *
+ * A step (src/gpu_model.c) is a fixed sequence of these launches on one
+ * stream, so it can be captured in a CUDA graph: no launcher synchronises,
+ * allocates or reads anything back.  Each launcher obtains its kernel
+ * through the front door (jit_get, specialised on the shapes it is given),
+ * then launches it.  Per-row facts that change from step to step (token,
+ * cache slot, position) live in device arrays (gop_rows), never in kernel
+ * arguments, so one captured graph serves every step of its batch size.
+ *
+ * Warm-up without a GPU: after gop_set_arch("sm_90a") on a machine with no
+ * GPU, every launcher obtains (compiles and stores) its kernel and returns
+ * without launching, so running a step "dry" with null pointers fills the
+ * cache with exactly the kernels that step needs.
+ *
+ * Layouts (row-major; B rows = tokens of the step; all sizes in elements):
+ *   activations between GEMVs are bf16 (the GEMVs' inputs) or f32 (their
+ *   outputs, the residual stream);
+ *   the MLA cache of a layer is kv bf16 [slots][max_ctx][kv_rank + rope]:
+ *   the latent after kv_a_layernorm, then the rotated rope key (in the
+ *   reference's de-interleaved layout, [evens | odds]);
+ *   the indexer cache is ikey f32 [slots][max_ctx][idx_dim], after k_norm
+ *   and RoPE (rope part first).
+ * CPU references of every op: ref.h.  Prefix: gop_.
+ */
+#ifndef MOEJIT_GPU_OPS_H
+#define MOEJIT_GPU_OPS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cudrv.h"
+#include "jit.h"
+
+/* The target kernels are obtained for: NULL (the default) means the GPU's;
+ * a name ("sm_90a") with no GPU makes every launcher compile-only. */
+void gop_set_arch(const char *arch);
+/* jit_get for the current target; *launch is false when the kernel was
+ * only compiled (no GPU of the target): the launcher then returns 0. */
+int gop_get(const char *kernel, const char *entry, const dsl_define *defs, int ndefs, const jit_spec *generic,
+            const jit_fn **f, bool *launch, mj_err *err);
+
+/* The widths of the model a step runs (from model_config). */
+typedef struct gop_dims {
+  int hidden, vocab;
+  int heads, nope, rope, v, kv_rank, q_rank; /* MLA: qk_nope, qk_rope, v_head_dim, ranks */
+  int idx_heads, idx_dim, idx_topk;          /* DSA indexer */
+  int max_ctx;                               /* cache capacity per slot, tokens */
+  float rms_eps;                             /* rms_norm_eps (the latent norms use 1e-6) */
+} gop_dims;
+
+/* Per-row facts of a step, device arrays of B int32 each. */
+typedef struct gop_rows {
+  CUdeviceptr token; /* input token id */
+  CUdeviceptr slot;  /* the sequence's cache slot */
+  CUdeviceptr pos;   /* the token's position: it is written to the cache at pos and attends to 0..pos */
+} gop_rows;
+
+/* One layer's caches (see the layout above). */
+typedef struct gop_cache {
+  CUdeviceptr kv;   /* bf16 [slots][max_ctx][kv_rank + rope] */
+  CUdeviceptr ikey; /* f32 [slots][max_ctx][idx_dim]; 0 on a layer without an indexer */
+} gop_cache;
+
+/* ---- dense ops (src/gop_dense.c, templates/gemv_bf16_b.k, templates/ops.cu) ------------- */
+
+/* x[b][:] = float(table[token[b]][:]); table bf16 [vocab][H]. */
+int gop_embed(CUdeviceptr table, CUdeviceptr token, CUdeviceptr x, int B, int H, CUstream s, mj_err *err);
+
+/* x += y (y: 0 = nothing, else [B][H] f32, or bf16 when y_bf16), then
+ * xn = bf16(rmsnorm(x) * w) with w bf16 [H]; x f32 [B][H] in place, xn bf16. */
+int gop_add_rmsnorm(CUdeviceptr x, CUdeviceptr y, bool y_bf16, CUdeviceptr w, float eps, CUdeviceptr xn, int B,
+                    int H, CUstream s, mj_err *err);
+
+/* y[b][n] = sum_k W[n][k] * x[b][k]: W bf16 [N][K], x bf16 [B][K], y f32
+ * [B][N], f32 accumulation.  Any B >= 1 (large B runs in row blocks). */
+int gop_gemv(CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K, CUstream s, mj_err *err);
+
+/* h[b][i] = bf16(silu(gu[b][i]) * gu[b][I + i]): gu f32 [B][2I] (gate, then up). */
+int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, CUstream s, mj_err *err);
+
+/* Sampling on the device, as sample.h does on the host (temperature, then
+ * top-k, top-p, min-p, then a draw; temperature <= 0 is greedy, lowest id
+ * on ties).  No repetition penalty.  The draw's random number comes from a
+ * counter-based hash of (seed, the row's slot, the row's pos), so a replay
+ * of the same step draws the same token. */
+typedef struct gop_sampling {
+  float temperature;
+  int top_k;   /* <= 0: off */
+  float top_p; /* >= 1: off */
+  float min_p; /* <= 0: off */
+  uint64_t seed;
+} gop_sampling;
+/* out[b] = the token drawn from logits f32 [B][V]. */
+int gop_sample(CUdeviceptr logits, int B, int V, const gop_sampling *sp, gop_rows rows, CUdeviceptr out,
+               CUstream s, mj_err *err);
+
+/* ---- MLA attention (src/gop_mla.c, templates/mla.cu) ------------------------------------ */
+
+/* The layer's normalised-input projection, one GEMV of the concatenated
+ * weights [q_a; kv_a; idx_wk; idx_wproj], gives P f32 [B][pw] with
+ *   [0, q_rank)                      q_a output
+ *   [q_rank, +kv_rank + rope)        kv_a output (latent, then k_rope)
+ *   [.., +idx_dim)                   indexer wk output       (indexer layers only)
+ *   [.., +idx_heads)                 indexer weights_proj    (indexer layers only)
+ * mla_prep writes:
+ *   qa bf16 [B][q_rank] = rmsnorm(q_a, q_a_norm, 1e-6)
+ *   kv[slot][pos] = [bf16 rmsnorm(latent, kv_a_norm, 1e-6) | bf16 rope(k_rope, pos)]
+ *   and with an indexer (ikey != 0):
+ *   ikey[slot][pos] = rope_first(layernorm(wk out, k_norm_w, k_norm_b, 1e-6), pos)
+ *   iw f32 [B][idx_heads] = weights_proj out * idx_heads^-0.5
+ * Norm weights are bf16 vectors (k_norm_b too). */
+typedef struct gop_prep_w {
+  CUdeviceptr q_a_norm, kv_a_norm, k_norm_w, k_norm_b;
+} gop_prep_w;
+int gop_mla_prep(const gop_dims *d, CUdeviceptr P, int pw, const gop_prep_w *w, gop_rows rows, gop_cache c,
+                 CUdeviceptr inv_freq, CUdeviceptr qa, CUdeviceptr iw, int B, CUstream s, mj_err *err);
+
+/* From Q f32 [B][heads * (nope + rope) + idx_heads * idx_dim] (q_b_proj
+ * and, on indexer layers, wq_b outputs side by side), with kv_b bf16
+ * [heads * (nope + v)][kv_rank]:
+ *   qlat f32 [B][heads][kv_rank + rope] = [W_uk_h^T q_nope_h | rope(q_rope_h, pos)]
+ *     where W_uk_h = rows h*(nope+v) .. h*(nope+v)+nope of kv_b;
+ *   iq f32 [B][idx_heads][idx_dim] = rope_first(indexer q, pos) when iq != 0. */
+int gop_mla_q(const gop_dims *d, CUdeviceptr Q, CUdeviceptr kv_b, gop_rows rows, CUdeviceptr inv_freq,
+              CUdeviceptr qlat, CUdeviceptr iq, int B, CUstream s, mj_err *err);
+
+/* Attention of each row's heads over its slot's cache tokens 0..pos:
+ * score_t = (qlat_h . kv[t]) * scale over all kv_rank + rope values,
+ * softmax in f32, olat f32 [B][heads][kv_rank] = sum_t p_t * latent_t.
+ * With sel != 0, a row whose pos + 1 > idx_topk attends only to the
+ * idx_topk tokens listed in sel[b] (i32 [B][idx_topk]); other rows attend
+ * to every token 0..pos.  scratch: at least gop_mla_attend_scratch bytes. */
+size_t gop_mla_attend_scratch(const gop_dims *d, int B);
+int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows rows, CUdeviceptr sel, float scale,
+                   CUdeviceptr olat, CUdeviceptr scratch, int B, CUstream s, mj_err *err);
+
+/* o bf16 [B][heads * v]: o_h = W_uv_h olat_h, W_uv_h = rows
+ * h*(nope+v)+nope .. h*(nope+v)+nope+v of kv_b. */
+int gop_mla_vout(const gop_dims *d, CUdeviceptr olat, CUdeviceptr kv_b, CUdeviceptr o, int B, CUstream s,
+                 mj_err *err);
+
+/* ---- the DSA indexer (src/gop_dsa.c, templates/dsa.cu) ---------------------------------- */
+
+/* For each row with pos + 1 > idx_topk: score_t = sum_h iw[b][h] *
+ * relu(iq[b][h] . ikey[slot][t] * idx_dim^-0.5) for t in 0..pos, and sel[b]
+ * = the idx_topk best t (any order; equal scores: the lower t wins, as
+ * ref_topk).  Rows with pos + 1 <= idx_topk are left alone (they attend to
+ * everything).  scratch: at least gop_dsa_select_scratch bytes. */
+size_t gop_dsa_select_scratch(const gop_dims *d, int B);
+int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache c, gop_rows rows, CUdeviceptr sel,
+                   CUdeviceptr scratch, int B, CUstream s, mj_err *err);
+
+#endif
