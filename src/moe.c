@@ -154,6 +154,8 @@ int moe_kernels_load(moe_kernels *k, const moe_plan *p, const char *arch, mj_err
     d.n = 0;
     def_i(&d, "MODE", mode), def_i(&d, "K", mode ? c->inter : c->hidden), def_i(&d, "N", mode ? c->hidden : c->inter);
     def_i(&d, "MT", p->mt), def_i(&d, "ROWS", t->rows), def_i(&d, "THREADS", t->threads), def_i(&d, "CHAIN", t->chain);
+    if (t->prefetch) def_i(&d, "PREFETCH", 1);
+    if (t->minb > 1) def_i(&d, "MINB", t->minb);
     rc = load_one(k, mode ? MOE_K_down : MOE_K_gate_up, "moe_expert.k", &d, arch, err);
   }
   if (!rc) {
@@ -171,22 +173,34 @@ void moe_kernels_free(moe_kernels *k) {
 }
 
 /* ---- device memory ----------------------------------------------------------------- */
+/* Carve a layer's weights out of base (0: only count); returns the bytes
+ * used.  Each piece starts on a 256-byte boundary. */
+static size_t carve(CUdeviceptr base, size_t *off, size_t bytes, CUdeviceptr *p) {
+  *off = (*off + 255) & ~(size_t)255;
+  if (base) *p = base + *off;
+  *off += bytes;
+  return *off;
+}
+
+size_t moe_weights_carve(moe_weights *w, const ref_moe_cfg *c, CUdeviceptr base) {
+  size_t E = (size_t)c->n_experts, off = 0;
+  carve(base, &off, E * (size_t)c->hidden * 2, &w->router);
+  carve(base, &off, E * 4, &w->bias);
+  carve(base, &off, (E + 1) * moe_gate_up_bytes(c), &w->gate_up);
+  carve(base, &off, (E + 1) * moe_down_bytes(c), &w->down);
+  return carve(base, &off, (E + 1) * 16, &w->gscale);
+}
+
 int moe_weights_alloc(moe_weights *w, const ref_moe_cfg *c, mj_err *err) {
   memset(w, 0, sizeof *w);
-  size_t E = (size_t)c->n_experts;
-  int rc = cu_alloc(&w->router, E * (size_t)c->hidden * 2, "MoE router weight", err);
-  if (!rc) rc = cu_alloc(&w->bias, E * 4, "MoE router bias", err);
-  if (!rc) rc = cu_alloc(&w->gate_up, (E + 1) * moe_gate_up_bytes(c), "MoE gate_up experts", err);
-  if (!rc) rc = cu_alloc(&w->down, (E + 1) * moe_down_bytes(c), "MoE down experts", err);
-  if (!rc) rc = cu_alloc(&w->gscale, (E + 1) * 16, "MoE global scales", err);
-  if (rc) moe_weights_free(w);
+  int rc = cu_alloc(&w->base, moe_weights_carve(w, c, 0), "MoE layer weights", err);
+  if (!rc) moe_weights_carve(w, c, w->base);
   return rc;
 }
 
 void moe_weights_free(moe_weights *w) {
-  CUdeviceptr *p[] = {&w->router, &w->bias, &w->gate_up, &w->down, &w->gscale};
-  for (size_t i = 0; i < MJ_ARRAY_LEN(p); i++)
-    if (*p[i]) cu.cuMemFree(*p[i]), *p[i] = 0;
+  if (w->base) cu.cuMemFree(w->base);
+  memset(w, 0, sizeof *w);
 }
 
 int moe_weights_set_expert(const moe_weights *w, const ref_moe_cfg *c, int e, const ref_nvfp4 *gate,
@@ -209,33 +223,29 @@ out:
   return rc;
 }
 
+size_t moe_bufs_carve(moe_bufs *b, const moe_plan *p, CUdeviceptr base) {
+  size_t B = (size_t)p->bcap, H = (size_t)p->cfg.hidden, E = (size_t)p->cfg.n_experts, K = (size_t)p->cfg.topk;
+  size_t S = (size_t)moe_slots(p), P = (size_t)moe_pairs(p), off = 0;
+  struct { CUdeviceptr *ptr; size_t bytes; } t[] = {
+      {&b->x, B * H * 2},           {&b->out, B * H * 2},       {&b->logits, B * E * 4},
+      {&b->slot_expert, S * 4},     {&b->slot_count, S * 4},    {&b->slot_off, S * 4},
+      {&b->pair_token, P * 4},      {&b->pair_weight, P * 4},   {&b->tok_pair, B * (K + 1) * 4},
+      {&b->tok_expert, B * K * 4},  {&b->tok_weight, B * K * 4}, {&b->h, P * (size_t)p->cfg.inter * 2},
+      {&b->y, P * H * 4}};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(t); i++) carve(base, &off, t[i].bytes, t[i].ptr);
+  return off;
+}
+
 int moe_bufs_alloc(moe_bufs *b, const moe_plan *p, mj_err *err) {
   memset(b, 0, sizeof *b);
-  size_t B = (size_t)p->bcap, H = (size_t)p->cfg.hidden, E = (size_t)p->cfg.n_experts, K = (size_t)p->cfg.topk;
-  size_t S = (size_t)moe_slots(p), P = (size_t)moe_pairs(p);
-  struct { CUdeviceptr *ptr; size_t bytes; const char *what; } t[] = {
-      {&b->x, B * H * 2, "MoE x"},           {&b->out, B * H * 2, "MoE out"},
-      {&b->logits, B * E * 4, "MoE logits"}, {&b->slot_expert, S * 4, "MoE slots"},
-      {&b->slot_count, S * 4, "MoE slots"},  {&b->slot_off, S * 4, "MoE slots"},
-      {&b->pair_token, P * 4, "MoE pairs"},  {&b->pair_weight, P * 4, "MoE pairs"},
-      {&b->tok_pair, B * (K + 1) * 4, "MoE token pairs"}, {&b->tok_expert, B * K * 4, "MoE choices"},
-      {&b->tok_weight, B * K * 4, "MoE choices"}, {&b->h, P * (size_t)p->cfg.inter * 2, "MoE h"},
-      {&b->y, P * H * 4, "MoE y"}};
-  for (size_t i = 0; i < MJ_ARRAY_LEN(t); i++) {
-    int rc = cu_alloc(t[i].ptr, t[i].bytes, t[i].what, err);
-    if (rc) {
-      moe_bufs_free(b);
-      return rc;
-    }
-  }
-  return 0;
+  int rc = cu_alloc(&b->base, moe_bufs_carve(b, p, 0), "MoE activations", err);
+  if (!rc) moe_bufs_carve(b, p, b->base);
+  return rc;
 }
 
 void moe_bufs_free(moe_bufs *b) {
-  CUdeviceptr *p[] = {&b->x, &b->out, &b->logits, &b->slot_expert, &b->slot_count, &b->slot_off, &b->pair_token,
-                      &b->pair_weight, &b->tok_pair, &b->tok_expert, &b->tok_weight, &b->h, &b->y};
-  for (size_t i = 0; i < MJ_ARRAY_LEN(p); i++)
-    if (*p[i]) cu.cuMemFree(*p[i]), *p[i] = 0;
+  if (b->base) cu.cuMemFree(b->base);
+  memset(b, 0, sizeof *b);
 }
 
 /* ---- launches ---------------------------------------------------------------------- */

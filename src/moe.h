@@ -42,6 +42,8 @@ typedef struct moe_tile {
   int threads;  /* THREADS */
   int chain;    /* CHAIN: bf16x2 FMAs per f32 fold (8 or 4) */
   int gx;       /* blocks per slot (0: one row tile per block) */
+  int prefetch; /* PREFETCH: the first tile's weights requested before x is staged */
+  int minb;     /* MINB: blocks per SM the registers must allow (0: no bound) */
 } moe_tile;
 
 typedef struct moe_plan {
@@ -90,8 +92,12 @@ typedef struct moe_weights {
   CUdeviceptr gate_up;  /* [E + 1] experts x moe_gate_up_bytes (the shared expert last) */
   CUdeviceptr down;     /* [E + 1] x moe_down_bytes */
   CUdeviceptr gscale;   /* f32 [E + 1][4]: gate s2, up s2, down s2, 0 */
+  CUdeviceptr base;     /* the allocation, when moe_weights_alloc made it */
 } moe_weights;
 
+/* Point w's pieces into base (0: only count) and return the bytes they
+ * take, so a model can carve every layer out of one allocation. */
+size_t moe_weights_carve(moe_weights *w, const ref_moe_cfg *c, CUdeviceptr base);
 int moe_weights_alloc(moe_weights *w, const ref_moe_cfg *c, mj_err *err);
 void moe_weights_free(moe_weights *w);
 /* Repack expert e (e == n_experts: the shared one) and copy it in. */
@@ -110,7 +116,12 @@ typedef struct moe_bufs {
   CUdeviceptr tok_weight;   /* f32 [bcap, topk] */
   CUdeviceptr h;            /* bf16 [pairs, inter] */
   CUdeviceptr y;            /* f32 [pairs, hidden] */
+  CUdeviceptr base;         /* the allocation, when moe_bufs_alloc made it */
 } moe_bufs;
+
+/* As moe_weights_carve, for the buffers of plan p.  Buffers carved for a
+ * plan serve every plan of a smaller bucket. */
+size_t moe_bufs_carve(moe_bufs *b, const moe_plan *p, CUdeviceptr base);
 
 int moe_bufs_alloc(moe_bufs *b, const moe_plan *p, mj_err *err);
 void moe_bufs_free(moe_bufs *b);
