@@ -178,9 +178,10 @@ out:
 int cmd_bench(int argc, char **argv, mj_err *err) {
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
     cli_usage("bench", stdout);
-    return argc < 2 ? mj_fail(err, MJ_EUSAGE, "moejit bench: name a benchmark (gemv, moe)") : 0;
+    return argc < 2 ? mj_fail(err, MJ_EUSAGE, "moejit bench: name a benchmark (gemv, moe, decode)") : 0;
   }
   if (!strcmp(argv[1], "gemv")) return bench_gemv(argc - 1, argv + 1, err);
   if (!strcmp(argv[1], "moe")) return bench_moe(argc - 1, argv + 1, err);
-  return mj_fail(err, MJ_EUSAGE, "moejit bench: unknown benchmark '%s' (gemv, moe)", argv[1]);
+  if (!strcmp(argv[1], "decode")) return bench_decode(argc - 1, argv + 1, err);
+  return mj_fail(err, MJ_EUSAGE, "moejit bench: unknown benchmark '%s' (gemv, moe, decode)", argv[1]);
 }

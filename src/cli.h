@@ -29,9 +29,13 @@
     "  MOEJIT_DUMP=tokens,ast,llvm-raw,llvm,ptx prints those stages to stderr\n") \
   X(bench, "GPU benchmarks: time kernels against the measured copy bandwidth", \
     "moejit bench gemv [--n N] [--k K] [--configs THREADS:ROWS:UNROLL,...] \n" \
-    "moejit bench moe [--batches 1,2,4,...] [--gu-configs ROWS:THREADS:CHAIN:GX,...]\n" \
-    "                 [--dn-configs ROWS:THREADS:CHAIN:GX,...] [--mt N] [--sets N] [--copies N]\n" \
-    "                 [--check-tokens N] [--experts E] [--hidden H] [--inter I]\n") \
+    "moejit bench moe [--batches 1,2,4,...] [--gu-configs ROWS:THREADS:CHAIN:GX[:PF[:MINB]],...]\n" \
+    "                 [--dn-configs ROWS:THREADS:CHAIN:GX[:PF[:MINB]],...] [--mt N] [--sets N] [--copies N]\n" \
+    "                 [--check-tokens N] [--experts E] [--hidden H] [--inter I]\n" \
+    "moejit bench decode [-m DIR | --synthetic glm5 [--layers N] [--dense D]] [--batch 1,8,32]\n" \
+    "                 [--ctx N] [--steps N] [--reps N] [--seed S] [--no-graphs]\n" \
+    "  decode: the whole GLM-5 step (default: 18 full-width layers, 3 dense, random\n" \
+    "  weights made on the GPU), graph and eager times, per-op breakdown, roofline share\n") \
   X(tokenize, "print the tokens of a text (ids, pieces or JSON)",            \
     "moejit tokenize (-m DIR | --tokenizer FILE.json) [--ids|--pieces] [--chat [--no-think]]\n" \
     "                [--json] TEXT|-\n"                                        \
@@ -46,7 +50,8 @@
   X(generate, "generate text from a GLM-5-format model (streams tokens, reports speed)", \
     "moejit generate [-m DIR] -p TEXT|- [-n N] [--chat] [--system TEXT] [--no-think]\n" \
     "                [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n" \
-    "                [--seed S] [--backend cpu|cuda] [--threads T] [--ctx N] [--json] [-q]\n" \
+    "                [--seed S] [--backend auto|cpu|cuda] [--graph-batches 1,2,4,..] [--no-graphs]\n" \
+    "                [--threads T] [--ctx N] [--json] [-q]\n" \
     "  -m DIR       a Hugging Face GLM-5 folder (config.json, safetensors, tokenizer.json);\n" \
     "               without it, a built-in synthetic model written to the data folder\n" \
     "               (MOEJIT_DATA_DIR, else $XDG_DATA_HOME/moejit) on first use\n" \
@@ -56,13 +61,17 @@
     "  --no-think   with --chat: answer without the thinking block\n"       \
     "  --temp T     0 is greedy (default 0.8); --top-k 0 and --top-p 1 turn those off\n" \
     "  --seed S     makes sampling reproducible\n"                           \
+    "  --backend    auto (the GPU when one is present and the model fits its kernels,\n" \
+    "               else the CPU), cpu, or cuda (the GPU or an error)\n"      \
+    "  --graph-batches  batch sizes captured as CUDA graphs (default 1,2,4,8,16,32,64)\n" \
+    "  --no-graphs  run every step eagerly (for comparison)\n"             \
     "  --json       print one JSON record instead of streaming\n")           \
   X(info, "load and validate a GLM-5 checkpoint folder and summarise it",     \
     "moejit info -m DIR [--json]\n"                                          \
     "  checks config.json, hf_quant_config.json and every safetensors header,\n" \
     "  then prints layers, widths, experts, quantisation and bytes\n")       \
   X(mkmodel, "write a synthetic GLM-5 checkpoint (Hugging Face / ModelOpt layout)", \
-    "moejit mkmodel --out DIR [--preset tiny|small|glm5] [--layers N]\n"     \
+    "moejit mkmodel --out DIR [--preset tiny|small|medium|glm5] [--layers N]\n"     \
     "       [--dense-layers N] [--experts E] [--experts-per-tok K]\n"        \
     "       [--n-group G] [--topk-group T] [--shared-experts S]\n"           \
     "       [--index-topk K] [--indexer-types FSF..] [--vocab V] [--merges M]\n" \
@@ -121,5 +130,6 @@ int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts,
 typedef int (*bench_launch_fn)(void *ctx, int i, CUstream s, mj_err *err);
 int bench_time_graph(bench_launch_fn launch, void *ctx, int n, int reps, double *us, mj_err *err);
 int bench_moe(int argc, char **argv, mj_err *err);
+int bench_decode(int argc, char **argv, mj_err *err);
 
 #endif

@@ -5,8 +5,13 @@
  * at a time, sampling each from the logits and streaming its text as soon
  * as it forms complete UTF-8, until an end-of-sequence id or -n tokens.  It
  * ends with the prompt and decode speeds (tokens/s), or one JSON record with
- * --json.  The backend is the CPU reference forward (src/cpu_forward.c);
- * the GPU decode engine joins as --backend cuda when it exists.
+ * --json.  The backend is the GPU decode engine (src/gpu_model.c) when a
+ * GPU is present and the model fits its kernels, else the CPU reference
+ * forward (src/cpu_forward.c); --backend picks one.  On the GPU the prompt
+ * runs as steps of up to the largest captured batch of rows, decode steps
+ * as the batch-1 graph, and sampling happens on the device (the sampled id
+ * is the only read-back) unless a repetition penalty needs the host's
+ * sampler and the logits.
  *
  * Without -m, moejit uses a small synthetic GLM-5 model (mkmodel's `small`
  * preset with NVFP4 experts) that it writes into its data folder on first
@@ -24,6 +29,7 @@
 #include "chat.h"
 #include "cli.h"
 #include "cpu_forward.h"
+#include "gpu_model.h"
 #include "json.h"
 #include "mkmodel.h"
 #include "model.h"
@@ -101,6 +107,35 @@ static int default_model(char *dir, size_t n, bool quiet, mj_err *err) {
   return 0;
 }
 
+/* The forward pass behind the loop: one of the two backends. */
+typedef struct gen_backend {
+  cpu_model *cm;
+  gpu_model *gm;
+  bool host_sample; /* the GPU's logits come back and the host samples */
+  float *rows_logits; /* GPU: [max rows][vocab] for host sampling */
+} gen_backend;
+
+/* Run tokens[0..n) at positions pos..; leave the last token's logits in
+ * logits (CPU, or GPU with host sampling) or its sampled id in *id (GPU). */
+static int run(gen_backend *b, const int32_t *tokens, int64_t n, int64_t pos, int64_t vocab, float *logits, int32_t *id,
+               mj_err *err) {
+  if (b->cm) return cpu_forward(b->cm, tokens, n, pos, logits, false, err);
+  int max = gpu_max_rows(b->gm);
+  int32_t slot[1024], p[1024], out[1024];
+  for (int64_t i0 = 0; i0 < n; i0 += max) {
+    int k = (int)(n - i0 < max ? n - i0 : max);
+    for (int i = 0; i < k; i++) slot[i] = 0, p[i] = (int32_t)(pos + i0 + i);
+    bool last = i0 + k == n;
+    int r = gpu_step(b->gm, tokens + i0, slot, p, k, out, last && b->host_sample ? b->rows_logits : NULL, err);
+    if (r) return r;
+    if (last) {
+      *id = out[k - 1];
+      if (b->host_sample) memcpy(logits, b->rows_logits + (size_t)(k - 1) * vocab, (size_t)vocab * sizeof *logits);
+    }
+  }
+  return 0;
+}
+
 static char *read_prompt(const char *p, size_t *len, mj_err *err) {
   if (strcmp(p, "-") != 0) {
     *len = strlen(p);
@@ -112,10 +147,10 @@ static char *read_prompt(const char *p, size_t *len, mj_err *err) {
 }
 
 int cmd_generate(int argc, char **argv, mj_err *err) {
-  const char *dir = NULL, *prompt = NULL, *system = NULL, *backend = "cpu";
+  const char *dir = NULL, *prompt = NULL, *system = NULL, *backend = "auto", *graph_s = NULL;
   int64_t n_predict = 64, top_k = 0, seed = -1, threads = 0, ctx = 0;
   double temp = 0.8, top_p = 0.95, min_p = 0.05, rep = 1.0;
-  bool chat = false, no_think = false, as_json = false, quiet = false;
+  bool chat = false, no_think = false, as_json = false, quiet = false, no_graphs = false;
   cli_opt opts[] = {
       {"model", 'm', CLI_STR, &dir},       {"prompt", 'p', CLI_TEXT, &prompt},
       {"n-predict", 'n', CLI_INT, &n_predict}, {"chat", 0, CLI_FLAG, &chat},
@@ -125,7 +160,8 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
       {"repeat-penalty", 0, CLI_NUM, &rep}, {"seed", 0, CLI_INT, &seed},
       {"backend", 0, CLI_STR, &backend},   {"json", 0, CLI_FLAG, &as_json},
       {"threads", 't', CLI_INT, &threads}, {"ctx", 'c', CLI_INT, &ctx},
-      {"quiet", 'q', CLI_FLAG, &quiet},
+      {"quiet", 'q', CLI_FLAG, &quiet},    {"graph-batches", 0, CLI_STR, &graph_s},
+      {"no-graphs", 0, CLI_FLAG, &no_graphs},
   };
   int r = cli_parse("generate", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (r) return r < 0 ? 0 : r;
@@ -139,10 +175,23 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
                    "moejit generate: --temp >= 0, --top-p in (0, 1], --min-p in [0, 1), --repeat-penalty > 0, --top-k >= 0");
   if ((system || no_think) && !chat)
     return mj_fail(err, MJ_EUSAGE, "moejit generate: --system and --no-think go with --chat");
-  if (strcmp(backend, "cpu") != 0) {
-    if (strcmp(backend, "cuda") == 0)
-      return mj_fail(err, MJ_EUSAGE, "moejit generate: --backend cuda: the GPU decode engine is not built yet; use --backend cpu");
-    return mj_fail(err, MJ_EUSAGE, "moejit generate: --backend must be cpu or cuda, not '%s'", backend);
+  if (strcmp(backend, "cpu") && strcmp(backend, "cuda") && strcmp(backend, "auto"))
+    return mj_fail(err, MJ_EUSAGE, "moejit generate: --backend must be auto, cpu or cuda, not '%s'", backend);
+  gpu_opts go;
+  gpu_opts_default(&go);
+  go.use_graphs = !no_graphs;
+  if (graph_s) {
+    int64_t v[GPU_MAX_GRAPHS];
+    int n = mj_parse_i64_list(graph_s, v, GPU_MAX_GRAPHS);
+    if (n <= 0)
+      return mj_fail(err, MJ_EUSAGE, "moejit generate: --graph-batches wants ascending sizes like 1,2,4,8 (at most %d), not '%s'",
+                     GPU_MAX_GRAPHS, graph_s);
+    for (int i = 0; i < n; i++) {
+      if (v[i] < 1 || v[i] > 1024 || (i && v[i] <= v[i - 1]))
+        return mj_fail(err, MJ_EUSAGE, "moejit generate: --graph-batches wants ascending sizes in 1..1024, not '%s'", graph_s);
+      go.graph_batches[i] = (int)v[i];
+    }
+    go.n_graph_batches = n;
   }
 
   char defdir[4096];
@@ -156,7 +205,7 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
 
   model *m = NULL;
   tok_tokenizer *tok = NULL;
-  cpu_model *cm = NULL;
+  gen_backend be = {0};
   sampler *smp = NULL;
   float *logits = NULL;
   tok_ids ids = {0};
@@ -189,7 +238,30 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
                 (long long)n_predict, (long long)(cp.max_ctx < c->max_position_embeddings ? cp.max_ctx : c->max_position_embeddings));
     goto out;
   }
-  if ((r = cpu_model_create(m, &cp, &cm, err))) goto out;
+  bool gpu = strcmp(backend, "cuda") == 0;
+  if (!strcmp(backend, "auto")) {
+    /* The GPU when there is one and the model fits its kernels. */
+    mj_err e2 = {0};
+    gpu = cu_init(&e2) == 0;
+    if (gpu && gpu_model_supports(m, &e2)) {
+      gpu = false;
+      if (!quiet && !as_json) fprintf(stderr, "moejit: running on the CPU: %s\n", e2.msg);
+    }
+  }
+  if (gpu) {
+    go.slots = 1;
+    go.max_ctx = cp.max_ctx;
+    go.quiet = quiet || as_json;
+    go.sampling = (gop_sampling){(float)temp, (int)top_k, (float)top_p, (float)min_p,
+                                 seed >= 0 ? (uint64_t)seed : mj_now_ns()};
+    if ((r = gpu_model_create(m, &go, &be.gm, err))) goto out;
+    be.host_sample = rep != 1.0;
+    if (be.host_sample) be.rows_logits = mj_xmalloc((size_t)gpu_max_rows(be.gm) * c->vocab_size * sizeof(float));
+    backend = "cuda";
+  } else {
+    if ((r = cpu_model_create(m, &cp, &be.cm, err))) goto out;
+    backend = "cpu";
+  }
   sample_params sp = sample_defaults();
   sp.temperature = (float)temp;
   sp.top_k = (int32_t)top_k;
@@ -202,7 +274,9 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
 
   size_t n_prompt = ids.n;
   double t0 = mj_now_ms();
-  if ((r = cpu_forward(cm, ids.v, (int64_t)ids.n, 0, logits, false, err))) goto out;
+  int32_t next = 0; /* the device's sampled id (GPU without host sampling) */
+  bool dev_sample = be.gm && !be.host_sample;
+  if ((r = run(&be, ids.v, (int64_t)ids.n, 0, c->vocab_size, logits, &next, err))) goto out;
   double t_prompt = mj_now_ms() - t0;
   tok_stream ts;
   tok_stream_init(&ts, tok, true);
@@ -210,7 +284,7 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
   int64_t n_gen = 0;
   double t1 = mj_now_ms();
   for (;;) {
-    int32_t id = sample_next(smp, logits, ids.v, ids.n);
+    int32_t id = dev_sample ? next : sample_next(smp, logits, ids.v, ids.n);
     bool eos = have_chat ? chat_is_eos(&cf, id) : false;
     for (int i = 0; i < c->n_eos; i++) eos |= id == c->eos_token_id[i];
     if (eos) {
@@ -228,7 +302,7 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
       }
     }
     if (n_gen >= n_predict) break;
-    if ((r = cpu_forward(cm, &id, 1, (int64_t)ids.n - 1, logits, false, err))) goto out;
+    if ((r = run(&be, &id, 1, (int64_t)ids.n - 1, c->vocab_size, logits, &next, err))) goto out;
   }
   double t_decode = mj_now_ms() - t1;
   piece.len = 0;
@@ -265,7 +339,9 @@ out:
   mj_buf_free(&text);
   mj_buf_free(&piece);
   if (smp) sample_destroy(smp);
-  if (cm) cpu_model_destroy(cm);
+  if (be.cm) cpu_model_destroy(be.cm);
+  if (be.gm) gpu_model_destroy(be.gm);
+  free(be.rows_logits);
   if (tok) tok_destroy(tok);
   if (m) model_free(m);
   return r;

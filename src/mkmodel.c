@@ -733,6 +733,14 @@ int mkmodel_preset(const char *name, mkmodel_spec *s) {
     s->heads = 8, s->q_lora = 128, s->kv_lora = 64, s->nope = 32, s->rope = 16, s->v = 32;
     s->idx_heads = 16, s->idx_dim = 32, s->idx_topk = 128, s->experts = 32, s->per_tok = 4;
     s->n_group = 4, s->topk_group = 2, s->max_pos = 8192;
+  } else if (strcmp(name, "medium") == 0) {
+    /* The smallest widths the GPU kernels take (hidden and expert widths
+     * multiples of 1024, experts a multiple of 32): the GPU decode tests'
+     * model, still a few seconds' work for the CPU reference. */
+    s->vocab = 1024, s->hidden = 1024, s->inter = 2048, s->moe_inter = 1024, s->layers = 3, s->dense_layers = 1;
+    s->heads = 8, s->q_lora = 256, s->kv_lora = 128, s->nope = 32, s->rope = 16, s->v = 32;
+    s->idx_heads = 4, s->idx_dim = 32, s->idx_topk = 40, s->experts = 32, s->per_tok = 4;
+    s->max_pos = 4096;
   } else if (strcmp(name, "glm5") == 0) {
     /* The real GLM-5 widths (glm5.md); layers default to 4 so a checkpoint
      * fits one disk, 3 of them dense as in GLM-5. */

@@ -394,6 +394,32 @@ const char *mj_fmt_bytes(double bytes, char *buf, size_t n) {
   return buf;
 }
 
+void mj_progress_begin(mj_progress *p, const char *what, double total_bytes, bool quiet) {
+  *p = (mj_progress){what, total_bytes, 0, mj_now_ms(), 0, isatty(2) != 0, quiet};
+}
+
+void mj_progress_add(mj_progress *p, double bytes) {
+  p->done += bytes;
+  double now = mj_now_ms();
+  if (p->quiet || !p->tty || now - p->last < 100) return;
+  p->last = now;
+  double s = (now - p->t0) / 1e3, rate = s > 0 ? p->done / s : 0, frac = p->total > 0 ? p->done / p->total : 1;
+  char a[32], b[32], r[32];
+  int fill = (int)(frac * 30 + 0.5);
+  fprintf(stderr, "\r%s [%.*s%*s] %s / %s, %s/s, %.0f s left   ", p->what, fill,
+          "==============================", 30 - fill, "", mj_fmt_bytes(p->done, a, sizeof a),
+          mj_fmt_bytes(p->total, b, sizeof b), mj_fmt_bytes(rate, r, sizeof r),
+          rate > 0 ? (p->total - p->done) / rate : 0.0);
+}
+
+void mj_progress_end(mj_progress *p) {
+  if (p->quiet) return;
+  double s = (mj_now_ms() - p->t0) / 1e3;
+  char a[32], r[32];
+  fprintf(stderr, "%s%s: %s in %.1f s (%s/s)\n", p->tty ? "\r\033[K" : "", p->what, mj_fmt_bytes(p->done, a, sizeof a), s,
+          mj_fmt_bytes(s > 0 ? p->done / s : 0, r, sizeof r));
+}
+
 mj_hash mj_hash128(const void *data, size_t len) {
   XXH128_hash_t h = XXH3_128bits(data, len);
   return (mj_hash){h.low64, h.high64};

@@ -14,6 +14,7 @@
 #define MOEJIT_UTIL_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -139,6 +140,18 @@ void mj_hash_hex(mj_hash h, char out[33]);
 
 /* Human-readable byte count ("1.5 GiB") into buf. */
 const char *mj_fmt_bytes(double bytes, char *buf, size_t n);
+
+/* Progress of a long transfer on stderr: on a terminal a bar redrawn at
+ * most 10 times a second (bytes, rate, time left); otherwise nothing until
+ * mj_progress_end, which prints one summary line.  quiet: nothing at all. */
+typedef struct mj_progress {
+  const char *what;
+  double total, done, t0, last;
+  bool tty, quiet;
+} mj_progress;
+void mj_progress_begin(mj_progress *p, const char *what, double total_bytes, bool quiet);
+void mj_progress_add(mj_progress *p, double bytes);
+void mj_progress_end(mj_progress *p);
 
 #define MJ_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define MJ_MIN(a, b) ((a) < (b) ? (a) : (b))

@@ -1,0 +1,209 @@
+/* bench_decode.c: `moejit bench decode`, the whole GLM-5 decode step on the
+ * GPU against the memory-bandwidth limit.
+ *
+ * The model is a checkpoint (-m DIR) or, by default, a synthetic one at full
+ * GLM-5 width (--synthetic glm5, --layers N of which --dense D are dense)
+ * whose random weights are made on the device: ninety gigabytes of weights
+ * fit the H200 but no disk of this project's machines.  Every slot's cache
+ * is filled as if it held --ctx tokens, and each batch size then runs
+ * decode steps at position ctx (so each row attends to ctx + 1 tokens).
+ *
+ * Per batch size, as METHOD.md asks: correctness first (the graph's sampled
+ * tokens equal an eager step's, every logit finite), then the median time
+ * of graph replays and of eager steps, one profiled eager step for the
+ * per-op breakdown (the sum of its kernels is the graph's floor: the rest
+ * is replay overhead), and the bytes the step had to move (weights it
+ * touched: attention, dense MLPs, router, the experts the routing actually
+ * chose, lm_head; plus the KV cache read) over the step time, as a
+ * fraction of the device copy bandwidth measured in the same run.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "gpu_model.h"
+
+/* GLM-5's widths (glm5.md) with `layers` layers, the first `dense` dense. */
+static void glm5_config(model_config *c, int layers, int dense, mj_arena *a) {
+  memset(c, 0, sizeof *c);
+  c->vocab_size = 154880, c->hidden_size = 6144, c->intermediate_size = 12288, c->moe_intermediate_size = 2048;
+  c->num_hidden_layers = layers, c->num_attention_heads = 64, c->num_key_value_heads = 64;
+  c->q_lora_rank = 2048, c->kv_lora_rank = 512, c->qk_nope_head_dim = 192, c->qk_rope_head_dim = 64;
+  c->v_head_dim = 256, c->qk_head_dim = 256, c->index_n_heads = 32, c->index_head_dim = 128, c->index_topk = 2048;
+  c->n_routed_experts = 256, c->num_experts_per_tok = 8, c->n_shared_experts = 1, c->n_group = 1, c->topk_group = 1;
+  c->first_k_dense_replace = dense, c->moe_layer_freq = 1, c->max_position_embeddings = 202752;
+  c->rms_norm_eps = 1e-5, c->routed_scaling_factor = 2.5, c->norm_topk_prob = true, c->rope_theta = 1e6;
+  snprintf(c->rope_type, sizeof c->rope_type, "default");
+  c->layer_sparse = mj_arena_alloc(a, (size_t)layers);
+  c->layer_indexer_full = mj_arena_alloc(a, (size_t)layers);
+  for (int i = 0; i < layers; i++) c->layer_sparse[i] = i >= dense, c->layer_indexer_full[i] = 1;
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Median microseconds per step of reps runs of n steps each. */
+static int time_steps(gpu_model *g, int np, bool graph, int n, int reps, double *us, mj_err *err) {
+  CUstream s = gpu_stream(g);
+  CUevent e0 = NULL, e1 = NULL;
+  double *t = mj_xcalloc((size_t)reps, sizeof *t);
+  int rc = MJ_ECUDA;
+  CU_CHECK_GOTO(err, cu.cuEventCreate(&e0, CU_EVENT_DEFAULT), out);
+  CU_CHECK_GOTO(err, cu.cuEventCreate(&e1, CU_EVENT_DEFAULT), out);
+  for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
+    CU_CHECK_GOTO(err, cu.cuEventRecord(e0, s), out);
+    for (int i = 0; i < n; i++) {
+      rc = graph ? gpu_graph_launch(g, np, s, err) : gpu_enqueue(g, np, s, NULL, err);
+      if (rc) goto out;
+    }
+    rc = MJ_ECUDA;
+    CU_CHECK_GOTO(err, cu.cuEventRecord(e1, s), out);
+    CU_CHECK_GOTO(err, cu.cuEventSynchronize(e1), out);
+    float ms;
+    CU_CHECK_GOTO(err, cu.cuEventElapsedTime(&ms, e0, e1), out);
+    if (r >= 0) t[r] = ms * 1e3 / n;
+  }
+  qsort(t, (size_t)reps, sizeof *t, cmp_d);
+  *us = t[reps / 2];
+  rc = 0;
+out:
+  if (e0) cu.cuEventDestroy(e0);
+  if (e1) cu.cuEventDestroy(e1);
+  free(t);
+  return rc;
+}
+
+int bench_decode(int argc, char **argv, mj_err *err) {
+  const char *dir = NULL, *synth = "glm5", *batch_s = "1,8,32";
+  int64_t layers = 18, dense = 3, ctx = 1024, steps = 10, reps = 9, seed = 0;
+  bool no_graphs = false;
+  cli_opt opts[] = {{"model", 'm', CLI_STR, &dir},   {"synthetic", 0, CLI_STR, &synth},
+                    {"layers", 0, CLI_INT, &layers}, {"dense", 0, CLI_INT, &dense},
+                    {"batch", 0, CLI_STR, &batch_s}, {"ctx", 0, CLI_INT, &ctx},
+                    {"steps", 0, CLI_INT, &steps},   {"reps", 0, CLI_INT, &reps},
+                    {"seed", 0, CLI_INT, &seed},     {"no-graphs", 0, CLI_FLAG, &no_graphs}};
+  int rc = cli_parse("bench", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
+  if (rc) return rc < 0 ? 0 : rc;
+  int64_t batches[16];
+  int nb = mj_parse_i64_list(batch_s, batches, 16);
+  if (nb <= 0) return mj_fail(err, MJ_EUSAGE, "moejit bench decode: --batch wants a list like 1,8,32, not '%s'", batch_s);
+  int64_t bmax = 0;
+  for (int i = 0; i < nb; i++) {
+    if (batches[i] < 1 || batches[i] > 1024)
+      return mj_fail(err, MJ_EUSAGE, "moejit bench decode: --batch sizes must be 1..1024 (got %lld)", (long long)batches[i]);
+    bmax = batches[i] > bmax ? batches[i] : bmax;
+  }
+  if (ctx < 1 || steps < 1 || reps < 1 || layers < 1 || dense < 0 || dense > layers)
+    return mj_fail(err, MJ_EUSAGE, "moejit bench decode: --ctx, --steps, --reps, --layers >= 1 and 0 <= --dense <= --layers");
+  if (!dir && strcmp(synth, "glm5") != 0)
+    return mj_fail(err, MJ_EUSAGE, "moejit bench decode: --synthetic knows only glm5 (or give -m DIR)");
+  if ((rc = cu_init(err))) return rc;
+  const cu_device *dev = cu_dev();
+  double copy_bps;
+  if ((rc = cu_copy_bandwidth((size_t)1 << 30, &copy_bps, err))) return rc;
+
+  gpu_opts o;
+  gpu_opts_default(&o);
+  o.slots = (int)bmax;
+  o.max_ctx = ctx + 2;
+  o.use_graphs = !no_graphs;
+  o.max_rows = (int)bmax;
+  model *m = NULL;
+  gpu_model *g = NULL;
+  mj_arena a;
+  mj_arena_init(&a, 4096);
+  double t0 = mj_now_ms();
+  if (dir) {
+    if ((rc = model_load(dir, &m, err)) || (rc = gpu_model_create(m, &o, &g, err))) goto out;
+  } else {
+    model_config c;
+    glm5_config(&c, (int)layers, (int)dense, &a);
+    if ((rc = gpu_model_synthetic(&c, (uint64_t)seed, &o, &g, err))) goto out;
+  }
+  if ((rc = gpu_fill_cache(g, (uint64_t)seed + 99, err))) goto out;
+  const gop_dims *d = gpu_dims(g);
+  printf("decode step: %s, %d layers (%s), hidden %d, vocab %d, on %s (%s, %d SMs)\n",
+         dir ? dir : "synthetic GLM-5 (random weights made on the device)", (int)(dir ? m->cfg.num_hidden_layers : layers),
+         dir ? "checkpoint" : "full width", d->hidden, d->vocab, dev->name, dev->arch, dev->sm_count);
+  char wb[32];
+  printf("weights on the device: %s; set-up %.1f s; context %lld (each row attends to %lld tokens)\n",
+         mj_fmt_bytes((double)gpu_weight_bytes(g), wb, sizeof wb), (mj_now_ms() - t0) / 1e3, (long long)ctx,
+         (long long)ctx + 1);
+  printf("device copy bandwidth (same run): %.0f GB/s\n\n", copy_bps / 1e9);
+  printf("| batch | step us (graph) | tok/s | step us (eager) | kernels us | overhead %% | GB moved | GB/s | %% of copy | experts/layer | check |\n");
+  printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+
+  gpu_prof *profs = mj_xcalloc((size_t)nb, sizeof *profs);
+  uint64_t rng = (uint64_t)seed * 2654435761u + 12345;
+  for (int bi = 0; bi < nb; bi++) {
+    int B = (int)batches[bi];
+    int32_t *tok = mj_xmalloc((size_t)B * 4), *slot = mj_xmalloc((size_t)B * 4), *pos = mj_xmalloc((size_t)B * 4),
+            *out1 = mj_xmalloc((size_t)B * 4), *out2 = mj_xmalloc((size_t)B * 4);
+    for (int i = 0; i < B; i++) {
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      tok[i] = (int32_t)((rng >> 33) % (uint64_t)d->vocab), slot[i] = i, pos[i] = (int32_t)ctx;
+    }
+    float *logits = mj_xmalloc((size_t)B * d->vocab * 4);
+    bool graph;
+    int np = gpu_padded(g, B, &graph);
+    /* Correctness: the graph (or eager) step, then an eager step on the
+     * same rows, must draw the same greedy tokens; logits finite. */
+    const char *check = "ok";
+    if ((rc = gpu_step(g, tok, slot, pos, B, out1, logits, err))) goto next;
+    size_t bad = 0;
+    for (size_t i = 0; i < (size_t)B * d->vocab; i++) bad += !isfinite(logits[i]);
+    if ((rc = gpu_set_rows(g, tok, slot, pos, B, err)) || (rc = gpu_enqueue(g, np, gpu_stream(g), NULL, err)) ||
+        (rc = gpu_read_tokens(g, B, out2, err)))
+      goto next;
+    if (bad) check = "NON-FINITE LOGITS";
+    else if (memcmp(out1, out2, (size_t)B * 4)) check = "TOKENS DIFFER";
+    double tg = 0, te = 0;
+    if ((rc = gpu_set_rows(g, tok, slot, pos, B, err))) goto next;
+    if (graph && (rc = time_steps(g, np, true, (int)steps, (int)reps, &tg, err))) goto next;
+    if ((rc = time_steps(g, np, false, (int)steps, (int)reps, &te, err))) goto next;
+    if (!graph) tg = te;
+    gpu_prof *p = &profs[bi];
+    if ((rc = gpu_profile_step(g, np, p, err))) goto next;
+    double bytes = p->bytes_attn + p->bytes_dense + p->bytes_experts + p->bytes_router + p->bytes_head + p->bytes_kv;
+    double gbs = bytes / tg / 1e3;
+    int moe_layers = 0;
+    for (int i = 0; i < (dir ? (int)m->cfg.num_hidden_layers : (int)layers); i++)
+      moe_layers += dir ? m->cfg.layer_sparse[i] : i >= dense;
+    printf("| %d%s | %.1f | %.1f | %.1f | %.1f | %.1f%% | %.3f | %.0f | %.1f%% | %.1f | %s |\n", B,
+           np != B ? " (padded)" : "", tg, B / (tg / 1e6), te, p->total_us, 100.0 * (tg - p->total_us) / tg, bytes / 1e9,
+           gbs, 100.0 * gbs * 1e9 / copy_bps, moe_layers ? p->experts_touched / moe_layers : 0.0, check);
+  next:
+    free(tok), free(slot), free(pos), free(out1), free(out2), free(logits);
+    if (rc) goto out;
+  }
+  for (int bi = 0; bi < nb; bi++) {
+    gpu_prof *p = &profs[bi];
+    printf("\n### batch %lld: one profiled eager step, per op (sum of its launches)\n\n", (long long)batches[bi]);
+    printf("| op | launches | us | %% of kernels |\n|---|---|---|---|\n");
+    for (int k = 0; k < p->n; k++)
+      printf("| %s | %d | %.1f | %.1f%% |\n", p->name[k], p->count[k], p->us[k], 100.0 * p->us[k] / p->total_us);
+    printf("\nbytes: attention %.3f GB, dense MLP %.3f GB, router %.3f GB, experts %.3f GB, lm_head %.3f GB, KV %.3f GB\n",
+           p->bytes_attn / 1e9, p->bytes_dense / 1e9, p->bytes_router / 1e9, p->bytes_experts / 1e9,
+           p->bytes_head / 1e9, p->bytes_kv / 1e9);
+  }
+  free(profs);
+  {
+    cache_stats st;
+    jit_stats(&st);
+    gpu_counters c;
+    gpu_counters_get(g, &c);
+    printf("\nfront door this run: %llu compiles, %llu disk hits, %llu memory hits; %d graphs captured in %.0f ms\n",
+           (unsigned long long)st.v[CACHE_STAT_compiles], (unsigned long long)st.v[CACHE_STAT_disk_hits],
+           (unsigned long long)st.v[CACHE_STAT_mem_hits], c.graphs, c.capture_ms);
+  }
+  rc = 0;
+out:
+  gpu_model_destroy(g);
+  if (m) model_free(m);
+  mj_arena_free(&a);
+  return rc;
+}

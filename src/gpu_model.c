@@ -1,0 +1,827 @@
+/* gpu_model.c: the GLM-5 decode step on the GPU (gpu_model.h).
+ *
+ * Three parts.  Memory: the weights are laid out by one walk over the
+ * layers (carve), run twice, first to count the bytes, then, after the one
+ * allocation, to hand out pointers; the same for activations and caches.
+ * Upload: each tensor is converted to its device format on the host (bf16
+ * as is, NVFP4 experts repacked by moe.c, anything else dequantised to
+ * bf16) and copied in; a synthetic model fills the same layout on the
+ * device instead.  The step: gpu_enqueue is the whole decode step as a
+ * flat list of launches, the readable heart of the file; gpu_step pads the
+ * rows to a captured size and replays that size's graph (captured on first
+ * use, after one eager run has brought every kernel through the front
+ * door), or runs the list eagerly.
+ */
+#include "gpu_model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref_model.h"
+
+typedef struct gpu_layer {
+  CUdeviceptr in_norm, post_norm;
+  CUdeviceptr w_in;  /* bf16 [n_in][H]: q_a; kv_a; idx_wk; idx_wproj */
+  CUdeviceptr w_q;   /* bf16 [n_q][q_rank]: q_b; idx_wq_b */
+  CUdeviceptr kv_b;  /* bf16 [heads * (nope + v)][kv_rank] */
+  CUdeviceptr o;     /* bf16 [H][heads * v] */
+  int n_in, n_q;
+  gop_prep_w prep;
+  bool indexer;      /* runs its own DSA indexer */
+  bool sparse;
+  CUdeviceptr w_gu, w_down; /* dense: bf16 [2I][H], [H][I] */
+  moe_weights moe;          /* sparse */
+  CUdeviceptr sh_gu, sh_down; /* a bf16 shared expert, run as a dense MLP beside the NVFP4 slots */
+  gop_cache cache;
+} gpu_layer;
+
+typedef struct moe_bucket {
+  int bcap;
+  moe_plan plan;
+  moe_kernels k;
+} moe_bucket;
+
+struct gpu_model {
+  gop_dims d;
+  ref_moe_cfg mc;
+  gpu_opts o;
+  int n_layers, inter, sh_inter, mlp_max; /* dense, bf16 shared expert, and the larger */
+  int64_t vocab_real;
+  gpu_layer *L;
+  CUdeviceptr wbase, abase;
+  size_t wbytes, abytes;
+  CUdeviceptr embed, lm_head, norm, inv_freq;
+  /* activations, rows of bmax */
+  int bmax, pw_max, nq_max;
+  CUdeviceptr rows_dev; /* i32 [3][bmax]: token, slot, pos */
+  gop_rows rows;
+  int32_t *hrows;       /* pinned [3][bmax], then [bmax] sampled ids */
+  CUdeviceptr x, y, xn, xs, P, qa, iw, Q, qlat, iq, sel, olat, o_attn, gu, h, logits, tok_out, attn_scr, dsa_scr,
+      stash;
+  bool any_indexer;
+  moe_bufs mb;
+  moe_bucket buckets[32];
+  int nbuckets;
+  CUstream s;
+  CUgraphExec graph[GPU_MAX_GRAPHS];
+  gpu_counters cnt;
+};
+
+void gpu_opts_default(gpu_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->slots = 1;
+  o->max_ctx = 4096;
+  o->use_graphs = true;
+  o->sampling.temperature = 0;
+  o->sampling.top_p = 1;
+}
+
+CUstream gpu_stream(const gpu_model *g) { return g->s; }
+size_t gpu_weight_bytes(const gpu_model *g) { return g->wbytes; }
+void gpu_counters_get(const gpu_model *g, gpu_counters *c) { *c = g->cnt; }
+
+/* ---- layout ------------------------------------------------------------------------ */
+static CUdeviceptr take(CUdeviceptr base, size_t *off, size_t bytes) {
+  *off = (*off + 255) & ~(size_t)255;
+  CUdeviceptr p = base ? base + *off : 0;
+  *off += bytes;
+  return p;
+}
+
+/* The weights' walk: with base 0 it only counts. */
+static size_t carve_weights(gpu_model *g, CUdeviceptr base) {
+  const gop_dims *d = &g->d;
+  size_t off = 0, H = (size_t)d->hidden;
+  g->embed = take(base, &off, (size_t)d->vocab * H * 2);
+  g->lm_head = take(base, &off, (size_t)d->vocab * H * 2);
+  g->norm = take(base, &off, H * 2);
+  g->inv_freq = take(base, &off, (size_t)d->rope / 2 * 4);
+  for (int i = 0; i < g->n_layers; i++) {
+    gpu_layer *l = &g->L[i];
+    l->in_norm = take(base, &off, H * 2);
+    l->post_norm = take(base, &off, H * 2);
+    l->w_in = take(base, &off, (size_t)l->n_in * H * 2);
+    l->w_q = take(base, &off, (size_t)l->n_q * d->q_rank * 2);
+    l->kv_b = take(base, &off, (size_t)d->heads * (d->nope + d->v) * d->kv_rank * 2);
+    l->o = take(base, &off, H * d->heads * d->v * 2);
+    l->prep.q_a_norm = take(base, &off, (size_t)d->q_rank * 2);
+    l->prep.kv_a_norm = take(base, &off, (size_t)d->kv_rank * 2);
+    l->prep.k_norm_w = l->indexer ? take(base, &off, (size_t)d->idx_dim * 2) : 0;
+    l->prep.k_norm_b = l->indexer ? take(base, &off, (size_t)d->idx_dim * 2) : 0;
+    if (l->sparse) {
+      CUdeviceptr mb = take(base, &off, moe_weights_carve(&l->moe, &g->mc, 0));
+      if (base) moe_weights_carve(&l->moe, &g->mc, mb);
+      l->sh_gu = g->sh_inter ? take(base, &off, 2 * (size_t)g->sh_inter * H * 2) : 0;
+      l->sh_down = g->sh_inter ? take(base, &off, H * g->sh_inter * 2) : 0;
+    } else {
+      l->w_gu = take(base, &off, 2 * (size_t)g->inter * H * 2);
+      l->w_down = take(base, &off, H * g->inter * 2);
+    }
+  }
+  return off;
+}
+
+/* Activations and caches: slots + 1 cache slots (the last one takes the
+ * padding rows). */
+static size_t carve_acts(gpu_model *g, CUdeviceptr base) {
+  const gop_dims *d = &g->d;
+  size_t off = 0, B = (size_t)g->bmax, H = (size_t)d->hidden, S = (size_t)g->o.slots + 1, T = (size_t)d->max_ctx;
+  g->rows_dev = take(base, &off, 3 * B * 4);
+  g->rows = (gop_rows){g->rows_dev, g->rows_dev + B * 4, g->rows_dev + 2 * B * 4};
+  g->x = take(base, &off, B * H * 4);
+  g->y = take(base, &off, B * H * 4);
+  g->xn = take(base, &off, B * H * 2);
+  g->xs = take(base, &off, B * H * 2);
+  g->P = take(base, &off, B * g->pw_max * 4);
+  g->qa = take(base, &off, B * d->q_rank * 2);
+  g->iw = take(base, &off, B * d->idx_heads * 4);
+  g->Q = take(base, &off, B * g->nq_max * 4);
+  g->qlat = take(base, &off, B * d->heads * (d->kv_rank + d->rope) * 4);
+  g->iq = take(base, &off, B * d->idx_heads * d->idx_dim * 4);
+  g->sel = take(base, &off, B * d->idx_topk * 4);
+  g->olat = take(base, &off, B * d->heads * d->kv_rank * 4);
+  g->o_attn = take(base, &off, B * d->heads * d->v * 2);
+  g->gu = take(base, &off, B * 2 * g->mlp_max * 4);
+  g->h = take(base, &off, B * g->mlp_max * 2);
+  g->logits = take(base, &off, B * d->vocab * 4);
+  g->tok_out = take(base, &off, B * 4);
+  g->attn_scr = take(base, &off, gop_mla_attend_scratch(d, g->bmax));
+  g->dsa_scr = take(base, &off, gop_dsa_select_scratch(d, g->bmax));
+  g->stash = take(base, &off, (size_t)g->n_layers * B * g->mc.topk * 4);
+  moe_plan p;
+  moe_plan_default(&g->mc, g->bmax, &p);
+  CUdeviceptr mb = take(base, &off, moe_bufs_carve(&g->mb, &p, 0));
+  if (base) moe_bufs_carve(&g->mb, &p, mb);
+  for (int i = 0; i < g->n_layers; i++) {
+    gpu_layer *l = &g->L[i];
+    l->cache.kv = take(base, &off, S * T * (d->kv_rank + d->rope) * 2);
+    l->cache.ikey = l->indexer ? take(base, &off, S * T * d->idx_dim * 4) : 0;
+  }
+  return off;
+}
+
+/* ---- set-up shared by both constructors --------------------------------------------- */
+static int check_config(const model_config *c, const char *dir, mj_err *err) {
+  const char *where = dir ? dir : "model";
+#define NEED(cond, ...) \
+  if (!(cond)) return mj_fail(err, MJ_EINPUT, __VA_ARGS__)
+  NEED(strcmp(c->rope_type, "default") == 0, "%s: rope_type \"%s\" is not supported on the GPU yet (only \"default\")",
+       where, c->rope_type);
+  NEED(c->q_lora_rank > 0, "%s: q_lora_rank null (q_proj) is not supported on the GPU yet", where);
+  NEED(c->hidden_size % 1024 == 0 && c->moe_intermediate_size % 1024 == 0,
+       "%s: the GPU MoE kernels need hidden_size and moe_intermediate_size multiples of 1024 (this model: %lld, %lld); "
+       "use --backend cpu",
+       where, (long long)c->hidden_size, (long long)c->moe_intermediate_size);
+  NEED(c->n_routed_experts % 32 == 0 && c->n_routed_experts <= 1024 && c->num_experts_per_tok <= 32,
+       "%s: the GPU router needs a multiple of 32 experts (at most 1024) and top-k <= 32 (this model: %lld, %lld)", where,
+       (long long)c->n_routed_experts, (long long)c->num_experts_per_tok);
+  NEED(c->hidden_size % 8 == 0 && c->q_lora_rank % 8 == 0 && c->kv_lora_rank % 8 == 0 &&
+           (c->num_attention_heads * c->v_head_dim) % 8 == 0 && c->intermediate_size % 8 == 0,
+       "%s: the GPU GEMVs need widths that are multiples of 8", where);
+#undef NEED
+  return 0;
+}
+
+/* sh_inter: the intermediate width of a bf16 shared expert (0: none, or
+ * NVFP4 in the MoE layer's shared slot). */
+static int setup(gpu_model *g, const model_config *c, int sh_inter, const gpu_opts *o, mj_err *err) {
+  g->o = *o;
+  g->sh_inter = sh_inter;
+  g->mlp_max = (int)(c->intermediate_size > sh_inter ? c->intermediate_size : sh_inter);
+  if (g->o.slots < 1) g->o.slots = 1;
+  if (g->o.use_graphs && g->o.n_graph_batches == 0) {
+    static const int def[] = {1, 2, 4, 8, 16, 32, 64};
+    memcpy(g->o.graph_batches, def, sizeof def);
+    g->o.n_graph_batches = (int)MJ_ARRAY_LEN(def);
+  }
+  if (g->o.n_graph_batches == 0) { /* --no-graphs with no set: pad to the same sizes */
+    static const int def[] = {1, 2, 4, 8, 16, 32, 64};
+    memcpy(g->o.graph_batches, def, sizeof def);
+    g->o.n_graph_batches = (int)MJ_ARRAY_LEN(def);
+  }
+  int top = g->o.graph_batches[g->o.n_graph_batches - 1];
+  g->bmax = g->o.max_rows > 0 ? g->o.max_rows : (top > 64 ? top : 64);
+  if (g->bmax < top) g->bmax = top;
+  int64_t ctx = o->max_ctx > 0 ? o->max_ctx : 4096;
+  if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
+  g->d = (gop_dims){.hidden = (int)c->hidden_size, .vocab = (int)c->vocab_size, .heads = (int)c->num_attention_heads,
+                    .nope = (int)c->qk_nope_head_dim, .rope = (int)c->qk_rope_head_dim, .v = (int)c->v_head_dim,
+                    .kv_rank = (int)c->kv_lora_rank, .q_rank = (int)c->q_lora_rank, .idx_heads = (int)c->index_n_heads,
+                    .idx_dim = (int)c->index_head_dim, .idx_topk = (int)c->index_topk, .max_ctx = (int)ctx,
+                    .rms_eps = (float)c->rms_norm_eps};
+  g->mc = (ref_moe_cfg){.hidden = (int)c->hidden_size, .inter = (int)c->moe_intermediate_size,
+                        .n_experts = (int)c->n_routed_experts, .topk = (int)c->num_experts_per_tok,
+                        .n_group = (int)c->n_group, .topk_group = (int)c->topk_group,
+                        .norm_topk_prob = c->norm_topk_prob, .scaling = (float)c->routed_scaling_factor};
+  g->inter = (int)c->intermediate_size;
+  g->n_layers = (int)c->num_hidden_layers;
+  g->L = mj_xcalloc((size_t)g->n_layers, sizeof *g->L);
+  const gop_dims *d = &g->d;
+  for (int i = 0; i < g->n_layers; i++) {
+    gpu_layer *l = &g->L[i];
+    l->sparse = c->layer_sparse[i];
+    l->indexer = c->layer_indexer_full[i];
+    g->any_indexer |= l->indexer;
+    l->n_in = d->q_rank + d->kv_rank + d->rope + (l->indexer ? d->idx_dim + d->idx_heads : 0);
+    l->n_q = d->heads * (d->nope + d->rope) + (l->indexer ? d->idx_heads * d->idx_dim : 0);
+    if (l->n_in > g->pw_max) g->pw_max = l->n_in;
+    if (l->n_q > g->nq_max) g->nq_max = l->n_q;
+  }
+  CU_CHECK(err, cu.cuStreamCreate(&g->s, CU_STREAM_NON_BLOCKING));
+  CU_CHECK(err, cu.cuMemAllocHost((void **)&g->hrows, (size_t)g->bmax * 4 * 4));
+  g->wbytes = carve_weights(g, 0);
+  int rc = cu_alloc(&g->wbase, g->wbytes, "model weights", err);
+  if (rc) return rc;
+  carve_weights(g, g->wbase);
+  g->abytes = carve_acts(g, 0);
+  if ((rc = cu_alloc(&g->abase, g->abytes, "activations and KV cache", err))) return rc;
+  carve_acts(g, g->abase);
+  /* The spare slot's cache and every buffer start as zeros, not NaN bits. */
+  CU_CHECK(err, cu.cuMemsetD8(g->abase, 0, g->abytes));
+  float *inv = mj_xmalloc((size_t)d->rope / 2 * 4);
+  ref_rope_inv_freq(c->rope_theta, d->rope, inv);
+  CUresult r = cu.cuMemcpyHtoD(g->inv_freq, inv, (size_t)d->rope / 2 * 4);
+  free(inv);
+  CU_CHECK(err, r);
+  return 0;
+}
+
+/* ---- upload of a checkpoint ---------------------------------------------------------- */
+#define STAGE_BYTES ((size_t)32 << 20)
+
+typedef struct upload {
+  bf16 *stage; /* pinned */
+  float *row;
+  mj_progress prog;
+} upload;
+
+/* rows x cols of w, as bf16, to dst. */
+static int put_weight(upload *u, CUdeviceptr dst, const model_weight *w, mj_err *err) {
+  size_t cols = (size_t)w->cols, rows_per = STAGE_BYTES / (cols * 2);
+  if (rows_per == 0) rows_per = 1;
+  for (int64_t r0 = 0; r0 < w->rows; r0 += (int64_t)rows_per) {
+    int64_t n = w->rows - r0 < (int64_t)rows_per ? w->rows - r0 : (int64_t)rows_per;
+    size_t bytes = (size_t)n * cols * 2;
+    if (w->fmt == MODEL_W_BF16) {
+      CU_CHECK(err, cu.cuMemcpyHtoD(dst + (size_t)r0 * cols * 2, (const bf16 *)w->w + (size_t)r0 * cols, bytes));
+    } else {
+      for (int64_t r = 0; r < n; r++) {
+        model_weight_row(w, r0 + r, u->row);
+        for (size_t k = 0; k < cols; k++) u->stage[(size_t)r * cols + k] = dt_f32_to_bf16(u->row[k]);
+      }
+      CU_CHECK(err, cu.cuMemcpyHtoD(dst + (size_t)r0 * cols * 2, u->stage, bytes));
+    }
+    mj_progress_add(&u->prog, (double)bytes);
+  }
+  return 0;
+}
+
+static int put_vec(CUdeviceptr dst, const model_vec *v, bool f32, mj_err *err) {
+  void *buf = mj_xmalloc((size_t)v->n * 4);
+  for (int64_t i = 0; i < v->n; i++) {
+    float f = v->p ? model_vec_at(v, i) : 0.0f;
+    if (f32) ((float *)buf)[i] = f;
+    else ((bf16 *)buf)[i] = dt_f32_to_bf16(f);
+  }
+  CUresult r = cu.cuMemcpyHtoD(dst, buf, (size_t)v->n * (f32 ? 4 : 2));
+  free(buf);
+  CU_CHECK(err, r);
+  return 0;
+}
+
+static ref_nvfp4 as_nvfp4(const model_weight *w) {
+  return (ref_nvfp4){w->w, w->scale, w->scale2, (int)w->rows, (int)w->cols};
+}
+
+static int upload_layer(gpu_model *g, upload *u, const model_layer *ml, gpu_layer *l, mj_err *err) {
+  const gop_dims *d = &g->d;
+  size_t H = (size_t)d->hidden;
+  int rc;
+  CUdeviceptr p = l->w_in;
+  if ((rc = put_vec(l->in_norm, &ml->input_norm, false, err)) || (rc = put_vec(l->post_norm, &ml->post_norm, false, err)) ||
+      (rc = put_weight(u, p, &ml->q_a, err)) ||
+      (rc = put_weight(u, p + (size_t)d->q_rank * H * 2, &ml->kv_a, err)))
+    return rc;
+  if (l->indexer) {
+    p += (size_t)(d->q_rank + d->kv_rank + d->rope) * H * 2;
+    if ((rc = put_weight(u, p, &ml->idx_wk, err)) ||
+        (rc = put_weight(u, p + (size_t)d->idx_dim * H * 2, &ml->idx_wproj, err)) ||
+        (rc = put_vec(l->prep.k_norm_w, &ml->idx_k_norm_w, false, err)) ||
+        (rc = put_vec(l->prep.k_norm_b, &ml->idx_k_norm_b, false, err)) ||
+        (rc = put_weight(u, l->w_q + (size_t)d->heads * (d->nope + d->rope) * d->q_rank * 2, &ml->idx_wq_b, err)))
+      return rc;
+  }
+  if ((rc = put_weight(u, l->w_q, &ml->q_b, err)) || (rc = put_weight(u, l->kv_b, &ml->kv_b, err)) ||
+      (rc = put_weight(u, l->o, &ml->o, err)) || (rc = put_vec(l->prep.q_a_norm, &ml->q_a_norm, false, err)) ||
+      (rc = put_vec(l->prep.kv_a_norm, &ml->kv_a_norm, false, err)))
+    return rc;
+  if (!l->sparse) {
+    if ((rc = put_weight(u, l->w_gu, &ml->dense.gate, err)) ||
+        (rc = put_weight(u, l->w_gu + (size_t)g->inter * H * 2, &ml->dense.up, err)) ||
+        (rc = put_weight(u, l->w_down, &ml->dense.down, err)))
+      return rc;
+    return 0;
+  }
+  if ((rc = put_weight(u, l->moe.router, &ml->router, err)) || (rc = put_vec(l->moe.bias, &ml->router_bias, true, err)))
+    return rc;
+  if (l->sh_gu && ((rc = put_weight(u, l->sh_gu, &ml->shared.gate, err)) ||
+                   (rc = put_weight(u, l->sh_gu + (size_t)g->sh_inter * H * 2, &ml->shared.up, err)) ||
+                   (rc = put_weight(u, l->sh_down, &ml->shared.down, err))))
+    return rc;
+  const ref_moe_cfg *mc = &g->mc;
+  double eb = (double)(moe_gate_up_bytes(mc) + moe_down_bytes(mc));
+  for (int e = 0; e <= mc->n_experts; e++) {
+    const model_mlp *x = e < mc->n_experts ? &ml->experts[e] : &ml->shared;
+    if (e == mc->n_experts && (!x->gate.w || l->sh_gu)) { /* none in the slot: a zero one adds nothing */
+      CU_CHECK(err, cu.cuMemsetD8(l->moe.gate_up + (size_t)e * moe_gate_up_bytes(mc), 0, moe_gate_up_bytes(mc)));
+      CU_CHECK(err, cu.cuMemsetD8(l->moe.down + (size_t)e * moe_down_bytes(mc), 0, moe_down_bytes(mc)));
+      CU_CHECK(err, cu.cuMemsetD8(l->moe.gscale + (size_t)e * 16, 0, 16));
+      continue;
+    }
+    if (x->gate.fmt != MODEL_W_NVFP4 || x->up.fmt != MODEL_W_NVFP4 || x->down.fmt != MODEL_W_NVFP4)
+      return mj_fail(err, MJ_EINPUT,
+                     "%s: the GPU backend needs NVFP4 experts (%s is %s); use --backend cpu or an NVFP4 checkpoint",
+                     x->gate.name, x->gate.name, model_wfmt_name(x->gate.fmt));
+    ref_nvfp4 G = as_nvfp4(&x->gate), U = as_nvfp4(&x->up), D = as_nvfp4(&x->down);
+    if ((rc = moe_weights_set_expert(&l->moe, mc, e, &G, &U, &D, err))) return rc;
+    mj_progress_add(&u->prog, eb);
+  }
+  return 0;
+}
+
+int gpu_model_supports(const model *m, mj_err *err) {
+  int rc = check_config(&m->cfg, m->dir, err);
+  for (int64_t i = 0; i < m->cfg.num_hidden_layers && !rc; i++) {
+    const model_layer *l = &m->layers[i];
+    if (l->sparse && l->experts[0].gate.fmt != MODEL_W_NVFP4)
+      rc = mj_fail(err, MJ_EINPUT, "%s: the GPU MoE kernels need NVFP4 experts (%s is %s); use --backend cpu",
+                   m->dir, l->experts[0].gate.name, model_wfmt_name(l->experts[0].gate.fmt));
+  }
+  return rc;
+}
+
+int gpu_model_create(const model *m, const gpu_opts *o, gpu_model **out, mj_err *err) {
+  *out = NULL;
+  int rc = gpu_model_supports(m, err);
+  if (rc) return rc;
+  if ((rc = cu_init(err))) return rc;
+  gpu_model *g = mj_xcalloc(1, sizeof *g);
+  double t0 = mj_now_ms();
+  /* A shared expert in bf16 (as in GLM-5-NVFP4) runs as a dense MLP. */
+  int sh = 0;
+  for (int i = 0; i < m->cfg.num_hidden_layers; i++)
+    if (m->layers[i].sparse && m->layers[i].shared.gate.w && m->layers[i].shared.gate.fmt != MODEL_W_NVFP4)
+      sh = (int)m->layers[i].shared.gate.rows;
+  if ((rc = setup(g, &m->cfg, sh, o, err))) goto fail;
+  upload u = {0};
+  CU_CHECK_GOTO(err, cu.cuMemAllocHost((void **)&u.stage, STAGE_BYTES), cuda_fail);
+  const model_config *c = &m->cfg;
+  int64_t cols[] = {c->hidden_size, c->intermediate_size, c->moe_intermediate_size, c->q_lora_rank, c->kv_lora_rank,
+                    c->num_attention_heads * c->v_head_dim}, maxc = 1;
+  for (size_t i = 0; i < MJ_ARRAY_LEN(cols); i++) maxc = cols[i] > maxc ? cols[i] : maxc;
+  u.row = mj_xmalloc((size_t)maxc * 4);
+  mj_progress_begin(&u.prog, "upload", (double)g->wbytes, o->quiet);
+  rc = put_weight(&u, g->embed, &m->embed, err);
+  if (!rc) rc = put_weight(&u, g->lm_head, &m->lm_head, err);
+  if (!rc) rc = put_vec(g->norm, &m->norm, false, err);
+  for (int i = 0; i < g->n_layers && !rc; i++) rc = upload_layer(g, &u, &m->layers[i], &g->L[i], err);
+  mj_progress_end(&u.prog);
+  cu.cuMemFreeHost(u.stage);
+  free(u.row);
+  if (rc) goto fail;
+  g->cnt.upload_ms = mj_now_ms() - t0;
+  *out = g;
+  return 0;
+cuda_fail:
+  rc = MJ_ECUDA;
+fail:
+  gpu_model_destroy(g);
+  return rc;
+}
+
+/* ---- a synthetic model ---------------------------------------------------------------- */
+static int fill(CUdeviceptr p, size_t n, bool f32, uint64_t seed, float lo, float hi, CUstream s, mj_err *err) {
+  const jit_fn *f;
+  bool launch;
+  int rc = gop_get("fill.cu", f32 ? "fill_f32" : "fill_bf16", NULL, 0, NULL, &f, &launch, err);
+  if (rc || !launch || !n) return rc;
+  unsigned long long nn = n, sd = seed;
+  void *args[] = {&p, &nn, &sd, &lo, &hi};
+  size_t blocks = (n + 255) / 256;
+  return cu_launch(f->fn, (unsigned)(blocks < 8192 ? blocks : 8192), 256, 0, s, args, err);
+}
+
+/* bf16 rows x cols, uniform with unit variance per output for unit inputs. */
+static int fill_w(gpu_model *g, CUdeviceptr p, size_t rows, size_t cols, uint64_t *seed, mj_err *err) {
+  float a = sqrtf(3.0f / (float)cols);
+  return fill(p, rows * cols, false, (*seed)++, -a, a, g->s, err);
+}
+
+#define NPOOL 3
+
+/* NPOOL random experts (codes random, e4m3 scales 2^-3..~1.9) repacked
+ * into layer 0's slots 0..NPOOL-1 and the shared slot, then copied to
+ * every other slot; other layers copy layer 0's experts. */
+static int synth_experts(gpu_model *g, uint64_t seed, mj_err *err) {
+  const ref_moe_cfg *c = &g->mc;
+  gpu_layer *first = NULL;
+  size_t gub = moe_gate_up_bytes(c), dnb = moe_down_bytes(c);
+  int rc = 0;
+  for (int i = 0; i < g->n_layers && !rc; i++) {
+    gpu_layer *l = &g->L[i];
+    if (!l->sparse) continue;
+    if (first) {
+      CU_CHECK(err, cu.cuMemcpyDtoDAsync(l->moe.gate_up, first->moe.gate_up, (c->n_experts + 1) * gub, g->s));
+      CU_CHECK(err, cu.cuMemcpyDtoDAsync(l->moe.down, first->moe.down, (c->n_experts + 1) * dnb, g->s));
+      CU_CHECK(err, cu.cuMemcpyDtoDAsync(l->moe.gscale, first->moe.gscale, (c->n_experts + 1) * 16, g->s));
+      continue;
+    }
+    first = l;
+    uint64_t st = seed * 0x9e3779b97f4a7c15ull + 1;
+    uint8_t *buf[NPOOL][6];
+    ref_nvfp4 T[NPOOL][3];
+    for (int p = 0; p < NPOOL; p++)
+      for (int t = 0; t < 3; t++) {
+        int n = t == 2 ? c->hidden : c->inter, k = t == 2 ? c->inter : c->hidden;
+        buf[p][2 * t] = mj_xmalloc((size_t)n * k / 2);
+        buf[p][2 * t + 1] = mj_xmalloc((size_t)n * k / 16);
+        for (size_t j = 0; j < (size_t)n * k / 2; j++) st = st * 6364136223846793005ull + 1, buf[p][2 * t][j] = (uint8_t)(st >> 33);
+        for (size_t j = 0; j < (size_t)n * k / 16; j++)
+          st = st * 6364136223846793005ull + 1, buf[p][2 * t + 1][j] = (uint8_t)(0x20 + (st >> 33) % 24);
+        T[p][t] = (ref_nvfp4){buf[p][2 * t], buf[p][2 * t + 1], 0.25f / sqrtf((float)k), n, k};
+      }
+    for (int e = 0; e <= c->n_experts && !rc; e++) {
+      if (e < NPOOL || e == c->n_experts) {
+        int p = e % NPOOL;
+        rc = moe_weights_set_expert(&l->moe, c, e, &T[p][0], &T[p][1], &T[p][2], err);
+        continue;
+      }
+      int p = e % NPOOL;
+      CU_CHECK(err, cu.cuMemcpyDtoD(l->moe.gate_up + (size_t)e * gub, l->moe.gate_up + (size_t)p * gub, gub));
+      CU_CHECK(err, cu.cuMemcpyDtoD(l->moe.down + (size_t)e * dnb, l->moe.down + (size_t)p * dnb, dnb));
+      CU_CHECK(err, cu.cuMemcpyDtoD(l->moe.gscale + (size_t)e * 16, l->moe.gscale + (size_t)p * 16, 16));
+    }
+    for (int p = 0; p < NPOOL; p++)
+      for (int t = 0; t < 6; t++) free(buf[p][t]);
+  }
+  return rc;
+}
+
+int gpu_model_synthetic(const model_config *cfg, uint64_t seed, const gpu_opts *o, gpu_model **out, mj_err *err) {
+  *out = NULL;
+  int rc = check_config(cfg, NULL, err);
+  if (rc) return rc;
+  if ((rc = cu_init(err))) return rc;
+  gpu_model *g = mj_xcalloc(1, sizeof *g);
+  double t0 = mj_now_ms();
+  if ((rc = setup(g, cfg, 0, o, err))) goto fail;
+  const gop_dims *d = &g->d;
+  size_t H = (size_t)d->hidden;
+  uint64_t sd = seed * 1000003u + 7;
+#define TRY(call) \
+  if ((rc = (call))) goto fail
+  TRY(fill(g->embed, (size_t)d->vocab * H, false, sd++, -1.0f, 1.0f, g->s, err));
+  TRY(fill_w(g, g->lm_head, (size_t)d->vocab, H, &sd, err));
+  TRY(fill(g->norm, H, false, sd++, 0.9f, 1.1f, g->s, err));
+  for (int i = 0; i < g->n_layers; i++) {
+    gpu_layer *l = &g->L[i];
+    TRY(fill(l->in_norm, H, false, sd++, 0.9f, 1.1f, g->s, err));
+    TRY(fill(l->post_norm, H, false, sd++, 0.9f, 1.1f, g->s, err));
+    TRY(fill_w(g, l->w_in, (size_t)l->n_in, H, &sd, err));
+    TRY(fill_w(g, l->w_q, (size_t)l->n_q, (size_t)d->q_rank, &sd, err));
+    TRY(fill_w(g, l->kv_b, (size_t)d->heads * (d->nope + d->v), (size_t)d->kv_rank, &sd, err));
+    TRY(fill_w(g, l->o, H, (size_t)d->heads * d->v, &sd, err));
+    TRY(fill(l->prep.q_a_norm, (size_t)d->q_rank, false, sd++, 0.9f, 1.1f, g->s, err));
+    TRY(fill(l->prep.kv_a_norm, (size_t)d->kv_rank, false, sd++, 0.9f, 1.1f, g->s, err));
+    if (l->indexer) {
+      TRY(fill(l->prep.k_norm_w, (size_t)d->idx_dim, false, sd++, 0.9f, 1.1f, g->s, err));
+      TRY(fill(l->prep.k_norm_b, (size_t)d->idx_dim, false, sd++, -0.1f, 0.1f, g->s, err));
+    }
+    if (l->sparse) {
+      float a = 3.0f / sqrtf((float)H);
+      TRY(fill(l->moe.router, (size_t)g->mc.n_experts * H, false, sd++, -a, a, g->s, err));
+      TRY(fill(l->moe.bias, (size_t)g->mc.n_experts, true, sd++, -0.05f, 0.05f, g->s, err));
+    } else {
+      TRY(fill_w(g, l->w_gu, 2 * (size_t)g->inter, H, &sd, err));
+      TRY(fill_w(g, l->w_down, H, (size_t)g->inter, &sd, err));
+    }
+  }
+  TRY(synth_experts(g, seed, err));
+#undef TRY
+  CU_CHECK_GOTO(err, cu.cuStreamSynchronize(g->s), cuda_fail);
+  g->cnt.upload_ms = mj_now_ms() - t0;
+  *out = g;
+  return 0;
+cuda_fail:
+  rc = MJ_ECUDA;
+fail:
+  gpu_model_destroy(g);
+  return rc;
+}
+
+void gpu_model_destroy(gpu_model *g) {
+  if (!g) return;
+  for (int i = 0; i < GPU_MAX_GRAPHS; i++)
+    if (g->graph[i]) cu.cuGraphExecDestroy(g->graph[i]);
+  for (int i = 0; i < g->nbuckets; i++) moe_kernels_free(&g->buckets[i].k);
+  if (g->wbase) cu.cuMemFree(g->wbase);
+  if (g->abase) cu.cuMemFree(g->abase);
+  if (g->hrows) cu.cuMemFreeHost(g->hrows);
+  if (g->s) cu.cuStreamDestroy(g->s);
+  free(g->L);
+  free(g);
+}
+
+int gpu_fill_cache(gpu_model *g, uint64_t seed, mj_err *err) {
+  const gop_dims *d = &g->d;
+  size_t S = (size_t)g->o.slots + 1, T = (size_t)d->max_ctx;
+  for (int i = 0; i < g->n_layers; i++) {
+    int rc = fill(g->L[i].cache.kv, S * T * (d->kv_rank + d->rope), false, seed + 2 * i, -1.0f, 1.0f, g->s, err);
+    if (!rc && g->L[i].cache.ikey) rc = fill(g->L[i].cache.ikey, S * T * d->idx_dim, true, seed + 2 * i + 1, -1.0f, 1.0f, g->s, err);
+    if (rc) return rc;
+  }
+  CU_CHECK(err, cu.cuStreamSynchronize(g->s));
+  return 0;
+}
+
+/* ---- the step --------------------------------------------------------------------- */
+static int bucket(gpu_model *g, int np, moe_bucket **out, mj_err *err) {
+  for (int i = 0; i < g->nbuckets; i++)
+    if (g->buckets[i].bcap == np) return *out = &g->buckets[i], 0;
+  if (g->nbuckets == (int)MJ_ARRAY_LEN(g->buckets))
+    return mj_fail(err, MJ_EINTERNAL, "gpu: more than %d MoE batch buckets", (int)MJ_ARRAY_LEN(g->buckets));
+  moe_bucket *b = &g->buckets[g->nbuckets];
+  b->bcap = np;
+  moe_plan_default(&g->mc, np, &b->plan);
+  int rc = moe_kernels_load(&b->k, &b->plan, NULL, err);
+  if (rc) return rc;
+  g->nbuckets++;
+  *out = b;
+  return 0;
+}
+
+static const char *const moe_op_names[MOE_NK] = {
+#define X(k) "moe." #k,
+    MOE_KERNELS(X)
+#undef X
+};
+
+typedef struct prof_ev {
+  CUevent *ev;
+  int *name;
+  int n, cap;
+} prof_ev;
+
+static int prof_mark(gpu_prof *p, const char *name, CUstream s, mj_err *err) {
+  prof_ev *e = p->ev;
+  if (e->n == e->cap) return mj_fail(err, MJ_EINTERNAL, "gpu: profile event table full");
+  int k = 0;
+  while (k < p->n && strcmp(p->name[k], name) != 0) k++;
+  if (k == p->n) {
+    if (p->n == GPU_PROF_MAX) return mj_fail(err, MJ_EINTERNAL, "gpu: too many op names");
+    p->name[p->n++] = name;
+  }
+  e->name[e->n] = k;
+  CU_CHECK(err, cu.cuEventRecord(e->ev[2 * e->n], s));
+  return 0;
+}
+
+static int prof_done(gpu_prof *p, CUstream s, mj_err *err) {
+  prof_ev *e = p->ev;
+  CU_CHECK(err, cu.cuEventRecord(e->ev[2 * e->n + 1], s));
+  e->n++;
+  return 0;
+}
+
+#define OP(name, call)                                             \
+  do {                                                             \
+    if (prof && (rc = prof_mark(prof, (name), s, err))) return rc; \
+    if ((rc = (call))) return rc;                                  \
+    if (prof && (rc = prof_done(prof, s, err))) return rc;         \
+  } while (0)
+
+int gpu_enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err) {
+  const gop_dims *d = &g->d;
+  int H = d->hidden, rc;
+  float scale = 1.0f / sqrtf((float)(d->nope + d->rope));
+  moe_bucket *mb = NULL;
+  CUdeviceptr yp = 0, sel = 0;
+  bool ybf = false;
+  OP("embed", gop_embed(g->embed, g->rows.token, g->x, np, H, s, err));
+  for (int i = 0; i < g->n_layers; i++) {
+    gpu_layer *l = &g->L[i];
+    OP("norm", gop_add_rmsnorm(g->x, yp, ybf, l->in_norm, d->rms_eps, g->xn, np, H, s, err));
+    OP("attn.in_proj", gop_gemv(l->w_in, g->xn, g->P, np, l->n_in, H, s, err));
+    OP("attn.prep", gop_mla_prep(d, g->P, l->n_in, &l->prep, g->rows, l->cache, g->inv_freq, g->qa,
+                                 l->indexer ? g->iw : 0, np, s, err));
+    OP("attn.q_proj", gop_gemv(l->w_q, g->qa, g->Q, np, l->n_q, d->q_rank, s, err));
+    OP("attn.q_absorb", gop_mla_q(d, g->Q, l->kv_b, g->rows, g->inv_freq, g->qlat, l->indexer ? g->iq : 0, np, s, err));
+    if (l->indexer) {
+      OP("dsa.select", gop_dsa_select(d, g->iq, g->iw, l->cache, g->rows, g->sel, g->dsa_scr, np, s, err));
+      sel = g->sel;
+    }
+    OP("attn.attend", gop_mla_attend(d, g->qlat, l->cache, g->rows, sel, scale, g->olat, g->attn_scr, np, s, err));
+    OP("attn.v_out", gop_mla_vout(d, g->olat, l->kv_b, g->o_attn, np, s, err));
+    OP("attn.o_proj", gop_gemv(l->o, g->o_attn, g->y, np, H, d->heads * d->v, s, err));
+    OP("norm", gop_add_rmsnorm(g->x, g->y, false, l->post_norm, d->rms_eps, g->xn, np, H, s, err));
+    if (l->sparse) {
+      if (l->sh_gu) { /* the bf16 shared expert, added to x at once (its norm output is dropped) */
+        OP("moe.shared", gop_gemv(l->sh_gu, g->xn, g->gu, np, 2 * g->sh_inter, H, s, err));
+        OP("moe.shared", gop_silu_mul(g->gu, g->h, np, g->sh_inter, s, err));
+        OP("moe.shared", gop_gemv(l->sh_down, g->h, g->y, np, H, g->sh_inter, s, err));
+        OP("moe.shared", gop_add_rmsnorm(g->x, g->y, false, l->post_norm, d->rms_eps, g->xs, np, H, s, err));
+      }
+      if (!mb && (rc = bucket(g, np, &mb, err))) return rc;
+      for (int k = 0; k < MOE_NK; k++)
+        OP(moe_op_names[k], moe_launch(&mb->k, &mb->plan, &l->moe, &g->mb, g->xn, np, (moe_kernel_id)k, s, err));
+      if (prof) /* which experts this layer chose, for the byte count */
+        CU_CHECK(err, cu.cuMemcpyDtoDAsync(g->stash + (size_t)i * g->bmax * g->mc.topk * 4, g->mb.tok_expert,
+                                           (size_t)np * g->mc.topk * 4, s));
+      yp = g->mb.out, ybf = true;
+    } else {
+      OP("mlp.gate_up", gop_gemv(l->w_gu, g->xn, g->gu, np, 2 * g->inter, H, s, err));
+      OP("mlp.silu_mul", gop_silu_mul(g->gu, g->h, np, g->inter, s, err));
+      OP("mlp.down", gop_gemv(l->w_down, g->h, g->y, np, H, g->inter, s, err));
+      yp = g->y, ybf = false;
+    }
+  }
+  OP("norm", gop_add_rmsnorm(g->x, yp, ybf, g->norm, d->rms_eps, g->xn, np, H, s, err));
+  OP("lm_head", gop_gemv(g->lm_head, g->xn, g->logits, np, d->vocab, H, s, err));
+  OP("sample", gop_sample(g->logits, np, d->vocab, &g->o.sampling, g->rows, g->tok_out, s, err));
+  return 0;
+}
+#undef OP
+
+int gpu_padded(const gpu_model *g, int n, bool *graph) {
+  for (int i = 0; i < g->o.n_graph_batches; i++)
+    if (g->o.graph_batches[i] >= n) {
+      *graph = g->o.use_graphs;
+      return g->o.graph_batches[i];
+    }
+  *graph = false;
+  return n;
+}
+
+int gpu_graph_launch(gpu_model *g, int np, CUstream s, mj_err *err) {
+  int gi = 0;
+  while (gi < g->o.n_graph_batches && g->o.graph_batches[gi] != np) gi++;
+  if (gi == g->o.n_graph_batches) return mj_fail(err, MJ_EINTERNAL, "gpu: no captured size %d", np);
+  if (!g->graph[gi]) {
+    /* One eager run first brings every kernel through the front door
+     * (loading a module inside a capture is not allowed); the step is
+     * idempotent, so the replay below recomputes the same values. */
+    double t0 = mj_now_ms();
+    int rc = gpu_enqueue(g, np, s, NULL, err);
+    if (rc) return rc;
+    CU_CHECK(err, cu.cuStreamSynchronize(s));
+    CUgraph graph = NULL;
+    CU_CHECK(err, cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    rc = gpu_enqueue(g, np, s, NULL, err);
+    CUresult r = cu.cuStreamEndCapture(s, &graph);
+    if (rc) {
+      if (graph) cu.cuGraphDestroy(graph);
+      return rc;
+    }
+    CU_CHECK(err, r);
+    r = cu.cuGraphInstantiate(&g->graph[gi], graph, 0);
+    cu.cuGraphDestroy(graph);
+    CU_CHECK(err, r);
+    g->cnt.graphs++;
+    g->cnt.capture_ms += mj_now_ms() - t0;
+  }
+  CU_CHECK(err, cu.cuGraphLaunch(g->graph[gi], s));
+  return 0;
+}
+
+int gpu_set_rows(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, mj_err *err) {
+  const gop_dims *d = &g->d;
+  if (n < 1 || n > g->bmax) return mj_fail(err, MJ_EINPUT, "gpu: %d rows in a step; 1..%d fit", n, g->bmax);
+  bool graph;
+  int np = gpu_padded(g, n, &graph), B = g->bmax;
+  for (int i = 0; i < n; i++) {
+    if (token[i] < 0 || token[i] >= d->vocab)
+      return mj_fail(err, MJ_EINPUT, "gpu: token id %d is outside the vocabulary (0..%d)", token[i], d->vocab - 1);
+    if (slot[i] < 0 || slot[i] >= g->o.slots)
+      return mj_fail(err, MJ_EINPUT, "gpu: slot %d outside 0..%d", slot[i], g->o.slots - 1);
+    if (pos[i] < 0 || pos[i] >= d->max_ctx)
+      return mj_fail(err, MJ_EINPUT, "gpu: position %d exceeds the context of %d", pos[i], d->max_ctx);
+  }
+  for (int i = 0; i < np; i++) {
+    bool real = i < n;
+    g->hrows[i] = real ? token[i] : 0;
+    g->hrows[B + i] = real ? slot[i] : g->o.slots; /* the spare slot */
+    g->hrows[2 * B + i] = real ? pos[i] : 0;
+  }
+  CU_CHECK(err, cu.cuMemcpyHtoDAsync(g->rows_dev, g->hrows, (size_t)3 * B * 4, g->s));
+  return 0;
+}
+
+int gpu_step(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, int32_t *out,
+             float *logits, mj_err *err) {
+  int rc = gpu_set_rows(g, token, slot, pos, n, err);
+  if (rc) return rc;
+  bool graph;
+  int np = gpu_padded(g, n, &graph);
+  rc = graph ? gpu_graph_launch(g, np, g->s, err) : gpu_enqueue(g, np, g->s, NULL, err);
+  if (rc) return rc;
+  int32_t *hout = g->hrows + 3 * g->bmax;
+  CU_CHECK(err, cu.cuMemcpyDtoHAsync(hout, g->tok_out, (size_t)n * 4, g->s));
+  if (logits) CU_CHECK(err, cu.cuMemcpyDtoHAsync(logits, g->logits, (size_t)n * g->d.vocab * 4, g->s));
+  CU_CHECK(err, cu.cuStreamSynchronize(g->s));
+  memcpy(out, hout, (size_t)n * 4);
+  g->cnt.steps++;
+  g->cnt.rows += (uint64_t)n;
+  g->cnt.padded_rows += (uint64_t)(np - n);
+  if (graph) g->cnt.graph_steps++;
+  else g->cnt.eager_steps++;
+  return 0;
+}
+
+int gpu_read_tokens(gpu_model *g, int n, int32_t *out, mj_err *err) {
+  CU_CHECK(err, cu.cuMemcpyDtoHAsync(g->hrows + 3 * g->bmax, g->tok_out, (size_t)n * 4, g->s));
+  CU_CHECK(err, cu.cuStreamSynchronize(g->s));
+  memcpy(out, g->hrows + 3 * g->bmax, (size_t)n * 4);
+  return 0;
+}
+
+/* ---- a profiled step ----------------------------------------------------------------- */
+int gpu_profile_step(gpu_model *g, int np, gpu_prof *prof, mj_err *err) {
+  const gop_dims *d = &g->d;
+  memset(prof, 0, sizeof *prof);
+  prof_ev e = {0};
+  e.cap = g->n_layers * 24 + 16;
+  e.ev = mj_xcalloc((size_t)e.cap * 2, sizeof *e.ev);
+  e.name = mj_xcalloc((size_t)e.cap, sizeof *e.name);
+  prof->ev = &e;
+  int rc = MJ_ECUDA;
+  for (int i = 0; i < 2 * e.cap; i++) CU_CHECK_GOTO(err, cu.cuEventCreate(&e.ev[i], CU_EVENT_DEFAULT), out);
+  /* Run once unprofiled (kernels loaded), then hold the stream for ~20 ms
+   * so the whole step is queued before the GPU reaches it. */
+  if ((rc = gpu_enqueue(g, np, g->s, NULL, err))) goto out;
+  {
+    const jit_fn *f;
+    bool launch;
+    if ((rc = gop_get("fill.cu", "spin", NULL, 0, NULL, &f, &launch, err))) goto out;
+    long long cycles = 40000000; /* ~20 ms at 1.98 GHz */
+    void *args[] = {&cycles};
+    if ((rc = cu_launch(f->fn, 1, 1, 0, g->s, args, err))) goto out;
+  }
+  if ((rc = gpu_enqueue(g, np, g->s, prof, err))) goto out;
+  rc = MJ_ECUDA;
+  CU_CHECK_GOTO(err, cu.cuStreamSynchronize(g->s), out);
+  for (int i = 0; i < e.n; i++) {
+    float ms;
+    CU_CHECK_GOTO(err, cu.cuEventElapsedTime(&ms, e.ev[2 * i], e.ev[2 * i + 1]), out);
+    prof->us[e.name[i]] += ms * 1e3;
+    prof->count[e.name[i]]++;
+    prof->total_us += ms * 1e3;
+  }
+  /* Bytes the step had to move. */
+  {
+    int B = g->bmax, K = g->mc.topk;
+    const int32_t *pos = g->hrows + 2 * B, *slot = g->hrows + B;
+    size_t H = (size_t)d->hidden;
+    int32_t *ids = mj_xmalloc((size_t)g->n_layers * B * K * 4);
+    CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(ids, g->stash, (size_t)g->n_layers * B * K * 4), out);
+    bool *seen = mj_xmalloc((size_t)g->mc.n_experts);
+    double eb = (double)(moe_gate_up_bytes(&g->mc) + moe_down_bytes(&g->mc));
+    for (int i = 0; i < g->n_layers; i++) {
+      const gpu_layer *l = &g->L[i];
+      prof->bytes_attn += 2.0 * ((double)l->n_in * H + (double)l->n_q * d->q_rank +
+                                 (double)d->heads * (d->nope + d->v) * d->kv_rank + H * (double)d->heads * d->v);
+      for (int r = 0; r < np; r++) {
+        if (slot[r] == g->o.slots) continue; /* padding */
+        double vis = pos[r] + 1;
+        if (l->indexer && vis > d->idx_topk) prof->bytes_kv += vis * d->idx_dim * 4;
+        prof->bytes_kv += (vis > d->idx_topk && g->any_indexer ? d->idx_topk : vis) * (d->kv_rank + d->rope) * 2;
+      }
+      if (!l->sparse) {
+        prof->bytes_dense += 3.0 * g->inter * H * 2;
+        continue;
+      }
+      prof->bytes_router += (double)g->mc.n_experts * H * 2;
+      memset(seen, 0, (size_t)g->mc.n_experts);
+      int n = 0;
+      for (int r = 0; r < np; r++)
+        for (int k = 0; k < K && slot[r] != g->o.slots; k++) {
+          int x = ids[((size_t)i * B + r) * K + k];
+          if (x >= 0 && x < g->mc.n_experts && !seen[x]) seen[x] = true, n++;
+        }
+      prof->experts_touched += n + 1;
+      prof->bytes_experts += (n + 1) * eb + 3.0 * g->sh_inter * H * 2;
+    }
+    prof->bytes_head = (double)d->vocab * H * 2;
+    free(ids), free(seen);
+  }
+  rc = 0;
+out:
+  for (int i = 0; i < 2 * e.cap; i++)
+    if (e.ev[i]) cu.cuEventDestroy(e.ev[i]);
+  free(e.ev), free(e.name);
+  prof->ev = NULL;
+  return rc;
+}
+
+const gop_dims *gpu_dims(const gpu_model *g) { return &g->d; }
+int gpu_max_rows(const gpu_model *g) { return g->bmax; }

@@ -1,0 +1,113 @@
+/* gpu_model.h: the GLM-5 decode step on the GPU (issue 10).
+ *
+ * A gpu_model holds a model's weights on the device (one allocation, the
+ * routed experts in moe.h's repacked NVFP4 layout, everything else bf16,
+ * pointers carved out of it), a second allocation for activations and the
+ * KV caches (per layer, per sequence slot: the MLA latent + rope key and
+ * the indexer keys), and one CUDA graph per captured batch size.
+ *
+ * A step runs n rows: row i is token[i] of the sequence in cache slot
+ * slot[i] at position pos[i] (a decode step has one row per sequence; a
+ * prompt is a run of rows of one slot at consecutive positions).  n is
+ * padded to the next captured size (padding rows write to a spare slot no
+ * sequence owns) and replayed as that size's graph; a larger n runs eagerly
+ * and is counted.  The host copies the rows in and the sampled ids out:
+ * nothing else crosses the bus during a step.
+ *
+ * Every kernel comes through the front door (jit_get) before any graph is
+ * captured, so a warm cache makes start-up a matter of loading cubins.
+ * Prefix: gpu_.
+ */
+#ifndef MOEJIT_GPU_MODEL_H
+#define MOEJIT_GPU_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gpu_ops.h"
+#include "model.h"
+#include "moe.h"
+
+#define GPU_MAX_GRAPHS 16
+
+typedef struct gpu_opts {
+  int slots;                      /* sequences that can be live at once (>= 1) */
+  int64_t max_ctx;                /* cache tokens per slot */
+  int graph_batches[GPU_MAX_GRAPHS]; /* captured sizes, ascending; */
+  int n_graph_batches;            /* 0 with use_graphs: the default 1,2,4,8,16,32,64 */
+  bool use_graphs;
+  int max_rows;                   /* rows per step at most (0: the largest captured size, at least 64) */
+  gop_sampling sampling;
+  bool quiet;                     /* no progress bar or summary line */
+} gpu_opts;
+
+void gpu_opts_default(gpu_opts *o);
+
+typedef struct gpu_model gpu_model;
+
+/* 0 when the GPU kernels can run m (widths, NVFP4 experts, rope type),
+ * else MJ_EINPUT saying why.  Needs no GPU. */
+int gpu_model_supports(const model *m, mj_err *err);
+/* Upload a loaded checkpoint.  Needs NVFP4 routed experts; other NVFP4
+ * linears are dequantised to bf16.  Out of memory is an MJ_EOOM naming the
+ * bytes needed and free. */
+int gpu_model_create(const model *m, const gpu_opts *o, gpu_model **out, mj_err *err);
+/* A model of cfg's widths with random weights made on the device (for
+ * benchmarks at full GLM-5 width, which no disk here can hold). */
+int gpu_model_synthetic(const model_config *cfg, uint64_t seed, const gpu_opts *o, gpu_model **out, mj_err *err);
+void gpu_model_destroy(gpu_model *g);
+
+/* Run n rows (see above) and sample one token per row into out[n].
+ * logits (may be NULL) receives n * vocab floats (a read-back for tests
+ * and tools, outside the graph).  Rows of one slot must be at consecutive
+ * positions, and a slot's positions must follow the tokens it already
+ * holds (the cache is causal). */
+int gpu_step(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, int32_t *out,
+             float *logits, mj_err *err);
+
+/* Counters since creation. */
+typedef struct gpu_counters {
+  uint64_t steps, graph_steps, eager_steps, padded_rows, rows;
+  double capture_ms, upload_ms;
+  int graphs;
+} gpu_counters;
+void gpu_counters_get(const gpu_model *g, gpu_counters *c);
+
+/* ---- for benchmarks ----------------------------------------------------------------- */
+/* Fill every KV cache with random values, as if each slot held ctx tokens. */
+int gpu_fill_cache(gpu_model *g, uint64_t seed, mj_err *err);
+/* Put rows on the device (as gpu_step does) without running anything. */
+int gpu_set_rows(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, mj_err *err);
+/* Wait for the stream and read the first n sampled ids. */
+int gpu_read_tokens(gpu_model *g, int n, int32_t *out, mj_err *err);
+/* Enqueue one step of the rows set for padded size np on stream s (no
+ * graph, no copies); with prof, record per-op events (see gpu_prof). */
+typedef struct gpu_prof gpu_prof;
+int gpu_enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err);
+/* Capture the graph of size np (if not yet) and launch it on s. */
+int gpu_graph_launch(gpu_model *g, int np, CUstream s, mj_err *err);
+CUstream gpu_stream(const gpu_model *g);
+/* The padded size for n rows (a captured size, or n itself when eager). */
+int gpu_padded(const gpu_model *g, int n, bool *graph);
+
+/* A timed eager step: events around each op, summed per op name. */
+#define GPU_PROF_MAX 64
+struct gpu_prof {
+  int n;
+  const char *name[GPU_PROF_MAX];
+  double us[GPU_PROF_MAX];
+  int count[GPU_PROF_MAX];
+  double total_us;       /* sum of all ops */
+  /* weights the step touched (bytes), counted while profiling */
+  double bytes_attn, bytes_dense, bytes_experts, bytes_router, bytes_head, bytes_kv;
+  double experts_touched; /* distinct routed experts summed over MoE layers (+ shared) */
+  /* internal */
+  void *ev;
+  int nev;
+};
+int gpu_profile_step(gpu_model *g, int np, gpu_prof *prof, mj_err *err);
+const gop_dims *gpu_dims(const gpu_model *g);
+int gpu_max_rows(const gpu_model *g);
+size_t gpu_weight_bytes(const gpu_model *g);
+
+#endif
