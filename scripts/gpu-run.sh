@@ -1,0 +1,30 @@
+#!/bin/sh
+# gpu-run.sh PHASE...: what one device call runs on the GPU host, after
+# `. scripts/gpu-env.sh`.  Each phase writes its log to $OUT/PHASE.log and
+# prints its tail, so one call checks, times and reports.
+#   tests         every GPU test (gputest NAME), a pass/fail table
+#   decode        moejit bench decode (synthetic full-width GLM-5)
+#   decode-warm   the same again on the now-warm cache (zero compiles)
+#   moe           moejit bench moe with the tile sweep
+#   moe-warm      moe again, warm
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+for phase in "$@"; do
+  log=$OUT/$phase.log
+  t0=$(date +%s)
+  case $phase in
+    tests)
+      for t in gemv rmsnorm moe dense mla attn decode; do
+        timeout 300 /tmp/mj/tests/gpu/gputest "$t" > "$OUT/test-$t.log" 2>&1
+        echo "$t rc=$? $(tail -1 "$OUT/test-$t.log")"
+      done > "$log" ;;
+    decode) timeout 400 moejit bench decode ${DECODE_ARGS:-} > "$log" 2>&1 ;;
+    decode-warm) timeout 300 moejit bench decode ${DECODE_ARGS:-} > "$log" 2>&1 ;;
+    moe) timeout 400 moejit bench moe ${MOE_ARGS:-} > "$log" 2>&1 ;;
+    moe-warm) timeout 300 moejit bench moe ${MOE_ARGS:-} > "$log" 2>&1 ;;
+    *) echo "gpu-run: unknown phase $phase" > "$log" ;;
+  esac
+  echo "== $phase ($(( $(date +%s) - t0 )) s)"
+  tail -n ${TAIL:-40} "$log"
+done
