@@ -13,7 +13,9 @@
  * filter's kept set, most rows draw the CPU reference's very token (same
  * hash; rounding of exp and log may differ), a second launch draws the same
  * tokens, and over many positions the frequencies of a small vocabulary
- * stay within 5 standard deviations of the kept probabilities. */
+ * stay within 5 standard deviations of the kept probabilities.  Last, for
+ * information only, the time of gop_gemv (B = 1, 8, 64) and of gemv_bf16.k
+ * on the same W, and of gop_sample at full width. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,6 +182,60 @@ static void gemv_case(int N, int K, int B) {
   free(W), free(x), free(want), free(got);
 }
 
+/* Informational, not a check (moejit bench is the authority): the median
+ * time of gop_gemv against gemv_bf16.k (B = 1 only) on the same W. */
+static double median_us(float *t, int n) {
+  for (int i = 1; i < n; i++) /* insertion sort */
+    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+      float x = t[j];
+      t[j] = t[j - 1], t[j - 1] = x;
+    }
+  return 1e3 * t[n / 2];
+}
+static void gemv_speed(int N, int K) {
+  enum { REPS = 21 };
+  mj_err err = {0};
+  bufs b = {0};
+  CUdeviceptr dW = dev(&b, NULL, (size_t)N * K * 2, 0), dx = dev(&b, NULL, (size_t)64 * K * 2, 0);
+  CUdeviceptr dy = dev(&b, NULL, (size_t)64 * N * 4, 0);
+  CUevent e0, e1;
+  if (!dW || !dx || !dy || cu.cuEventCreate(&e0, 0) || cu.cuEventCreate(&e1, 0)) {
+    bufs_free(&b);
+    return;
+  }
+  cu.cuMemsetD8(dW, 0, (size_t)N * K * 2), cu.cuMemsetD8(dx, 0, (size_t)64 * K * 2);
+  char ns[16], ks[16];
+  snprintf(ns, sizeof ns, "%d", N), snprintf(ks, sizeof ks, "%d", K);
+  dsl_define defs[] = {{"N", ns}, {"K", ks}};
+  jit_request req = {"gemv_bf16.k", {NULL, defs, 2}, NULL, NULL};
+  const jit_fn *one = NULL;
+  if (jit_get(&req, &one, &err)) mj_err_print(&err, stderr), mj_err_clear(&err), one = NULL;
+  static const int bs[] = {0, 1, 8, 64}; /* 0: gemv_bf16.k */
+  for (size_t i = 0; i < MJ_ARRAY_LEN(bs); i++) {
+    if (bs[i] == 0 && !one) continue;
+    float t[REPS];
+    int rc = 0;
+    for (int r = 0; r <= REPS && !rc; r++) {
+      cu.cuEventRecord(e0, NULL);
+      if (bs[i] == 0) {
+        void *args[] = {&dW, &dx, &dy};
+        rc = cu_launch(one->fn, (unsigned)((N + 15) / 16), 256, 0, NULL, args, &err);
+      } else {
+        rc = gop_gemv(dW, dx, dy, bs[i], N, K, NULL, &err);
+      }
+      cu.cuEventRecord(e1, NULL);
+      cu.cuEventSynchronize(e1);
+      if (r > 0) cu.cuEventElapsedTime(&t[r - 1], e0, e1); /* the first is a warm-up */
+    }
+    if (!ok_rc(rc, &err)) break;
+    double us = median_us(t, REPS);
+    printf("  speed %-12s N=%d K=%d B=%-2d %8.1f us  %6.0f GB/s of W\n", bs[i] ? "gop_gemv" : "gemv_bf16.k", N, K,
+           bs[i] ? bs[i] : 1, us, (double)N * K * 2 / us * 1e-3);
+  }
+  cu.cuEventDestroy(e0), cu.cuEventDestroy(e1);
+  bufs_free(&b);
+}
+
 /* ---- SiLU * up --------------------------------------------------------------------- */
 static void silu_case(int I, int B) {
   mj_err err = {0};
@@ -235,6 +291,8 @@ static void test_gemv(void) {
   gemv_case(77, 8, 3);        /* K of one chunk */
   gemv_case(77, 8, 64);
   gemv_case(1000, 264, 100);  /* two row blocks: 64 + 36 */
+  gemv_speed(24576, 6144);
+  gemv_speed(6144, 2048);
 }
 
 /* ---- sampling ---------------------------------------------------------------------- */
@@ -366,15 +424,55 @@ static void test_sample_freq(void) {
   freq_case(&b);
 }
 
+/* Informational: the median time of one sampling launch at full width. */
+static void sample_speed(int B, const gop_sampling *sp) {
+  enum { V = 154880, REPS = 21 };
+  mj_err err = {0};
+  bufs b = {0};
+  float *l = mj_xmalloc((size_t)B * V * 4);
+  int32_t *z = mj_xmalloc((size_t)B * 4);
+  fill_f32(l, (size_t)B * V, 8.0f);
+  memset(z, 0, (size_t)B * 4);
+  CUdeviceptr dl = dev(&b, l, (size_t)B * V * 4, 0), dz = dev(&b, z, (size_t)B * 4, 0);
+  CUdeviceptr dout = dev(&b, NULL, (size_t)B * 4, 4);
+  CUevent e0, e1;
+  if (dl && dz && dout && !cu.cuEventCreate(&e0, 0) && !cu.cuEventCreate(&e1, 0)) {
+    float t[REPS];
+    int rc = 0;
+    for (int r = 0; r <= REPS && !rc; r++) {
+      cu.cuEventRecord(e0, NULL);
+      rc = gop_sample(dl, B, V, sp, (gop_rows){0, dz, dz}, dout, NULL, &err);
+      cu.cuEventRecord(e1, NULL);
+      cu.cuEventSynchronize(e1);
+      if (r > 0) cu.cuEventElapsedTime(&t[r - 1], e0, e1);
+    }
+    if (ok_rc(rc, &err))
+      printf("  speed gop_sample V=%d B=%-2d T=%.1f k=%d p=%.2f min_p=%.2f: %8.1f us\n", V, B,
+             (double)sp->temperature, sp->top_k, (double)sp->top_p, (double)sp->min_p, median_us(t, REPS));
+    cu.cuEventDestroy(e0), cu.cuEventDestroy(e1);
+  }
+  bufs_free(&b);
+  free(l), free(z);
+}
+
+static void test_sample_speed(void) {
+  const gop_sampling greedy = {0.0f, 0, 1.0f, 0.0f, 1}, plain = {1.0f, 0, 1.0f, 0.0f, 1},
+                     all = {0.7f, 40, 0.95f, 0.05f, 1};
+  sample_speed(1, &greedy);
+  sample_speed(1, &plain);
+  sample_speed(1, &all);
+  sample_speed(64, &all);
+}
+
 int gpu_test_dense(void) {
   rng = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid();
   printf("seed %llu\n", (unsigned long long)rng);
-  setenv("MOEJIT_CACHE", "off", 1);
   T_RUN(test_elementwise);
   T_RUN(test_gemv);
   T_RUN(test_sample_greedy);
   T_RUN(test_sample_filtered);
   T_RUN(test_sample_freq);
+  T_RUN(test_sample_speed);
   jit_shutdown();
   return t_status();
 }
