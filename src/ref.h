@@ -72,4 +72,39 @@ void ref_moe_route(const ref_moe_cfg *c, const float *logits, const float *bias,
 void ref_moe_experts(const ref_moe_cfg *c, const ref_nvfp4 *gate, const ref_nvfp4 *up, const ref_nvfp4 *down,
                      const bf16 *x, int B, const int *ids, const float *w, float *out);
 
+/* ---- dense ops of the decode step (ref_dense.c; GPU: gop_dense.c) ------
+ * The layouts of gpu_ops.h's dense ops; B rows, row-major. */
+
+/* x[b][:] = float(table[token[b]][:]); table bf16 [vocab][H]. */
+void ref_embed(const bf16 *table, const int32_t *token, float *x, int B, int H);
+/* x[b] += y[b] (y NULL: nothing; f32 [B][H], or bf16 when y_bf16), then
+ * xn[b][i] = bf16((x[b][i] * r) * w[i]) with r = 1 / sqrt(mean(x[b]^2) + eps),
+ * all in f32, rounded once. */
+void ref_add_rmsnorm(float *x, const void *y, bool y_bf16, const bf16 *w, float eps, bf16 *xn, int B, int H);
+/* y[b][n] = sum_k W[n][k] * x[b][k]: W bf16 [N][K], x bf16 [B][K], y f32 [B][N]. */
+void ref_gemv_b(const bf16 *W, const bf16 *x, float *y, int B, int N, int K);
+/* h[b][i] = bf16(silu(gu[b][i]) * gu[b][I + i]), silu(g) = g / (1 + e^-g). */
+void ref_silu_mul(const float *gu, bf16 *h, int B, int I);
+
+/* Sampling as templates/sample.cu does it (sample.h's order and filters,
+ * no repetition penalty): thresholds on the scaled logits with ties at a
+ * cutoff kept, then an exponential race on a counter-based hash of
+ * (seed, slot, pos, token). */
+typedef struct ref_sampling {
+  float temperature; /* <= 0: greedy */
+  int top_k;         /* <= 0: off */
+  float top_p;       /* >= 1: off */
+  float min_p;       /* <= 0: off */
+  uint64_t seed;
+} ref_sampling;
+/* keep[i] = 1 for each token of logits[0..V) that survives the filters
+ * (greedy: the argmax alone, lowest id on ties), else 0; returns how many. */
+size_t ref_sample_keep(const float *logits, int V, const ref_sampling *sp, uint8_t *keep);
+/* The hash behind the draw: a row's key, and token i's uniform in (0, 1]. */
+uint64_t ref_sample_row_hash(uint64_t seed, int32_t slot, int32_t pos);
+float ref_sample_uniform(uint64_t row, int32_t i);
+/* out[b] = the token drawn for row b of logits [B][V]. */
+void ref_sample(const float *logits, int B, int V, const ref_sampling *sp, const int32_t *slot,
+                const int32_t *pos, int32_t *out);
+
 #endif

@@ -1,0 +1,150 @@
+/* gop_dense.c: the launchers of the dense ops of a decode step (gpu_ops.h,
+ * section "dense ops"): embedding, residual add + RMSNorm, the batched bf16
+ * GEMV, SiLU * up and sampling.  Kernels: templates/gemv_bf16_b.k (DSL),
+ * templates/ops.cu and templates/sample.cu (NVRTC); CPU references:
+ * src/ref_dense.c.
+ *
+ * Each launcher turns its shapes into a specialisation, obtains the kernel
+ * through gop_get (which answers "compile only" on a machine without the
+ * target GPU: then the launcher returns 0 having launched nothing) and
+ * launches it on the caller's stream.  Nothing here allocates, waits or
+ * reads back, so a step of these launches can be captured in a graph.
+ * Specialisations that need a divisible length fall back to the kernel's
+ * generic variant (the same arguments and grid), chosen here when the
+ * length does not divide and by the JIT when a specialisation fails. */
+#include <stdio.h>
+
+#include "gpu_ops.h"
+
+/* A specialisation's text: NVRTC name expressions and DSL -D values. */
+typedef struct gop_names {
+  char entry[64], generic[64];
+} gop_names;
+
+static int launch_2d(CUfunction fn, unsigned gx, unsigned gy, unsigned block, CUstream s, void **args, mj_err *err) {
+  CU_CHECK(err, cu.cuLaunchKernel(fn, gx, gy, 1, block, 1, 1, 0, s, args, NULL));
+  return 0;
+}
+
+/* gop_get for an NVRTC entry of one of our .cu templates with its generic
+ * variant (none when nm->generic is empty); *fn NULL (and 0 returned) when
+ * there is nothing to launch. */
+static int get_cu(const char *file, const gop_names *nm, CUfunction *fn, mj_err *err) {
+  jit_spec generic = {nm->generic, NULL, 0};
+  const jit_fn *f;
+  bool launch;
+  int rc = gop_get(file, nm->entry, NULL, 0, nm->generic[0] ? &generic : NULL, &f, &launch, err);
+  *fn = rc == 0 && launch ? f->fn : NULL;
+  return rc;
+}
+
+int gop_embed(CUdeviceptr table, CUdeviceptr token, CUdeviceptr x, int B, int H, CUstream s, mj_err *err) {
+  if (B < 1 || H < 1) return mj_fail(err, MJ_EINPUT, "gop_embed: batch %d and width %d must be positive", B, H);
+  gop_names nm;
+  snprintf(nm.entry, sizeof nm.entry, "embed_rows<%d, 256>", H % 8 == 0 ? H : 0);
+  snprintf(nm.generic, sizeof nm.generic, "embed_rows<0, 256>");
+  CUfunction fn;
+  int rc = get_cu("ops.cu", &nm, &fn, err);
+  if (rc || !fn) return rc;
+  void *args[] = {&table, &token, &x, &H};
+  return cu_launch(fn, (unsigned)B, 256, 0, s, args, err);
+}
+
+int gop_add_rmsnorm(CUdeviceptr x, CUdeviceptr y, bool y_bf16, CUdeviceptr w, float eps, CUdeviceptr xn, int B,
+                    int H, CUstream s, mj_err *err) {
+  if (B < 1 || H < 1) return mj_fail(err, MJ_EINPUT, "gop_add_rmsnorm: batch %d and width %d must be positive", B, H);
+  int ymode = y == 0 ? 0 : y_bf16 ? 2 : 1;
+  int block = H <= 1024 ? 128 : 256; /* GLM-5's 6144: 6 float4 per thread */
+  gop_names nm;
+  snprintf(nm.entry, sizeof nm.entry, "add_rmsnorm<%d, %d, %d>", H % 4 == 0 ? H : 0, block, ymode);
+  snprintf(nm.generic, sizeof nm.generic, "add_rmsnorm<0, %d, %d>", block, ymode);
+  CUfunction fn;
+  int rc = get_cu("ops.cu", &nm, &fn, err);
+  if (rc || !fn) return rc;
+  void *args[] = {&x, &y, &w, &eps, &xn, &H};
+  return cu_launch(fn, (unsigned)B, (unsigned)block, 0, s, args, err);
+}
+
+int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, CUstream s, mj_err *err) {
+  if (B < 1 || I < 1 || B > 65535)
+    return mj_fail(err, MJ_EINPUT, "gop_silu_mul: batch %d (1..65535) and width %d must be positive", B, I);
+  gop_names nm;
+  snprintf(nm.entry, sizeof nm.entry, "silu_mul<%d, 256>", I % 4 == 0 ? I : 0);
+  snprintf(nm.generic, sizeof nm.generic, "silu_mul<0, 256>");
+  CUfunction fn;
+  int rc = get_cu("ops.cu", &nm, &fn, err);
+  if (rc || !fn) return rc;
+  /* Four values a thread; both variants loop over the row with the grid's
+   * stride, so the generic one covers the same grid. */
+  unsigned gx = (unsigned)((I + 4 * 256 - 1) / (4 * 256));
+  void *args[] = {&gu, &h, &I};
+  return launch_2d(fn, gx, (unsigned)B, 256, s, args, err);
+}
+
+/* ---- GEMV ----------------------------------------------------------------------------- */
+#define GOP_GEMV_MAXB 64 /* rows of x per launch (gemv_bf16_b.k's limit) */
+
+/* The tile for nb rows of x and N outputs: B * ROWS accumulators a lane,
+ * so fewer rows and fewer chunks in flight as nb grows (more rows mean
+ * more arithmetic per loaded W chunk, which hides its latency anyway);
+ * then the block shrinks until there are two blocks per SM of an H200
+ * where N allows.  nb = 1 is gemv_bf16.k's tile. */
+typedef struct gop_tile {
+  int threads, rows, unroll;
+} gop_tile;
+static gop_tile gemv_tile(int nb, int N) {
+  gop_tile t = nb <= 4 ? (gop_tile){256, 2, 4} : nb <= 16 ? (gop_tile){256, 2, 2}
+             : nb <= 32 ? (gop_tile){128, 2, 1} : (gop_tile){128, 1, 2};
+  while (t.threads > 64 && (N + t.rows * t.threads / 32 - 1) / (t.rows * t.threads / 32) < 2 * 132) t.threads /= 2;
+  return t;
+}
+
+int gop_gemv(CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K, CUstream s, mj_err *err) {
+  if (B < 1 || N < 1 || K < 1)
+    return mj_fail(err, MJ_EINPUT, "gop_gemv: B %d, N %d and K %d must be positive", B, N, K);
+  if (K % 8 != 0)
+    return mj_fail(err, MJ_EINPUT, "gop_gemv: K %d is not a multiple of 8 (rows are read 16 bytes at a time)", K);
+  for (int b0 = 0; b0 < B; b0 += GOP_GEMV_MAXB) {
+    int nb = B - b0 < GOP_GEMV_MAXB ? B - b0 : GOP_GEMV_MAXB;
+    gop_tile t = gemv_tile(nb, N);
+    char v[6][16];
+    int vals[6] = {N, K, nb, t.threads, t.rows, t.unroll};
+    const char *names[6] = {"N", "K", "B", "THREADS", "ROWS", "UNROLL"};
+    dsl_define defs[6];
+    for (int i = 0; i < 6; i++) {
+      snprintf(v[i], sizeof v[i], "%d", vals[i]);
+      defs[i] = (dsl_define){names[i], v[i]};
+    }
+    const jit_fn *f;
+    bool launch;
+    int rc = gop_get("gemv_bf16_b.k", NULL, defs, 6, NULL, &f, &launch, err);
+    if (rc) return rc;
+    if (!launch) continue; /* compile only: the next row block may need another kernel */
+    CUdeviceptr xb = x + (CUdeviceptr)b0 * (CUdeviceptr)K * 2, yb = y + (CUdeviceptr)b0 * (CUdeviceptr)N * 4;
+    void *args[] = {&W, &xb, &yb};
+    int per_block = t.rows * t.threads / 32;
+    rc = cu_launch(f->fn, (unsigned)((N + per_block - 1) / per_block), (unsigned)t.threads, 0, s, args, err);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* ---- sampling ------------------------------------------------------------------------- */
+int gop_sample(CUdeviceptr logits, int B, int V, const gop_sampling *sp, gop_rows rows, CUdeviceptr out,
+               CUstream s, mj_err *err) {
+  if (B < 1 || V < 1 || !sp)
+    return mj_fail(err, MJ_EINPUT, "gop_sample: batch %d and vocabulary %d must be positive, with parameters", B, V);
+  gop_names nm;
+  /* The kernel takes V and the parameters at run time: it is its own
+   * generic variant. */
+  snprintf(nm.entry, sizeof nm.entry, "sample_rows<512>");
+  nm.generic[0] = 0;
+  CUfunction fn;
+  int rc = get_cu("sample.cu", &nm, &fn, err);
+  if (rc || !fn) return rc;
+  float temperature = sp->temperature, top_p = sp->top_p, min_p = sp->min_p;
+  int top_k = sp->top_k;
+  unsigned long long seed = sp->seed;
+  void *args[] = {&logits, &V, &temperature, &top_k, &top_p, &min_p, &seed, &rows.slot, &rows.pos, &out};
+  return cu_launch(fn, (unsigned)B, 512, 0, s, args, err);
+}

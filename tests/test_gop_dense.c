@@ -1,0 +1,243 @@
+/* test_gop_dense.c: the dense ops of the decode step without a GPU.
+ *
+ * (a) Every kernel the dense launchers (src/gop_dense.c) ask for at GLM-5
+ * width and in tests/gpu/test_dense.c compiles for sm_90a: the launchers
+ * run "dry" (gop_set_arch, null pointers), which compiles each
+ * specialisation and launches nothing; no specialisation may fall back to
+ * a generic variant (the front door's failure counter stays 0).  Bad
+ * shapes are refused with MJ_EINPUT.
+ * (b) The CPU references (src/ref_dense.c) on cases worked out by hand, and
+ * the reference sampler against src/sample.c: greedy is sample_argmax, the
+ * kept set is sample_filter's for the same logits, and the draw's
+ * frequencies follow the kept probabilities. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "gpu_ops.h"
+#include "ref.h"
+#include "sample.h"
+#include "t.h"
+
+/* The shapes of a GLM-5 step and of the GPU test. */
+static const int gemv_b[] = {1, 2, 3, 4, 8, 16, 32, 33, 64};
+static const int gemv_nk[][2] = {{2784, 6144}, {20480, 2048}, {6144, 16384}, {24576, 6144}, {6144, 12288},
+                                 {6144, 2048}, {154880, 6144}, {130, 1032}, {77, 8}, {1000, 264}};
+
+static uint64_t stat_of(cache_stat s) {
+  cache_stats st;
+  jit_stats(&st);
+  return st.v[s];
+}
+
+static void test_dry_compile(void) {
+  mj_err err = {0};
+  gop_set_arch("sm_90a");
+  const CUdeviceptr z = 0;
+  for (size_t i = 0; i < MJ_ARRAY_LEN(gemv_nk); i++)
+    for (size_t j = 0; j < MJ_ARRAY_LEN(gemv_b); j++) {
+      int rc = gop_gemv(z, z, z, gemv_b[j], gemv_nk[i][0], gemv_nk[i][1], NULL, &err);
+      if (rc) fprintf(stderr, "  gemv B=%d N=%d K=%d:\n", gemv_b[j], gemv_nk[i][0], gemv_nk[i][1]), mj_err_print(&err, stderr);
+      T_EQ_INT(rc, 0);
+      mj_err_clear(&err);
+    }
+  /* B > 64 runs in row blocks of 64 and the rest. */
+  T_EQ_INT(gop_gemv(z, z, z, 100, 6144, 2048, NULL, &err), 0);
+  T_EQ_INT(gop_gemv(z, z, z, 100, 1000, 264, NULL, &err), 0);
+  static const int widths[] = {6144, 1000, 1001, 12288, 2048, 8, 4};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(widths); i++) {
+    int H = widths[i];
+    for (int B = 1; B <= 64; B *= 8) {
+      T_EQ_INT(gop_embed(z, z, z, B, H, NULL, &err), 0);
+      T_EQ_INT(gop_add_rmsnorm(z, 0, false, z, 1e-5f, z, B, H, NULL, &err), 0);
+      T_EQ_INT(gop_add_rmsnorm(z, 1, false, z, 1e-5f, z, B, H, NULL, &err), 0);
+      T_EQ_INT(gop_add_rmsnorm(z, 1, true, z, 1e-5f, z, B, H, NULL, &err), 0);
+      T_EQ_INT(gop_silu_mul(z, z, B, H, NULL, &err), 0);
+    }
+  }
+  gop_sampling sp = {0.8f, 40, 0.9f, 0.05f, 7};
+  T_EQ_INT(gop_sample(z, 3, 154880, &sp, (gop_rows){0, 0, 0}, z, NULL, &err), 0);
+  if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
+  T_EQ_INT(stat_of(CACHE_STAT_failures), 0);
+  T_CHECK(stat_of(CACHE_STAT_compiles) >= MJ_ARRAY_LEN(gemv_nk) * MJ_ARRAY_LEN(gemv_b));
+
+  /* Shapes the kernels cannot take are refused before any compile. */
+  T_EQ_INT(gop_gemv(z, z, z, 1, 64, 1001, NULL, &err), MJ_EINPUT);
+  T_CHECK(strstr(err.msg, "not a multiple of 8") != NULL);
+  mj_err_clear(&err);
+  T_EQ_INT(gop_gemv(z, z, z, 0, 64, 64, NULL, &err), MJ_EINPUT);
+  mj_err_clear(&err);
+  T_EQ_INT(gop_add_rmsnorm(z, 0, false, z, 1e-5f, z, 1, 0, NULL, &err), MJ_EINPUT);
+  mj_err_clear(&err);
+  T_EQ_INT(gop_sample(z, 1, 0, &sp, (gop_rows){0, 0, 0}, z, NULL, &err), MJ_EINPUT);
+  mj_err_clear(&err);
+  gop_set_arch(NULL);
+  jit_shutdown();
+}
+
+/* ---- references by hand ------------------------------------------------------------ */
+static void test_ref_embed_gemv(void) {
+  bf16 table[3 * 8];
+  for (int i = 0; i < 24; i++) table[i] = dt_f32_to_bf16((float)i - 4.5f);
+  int32_t tok[2] = {2, 0};
+  float x[16];
+  ref_embed(table, tok, x, 2, 8);
+  T_NEAR(x[0], 11.5, 0);  /* table[2][0] = 16 - 4.5 */
+  T_NEAR(x[7], 18.5, 0);
+  T_NEAR(x[8], -4.5, 0);  /* table[0][0] */
+  T_NEAR(x[15], 2.5, 0);
+
+  /* W row 0 = 1..8, row 1 = ones; x row 0 = ones, row 1 = 0,1,0,1,... */
+  bf16 W[16], xb[16];
+  for (int k = 0; k < 8; k++) {
+    W[k] = dt_f32_to_bf16((float)(k + 1)), W[8 + k] = dt_f32_to_bf16(1.0f);
+    xb[k] = dt_f32_to_bf16(1.0f), xb[8 + k] = dt_f32_to_bf16((float)(k & 1));
+  }
+  float y[4];
+  ref_gemv_b(W, xb, y, 2, 2, 8);
+  T_NEAR(y[0], 36, 0);
+  T_NEAR(y[1], 8, 0);
+  T_NEAR(y[2], 20, 0); /* 2 + 4 + 6 + 8 */
+  T_NEAR(y[3], 4, 0);
+}
+
+static void test_ref_add_rmsnorm(void) {
+  /* x = (1, 2, 3, 4) + (1, 1, 1, 1) = (2, 3, 4, 5): mean square 13.5,
+   * r = 1 / sqrt(13.5) = 0.27216553; w = (1, 2, 0.5, -1):
+   * xn = bf16(0.54433, 1.63299, 0.54433, -1.36083)
+   *    = 0.54296875, 1.6328125, 0.54296875, -1.359375. */
+  float x[4] = {1, 2, 3, 4}, yf[4] = {1, 1, 1, 1};
+  bf16 yb[4], w[4], xn[4];
+  float wv[4] = {1, 2, 0.5f, -1};
+  for (int i = 0; i < 4; i++) yb[i] = dt_f32_to_bf16(1.0f), w[i] = dt_f32_to_bf16(wv[i]);
+  ref_add_rmsnorm(x, yf, false, w, 0.0f, xn, 1, 4);
+  T_NEAR(x[0], 2, 0);
+  T_NEAR(x[3], 5, 0);
+  T_NEAR(dt_bf16_to_f32(xn[0]), 0.54296875, 0);
+  T_NEAR(dt_bf16_to_f32(xn[1]), 1.6328125, 0);
+  T_NEAR(dt_bf16_to_f32(xn[2]), 0.54296875, 0);
+  T_NEAR(dt_bf16_to_f32(xn[3]), -1.359375, 0);
+  /* bf16 y adds the same; no y leaves x alone (and normalises it again) */
+  float x2[4] = {1, 2, 3, 4};
+  ref_add_rmsnorm(x2, yb, true, w, 0.0f, xn, 1, 4);
+  T_NEAR(x2[1], 3, 0);
+  T_NEAR(dt_bf16_to_f32(xn[3]), -1.359375, 0);
+  ref_add_rmsnorm(x2, NULL, false, w, 0.0f, xn, 1, 4);
+  T_NEAR(x2[1], 3, 0);
+  T_NEAR(dt_bf16_to_f32(xn[1]), 1.6328125, 0);
+}
+
+static void test_ref_silu_mul(void) {
+  /* silu(0) = 0, silu(1) = 0.7310586, silu(-1) = -0.2689414;
+   * times up (2, 2, 3): 0, 1.4621172 -> bf16 1.4609375, -0.8068243 -> bf16 -0.80859375 */
+  float gu[6] = {0, 1, -1, 2, 2, 3};
+  bf16 h[3];
+  ref_silu_mul(gu, h, 1, 3);
+  T_NEAR(dt_bf16_to_f32(h[0]), 0, 0);
+  T_NEAR(dt_bf16_to_f32(h[1]), 1.4609375, 0);
+  T_NEAR(dt_bf16_to_f32(h[2]), -0.80859375, 0);
+}
+
+/* ---- the reference sampler --------------------------------------------------------- */
+static uint64_t rng = 99;
+static float frand(void) { /* uniform in [-1, 1) */
+  rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+  return (float)((rng >> 40) & 0xFFFFFF) / 8388608.0f - 1.0f;
+}
+
+static void test_ref_sample_greedy(void) {
+  enum { V = 1000 };
+  float l[V];
+  uint8_t keep[V];
+  for (int i = 0; i < V; i++) l[i] = frand() * 5.0f;
+  l[317] = 9.0f, l[802] = 9.0f; /* a tie: the lower id */
+  ref_sampling sp = {0.0f, 0, 1.0f, 0.0f, 1};
+  int32_t slot = 0, pos = 0, out;
+  ref_sample(l, 1, V, &sp, &slot, &pos, &out);
+  T_EQ_INT(out, sample_argmax(l, V));
+  T_EQ_INT(out, 317);
+  T_EQ_INT(ref_sample_keep(l, V, &sp, keep), 1);
+  T_EQ_INT(keep[317], 1);
+  sp = (ref_sampling){0.7f, 1, 1.0f, 0.0f, 1}; /* top-k 1 is greedy too */
+  ref_sample(l, 1, V, &sp, &slot, &pos, &out);
+  T_EQ_INT(out, 317);
+}
+
+/* The kept set equals sample.c's for the same logits (no ties). */
+static void test_ref_sample_filter(void) {
+  enum { V = 3000 };
+  float *l = malloc(V * sizeof *l);
+  uint8_t *keep = malloc(V);
+  const ref_sampling cases[] = {
+      {1.0f, 0, 1.0f, 0.0f, 0},   {0.7f, 50, 1.0f, 0.0f, 0},  {1.0f, 0, 0.9f, 0.0f, 0},
+      {1.3f, 0, 1.0f, 0.05f, 0},  {0.8f, 200, 0.95f, 0.02f, 0}, {0.5f, 10, 0.5f, 0.0f, 0},
+      {2.0f, 0, 0.3f, 0.0f, 0},   {1.0f, 2999, 0.99f, 0.0f, 0},
+  };
+  for (size_t c = 0; c < MJ_ARRAY_LEN(cases); c++) {
+    const ref_sampling *sp = &cases[c];
+    for (int i = 0; i < V; i++) l[i] = frand() * 8.0f;
+    sample_params p = sample_defaults();
+    p.temperature = sp->temperature, p.top_k = sp->top_k, p.top_p = sp->top_p, p.min_p = sp->min_p;
+    sampler *s = sample_create(&p, V);
+    const sample_cand *cand;
+    size_t n = sample_filter(s, l, NULL, 0, &cand);
+    size_t m = ref_sample_keep(l, V, sp, keep);
+    int missing = 0;
+    for (size_t i = 0; i < n; i++) missing += !keep[cand[i].id];
+    if (n != m || missing)
+      fprintf(stderr, "  case %zu: sample.c keeps %zu, ref %zu, %d of sample.c's not in ref\n", c, n, m, missing);
+    T_EQ_INT(m, n);
+    T_EQ_INT(missing, 0);
+    sample_destroy(s);
+  }
+  /* Ties at the top-k cutoff are kept (documented in sample.cu). */
+  for (int i = 0; i < V; i++) l[i] = (float)(i % 7);
+  ref_sampling sp = {1.0f, 3, 1.0f, 0.0f, 0};
+  T_EQ_INT(ref_sample_keep(l, V, &sp, keep), 428); /* every id = 6 mod 7 below 3000 */
+  T_EQ_INT(keep[6], 1);
+  T_EQ_INT(keep[5], 0);
+  free(l), free(keep);
+}
+
+/* Over many positions, the draws' frequencies follow the kept probabilities. */
+static void test_ref_sample_draw(void) {
+  enum { V = 6, DRAWS = 200000 };
+  float l[V] = {0.0f, 1.0f, 2.0f, -1.0f, 0.5f, -30.0f};
+  ref_sampling sp = {1.0f, 4, 1.0f, 0.0f, 12345};
+  uint8_t keep[V];
+  T_EQ_INT(ref_sample_keep(l, V, &sp, keep), 4); /* ids 2, 1, 4, 0 */
+  double e[V], sum = 0;
+  for (int i = 0; i < V; i++) sum += e[i] = keep[i] ? exp(l[i]) : 0;
+  int count[V] = {0};
+  for (int32_t pos = 0; pos < DRAWS; pos++) {
+    int32_t slot = pos % 3, out;
+    ref_sample(l, 1, V, &sp, &slot, &pos, &out);
+    count[out]++;
+  }
+  double worst = 0;
+  for (int i = 0; i < V; i++) {
+    double p = e[i] / sum, f = (double)count[i] / DRAWS, sd = sqrt(p * (1 - p) / DRAWS);
+    if (p == 0) T_EQ_INT(count[i], 0);
+    else worst = fmax(worst, fabs(f - p) / sd);
+  }
+  printf("  draw frequencies: worst %.2f standard deviations from the probabilities\n", worst);
+  T_CHECK(worst < 5);
+  /* The same (seed, slot, pos) draws the same token; the hash depends on each. */
+  T_CHECK(ref_sample_row_hash(1, 2, 3) == ref_sample_row_hash(1, 2, 3));
+  T_CHECK(ref_sample_row_hash(1, 2, 3) != ref_sample_row_hash(2, 2, 3));
+  T_CHECK(ref_sample_row_hash(1, 2, 3) != ref_sample_row_hash(1, 3, 3));
+  T_CHECK(ref_sample_row_hash(1, 2, 3) != ref_sample_row_hash(1, 2, 4));
+  float u = ref_sample_uniform(ref_sample_row_hash(1, 2, 3), 0);
+  T_CHECK(u > 0 && u <= 1);
+}
+
+int main(void) {
+  setenv("MOEJIT_CACHE", "off", 1);
+  T_RUN(test_dry_compile);
+  T_RUN(test_ref_embed_gemv);
+  T_RUN(test_ref_add_rmsnorm);
+  T_RUN(test_ref_silu_mul);
+  T_RUN(test_ref_sample_greedy);
+  T_RUN(test_ref_sample_filter);
+  T_RUN(test_ref_sample_draw);
+  return t_status();
+}
