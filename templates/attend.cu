@@ -63,6 +63,7 @@ mla_attend_part(const float *__restrict__ qlat, const __nv_bfloat16 *__restrict_
                 float *__restrict__ part, int heads, int kv_rank_rt, int rope_rt, int max_ctx, int topk,
                 int chunk, float scale) {
   static_assert(BLOCK % 32 == 0 && BLOCK >= 32 && BLOCK <= 1024, "BLOCK: a multiple of 32 in [32, 1024]");
+  static_assert(HG % 4 == 0, "HG must be a multiple of 4 (float4 reads of the weights)");
   static_assert(KV >= 0 && KV % 8 == 0 && ROPE % 8 == 0,
                 "KV and ROPE must be multiples of 8 (16-byte loads); KV = 0 is the generic variant");
   constexpr bool GEN = KV == 0;
@@ -199,12 +200,15 @@ mla_attend_part(const float *__restrict__ qlat, const __nv_bfloat16 *__restrict_
         const int col = tid + c * BLOCK;
         k[c] = (GEN || KV % BLOCK != 0) && col >= V ? 0.0f : __bfloat162float(ks[j * KS + col]);
       }
-      const float *pj = ps + j * HG;
+      const float4 *pj = reinterpret_cast<const float4 *>(ps + j * HG);  // broadcast reads
 #pragma unroll
-      for (int h = 0; h < HG; h++) {
-        const float p = pj[h];
+      for (int h4 = 0; h4 < HG / 4; h4++) {
+        const float4 p4 = pj[h4];
+        const float p[4] = {p4.x, p4.y, p4.z, p4.w};
 #pragma unroll
-        for (int c = 0; c < CPT; c++) acc[h][c] += p * k[c];
+        for (int e = 0; e < 4; e++)
+#pragma unroll
+          for (int c = 0; c < CPT; c++) acc[4 * h4 + e][c] += p[e] * k[c];
       }
     }
     __syncthreads();  // the next tile overwrites ks, ps and alphas
