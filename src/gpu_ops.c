@@ -2,7 +2,7 @@
  * obtain kernels for, and gop_get, jit_get with the "compile only" answer
  * that lets a dry step warm the cache on a machine without a GPU.  The
  * launchers themselves live beside their kernels' families: gop_dense.c,
- * gop_mla.c, gop_dsa.c. */
+ * gop_mla.c, gop_attn.c. */
 #include "gpu_ops.h"
 
 #include <string.h>

@@ -125,7 +125,8 @@ int gop_mla_prep(const gop_dims *d, CUdeviceptr P, int pw, const gop_prep_w *w, 
 int gop_mla_q(const gop_dims *d, CUdeviceptr Q, CUdeviceptr kv_b, gop_rows rows, CUdeviceptr inv_freq,
               CUdeviceptr qlat, CUdeviceptr iq, int B, CUstream s, mj_err *err);
 
-/* Attention of each row's heads over its slot's cache tokens 0..pos:
+/* (src/gop_attn.c, templates/attend.cu)
+ * Attention of each row's heads over its slot's cache tokens 0..pos:
  * score_t = (qlat_h . kv[t]) * scale over all kv_rank + rope values,
  * softmax in f32, olat f32 [B][heads][kv_rank] = sum_t p_t * latent_t.
  * With sel != 0, a row whose pos + 1 > idx_topk attends only to the
@@ -140,7 +141,7 @@ int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows ro
 int gop_mla_vout(const gop_dims *d, CUdeviceptr olat, CUdeviceptr kv_b, CUdeviceptr o, int B, CUstream s,
                  mj_err *err);
 
-/* ---- the DSA indexer (src/gop_dsa.c, templates/dsa.cu) ---------------------------------- */
+/* ---- the DSA indexer (src/gop_attn.c, templates/dsa.cu) --------------------------------- */
 
 /* For each row with pos + 1 > idx_topk: score_t = sum_h iw[b][h] *
  * relu(iq[b][h] . ikey[slot][t] * idx_dim^-0.5) for t in 0..pos, and sel[b]

@@ -107,4 +107,26 @@ float ref_sample_uniform(uint64_t row, int32_t i);
 void ref_sample(const float *logits, int B, int V, const ref_sampling *sp, const int32_t *slot,
                 const int32_t *pos, int32_t *out);
 
+/* ---- MLA attention and the DSA indexer's selection (ref_attn.c) ----------
+ * The decode step's attention over the compressed cache, meaning exactly
+ * what cpu_forward.c's absorbed attention and indexer compute, in the GPU's
+ * layouts (gpu_ops.h): kv bf16 [slots][max_ctx][kv_rank + rope], ikey f32
+ * [slots][max_ctx][idx_dim]; slot[b] and pos[b] per row. */
+
+/* For row b and head h over t in 0..pos[b] (or, with sel and pos[b] + 1 >
+ * topk, over the topk tokens sel[b][0..topk)):
+ *   s_t = scale * (qlat[b][h] . kv[slot[b]][t]) over all kv_rank + rope values,
+ *   olat[b][h][0..kv_rank) = sum_t softmax(s)_t * kv[slot[b]][t][0..kv_rank).
+ * qlat f32 [B][heads][kv_rank + rope], olat f32 [B][heads][kv_rank]. */
+void ref_mla_attend(const float *qlat, const bf16 *kv, const int *slot, const int *pos, const int *sel, int B,
+                    int heads, int kv_rank, int rope, int max_ctx, int topk, float scale, float *olat);
+
+/* For each row with pos[b] + 1 > topk: score_t = sum_h iw[b][h] *
+ * relu((iq[b][h] . ikey[slot[b]][t]) * idx_dim^-0.5), t in 0..pos[b], and
+ * sel[b][0..topk) = ref_topk of those scores (largest first; equal scores:
+ * the lower t).  Other rows of sel are left alone.  iq f32 [B][idx_heads]
+ * [idx_dim], iw f32 [B][idx_heads] (already times idx_heads^-0.5). */
+void ref_dsa_select(const float *iq, const float *iw, const float *ikey, const int *slot, const int *pos, int B,
+                    int idx_heads, int idx_dim, int topk, int max_ctx, int *sel);
+
 #endif

@@ -1,0 +1,169 @@
+/* gop_attn.c: the launchers of the decode step's attention over the cache
+ * (gpu_ops.h): gop_mla_attend (templates/attend.cu) and the DSA indexer's
+ * selection gop_dsa_select (templates/dsa.cu).
+ *
+ * Both ops run over a context whose length (pos + 1) grows from step to
+ * step while the step's CUDA graph stays the same, so every grid here is
+ * computed from the batch, the model's widths and max_ctx alone; blocks
+ * past a row's length return at once.  The plan of the attention's split
+ * (how many tokens a block takes) is one function, att_plan, used by the
+ * scratch size and the launch alike.  Launchers only obtain kernels and
+ * launch them: no allocation, synchronisation or read-back, and nothing is
+ * launched when gop_get says the kernel was only compiled (a dry step).
+ */
+#include <math.h>
+#include <stdio.h>
+
+#include "gpu_ops.h"
+
+/* ---- MLA attention ------------------------------------------------------------------ */
+/* These mirror the constants of templates/attend.cu. */
+#define ATT_HG 16           /* heads per block, sharing each cache record read */
+#define ATT_BLOCK 256       /* threads of mla_attend_part */
+#define ATT_TILE 32         /* MLA_TILE: tokens per tile */
+#define ATT_MAX_CPT 4       /* MLA_MAX_CPT: the generic variant's value columns per thread */
+#define ATT_COMBINE_BLOCK 128
+/* About four blocks per SM of an H200 (132 SMs): small batches split the
+ * context finer so that a short step still spreads over the GPU. */
+#define ATT_TARGET_BLOCKS 528
+#define GOP_MAX_SMEM (227 * 1024) /* dynamic shared memory per block on sm_90 */
+
+typedef struct att_plan {
+  int hgroups;  /* ceil(heads / ATT_HG) */
+  int chunk;    /* tokens per split, a multiple of ATT_TILE */
+  int nsplit;   /* ceil(max_ctx / chunk) */
+  size_t smem;  /* dynamic shared memory of mla_attend_part */
+  bool spec;    /* widths fit the specialised kernel (16-byte loads) */
+} att_plan;
+
+static size_t round4(size_t n) { return (n + 3) & ~(size_t)3; }
+
+static int att_plan_make(const gop_dims *d, int B, att_plan *p, mj_err *err) {
+  if (B < 1 || d->heads < 1 || d->kv_rank < 1 || d->rope < 0 || d->max_ctx < 1)
+    return mj_fail(err, MJ_EINPUT, "gop_mla_attend: bad shape (B %d, heads %d, kv_rank %d, rope %d, max_ctx %d)",
+                   B, d->heads, d->kv_rank, d->rope, d->max_ctx);
+  p->spec = d->kv_rank % 8 == 0 && d->rope % 8 == 0;
+  if (!p->spec && d->kv_rank > ATT_MAX_CPT * ATT_BLOCK)
+    return mj_fail(err, MJ_EINPUT, "gop_mla_attend: kv_rank %d with rope %d: the generic kernel takes kv_rank <= %d",
+                   d->kv_rank, d->rope, ATT_MAX_CPT * ATT_BLOCK);
+  p->hgroups = (d->heads + ATT_HG - 1) / ATT_HG;
+  long per = (long)B * p->hgroups;
+  long want = (ATT_TARGET_BLOCKS + per - 1) / per;
+  long most = (d->max_ctx + ATT_TILE - 1) / ATT_TILE;
+  if (want > most) want = most;
+  if (want < 1) want = 1;
+  long chunk = (d->max_ctx + want - 1) / want;
+  chunk = (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+  p->chunk = (int)chunk;
+  p->nsplit = (int)((d->max_ctx + chunk - 1) / chunk);
+  size_t D = (size_t)d->kv_rank + (size_t)d->rope;
+  p->smem = (round4(ATT_HG * D) + ATT_TILE * ATT_HG + round4(ATT_HG)) * sizeof(float) +
+            ATT_TILE * (D + 8) * 2;
+  if (p->smem > GOP_MAX_SMEM)
+    return mj_fail(err, MJ_EINPUT, "gop_mla_attend: kv_rank + rope = %zu needs %zu bytes of shared memory (at most %d)",
+                   D, p->smem, GOP_MAX_SMEM);
+  return 0;
+}
+
+size_t gop_mla_attend_scratch(const gop_dims *d, int B) {
+  att_plan p;
+  mj_err err = {0};
+  if (att_plan_make(d, B, &p, &err)) return 0;
+  return (size_t)B * (size_t)d->heads * (size_t)p.nsplit * ((size_t)d->kv_rank + 2) * sizeof(float);
+}
+
+/* Ask for more than the default 48 KiB of dynamic shared memory when needed. */
+static int set_smem(CUfunction fn, size_t bytes, mj_err *err) {
+  if (bytes > 48 * 1024)
+    CU_CHECK(err, cu.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)bytes));
+  return 0;
+}
+
+int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows rows, CUdeviceptr sel, float scale,
+                   CUdeviceptr olat, CUdeviceptr scratch, int B, CUstream s, mj_err *err) {
+  att_plan p;
+  int rc = att_plan_make(d, B, &p, err);
+  if (rc) return rc;
+  if (sel && d->idx_topk < 1) return mj_fail(err, MJ_EINPUT, "gop_mla_attend: a selection with idx_topk %d", d->idx_topk);
+  char e1[96], g1[96], e2[64], g2[64];
+  snprintf(g1, sizeof g1, "mla_attend_part<0, 0, %d, %d>", ATT_HG, ATT_BLOCK);
+  snprintf(e1, sizeof e1, "mla_attend_part<%d, %d, %d, %d>", d->kv_rank, d->rope, ATT_HG, ATT_BLOCK);
+  snprintf(g2, sizeof g2, "mla_attend_combine<0, %d>", ATT_COMBINE_BLOCK);
+  snprintf(e2, sizeof e2, "mla_attend_combine<%d, %d>", d->kv_rank, ATT_COMBINE_BLOCK);
+  jit_spec gen1 = {g1, NULL, 0}, gen2 = {g2, NULL, 0};
+  const jit_fn *part = NULL, *comb = NULL;
+  bool launch = false;
+  rc = gop_get("attend.cu", p.spec ? e1 : g1, NULL, 0, p.spec ? &gen1 : NULL, &part, &launch, err);
+  if (rc) return rc;
+  rc = gop_get("attend.cu", p.spec ? e2 : g2, NULL, 0, p.spec ? &gen2 : NULL, &comb, &launch, err);
+  if (rc) return rc;
+  if (part->generic && d->kv_rank > ATT_MAX_CPT * ATT_BLOCK)
+    return mj_fail(err, MJ_EINPUT, "gop_mla_attend: %s did not compile and the generic kernel takes kv_rank <= %d", e1,
+                   ATT_MAX_CPT * ATT_BLOCK);
+  if (!launch) return 0;
+
+  int heads = d->heads, kv_rank = d->kv_rank, rope = d->rope, max_ctx = d->max_ctx, topk = d->idx_topk;
+  int chunk = p.chunk, nsplit = p.nsplit, nb = B;
+  rc = set_smem(part->fn, p.smem, err);
+  if (rc) return rc;
+  void *a1[] = {&qlat, &c.kv, &rows.slot, &rows.pos, &sel, &scratch, &heads, &kv_rank, &rope, &max_ctx, &topk,
+                &chunk, &scale};
+  CU_CHECK(err, cu.cuLaunchKernel(part->fn, (unsigned)p.nsplit, (unsigned)p.hgroups, (unsigned)B, ATT_BLOCK, 1, 1,
+                                  (unsigned)p.smem, s, a1, NULL));
+  void *a2[] = {&scratch, &rows.pos, &sel, &olat, &heads, &kv_rank, &max_ctx, &topk, &chunk, &nsplit, &nb};
+  CU_CHECK(err, cu.cuLaunchKernel(comb->fn, (unsigned)heads, (unsigned)B, 1, ATT_COMBINE_BLOCK, 1, 1, 0, s, a2,
+                                  NULL));
+  return 0;
+}
+
+/* ---- the DSA indexer's selection ------------------------------------------------------- */
+#define DSA_SCORE_BLOCK 128 /* tokens (threads) per scoring block */
+#define DSA_TOPK_BLOCK 1024
+#define DSA_MAX_SPEC_HEADS 64 /* the specialised kernel keeps one dot product per head in registers */
+
+static int dsa_check(const gop_dims *d, int B, mj_err *err) {
+  if (B < 1 || d->idx_heads < 1 || d->idx_dim < 1 || d->idx_topk < 1 || d->max_ctx < 1)
+    return mj_fail(err, MJ_EINPUT, "gop_dsa_select: bad shape (B %d, idx_heads %d, idx_dim %d, idx_topk %d, max_ctx %d)",
+                   B, d->idx_heads, d->idx_dim, d->idx_topk, d->max_ctx);
+  return 0;
+}
+
+size_t gop_dsa_select_scratch(const gop_dims *d, int B) {
+  if (B < 1 || d->max_ctx < 1) return 0;
+  return (size_t)B * (size_t)d->max_ctx * sizeof(float);
+}
+
+int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache c, gop_rows rows, CUdeviceptr sel,
+                   CUdeviceptr scratch, int B, CUstream s, mj_err *err) {
+  int rc = dsa_check(d, B, err);
+  if (rc) return rc;
+  size_t smem = (round4((size_t)d->idx_heads * (size_t)d->idx_dim) + (size_t)d->idx_heads) * sizeof(float);
+  if (smem > GOP_MAX_SMEM)
+    return mj_fail(err, MJ_EINPUT, "gop_dsa_select: idx_heads %d x idx_dim %d needs %zu bytes of shared memory",
+                   d->idx_heads, d->idx_dim, smem);
+  bool spec = d->idx_dim % 4 == 0 && d->idx_heads <= DSA_MAX_SPEC_HEADS;
+  char e1[64], g1[64], e2[64];
+  snprintf(g1, sizeof g1, "dsa_score<0, 0, %d>", DSA_SCORE_BLOCK);
+  snprintf(e1, sizeof e1, "dsa_score<%d, %d, %d>", d->idx_dim, d->idx_heads, DSA_SCORE_BLOCK);
+  snprintf(e2, sizeof e2, "dsa_topk<%d>", DSA_TOPK_BLOCK);
+  jit_spec gen1 = {g1, NULL, 0};
+  const jit_fn *score = NULL, *topk = NULL;
+  bool launch = false;
+  rc = gop_get("dsa.cu", spec ? e1 : g1, NULL, 0, spec ? &gen1 : NULL, &score, &launch, err);
+  if (rc) return rc;
+  rc = gop_get("dsa.cu", e2, NULL, 0, NULL, &topk, &launch, err);
+  if (rc) return rc;
+  if (!launch) return 0;
+
+  int idim = d->idx_dim, ih = d->idx_heads, max_ctx = d->max_ctx, k = d->idx_topk;
+  float sscale = 1.0f / sqrtf((float)idim); /* as cpu_forward's indexer computes it */
+  rc = set_smem(score->fn, smem, err);
+  if (rc) return rc;
+  void *a1[] = {&iq, &iw, &c.ikey, &rows.slot, &rows.pos, &scratch, &idim, &ih, &max_ctx, &k, &sscale};
+  unsigned nblk = (unsigned)((max_ctx + DSA_SCORE_BLOCK - 1) / DSA_SCORE_BLOCK);
+  CU_CHECK(err, cu.cuLaunchKernel(score->fn, nblk, (unsigned)B, 1, DSA_SCORE_BLOCK, 1, 1, (unsigned)smem, s, a1,
+                                  NULL));
+  void *a2[] = {&scratch, &rows.pos, &sel, &max_ctx, &k};
+  CU_CHECK(err, cu.cuLaunchKernel(topk->fn, (unsigned)B, 1, 1, DSA_TOPK_BLOCK, 1, 1, 0, s, a2, NULL));
+  return 0;
+}

@@ -1,0 +1,234 @@
+/* test_gop_attn.c: the attention ops of the decode step without a GPU.
+ *
+ * (a) Every kernel a GLM-5 full-width step and the GPU test ask for
+ *     compiles: gop_mla_attend and gop_dsa_select run dry (compile-only
+ *     target, null pointers) for B in 1..64 and max_ctx 1024 and 4096, plus
+ *     the generic variants and an odd shape that only the generic kernel
+ *     serves; registers and spills are printed.
+ * (b) The CPU references (ref_mla_attend, ref_dsa_select) on tiny random
+ *     cases, against a plain recomputation with cpu_forward.c's formulas:
+ *     the attention as its attend() over a byte mask, the selection checked
+ *     by its defining property (k distinct visible tokens, none beaten by a
+ *     token left out, ties to the lower index), with planted ties.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cudrv.h"
+#include "gpu_ops.h"
+#include "ref.h"
+#include "t.h"
+#include "util.h"
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float uniform(void) { /* xorshift64, [0, 1) */
+  rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+  return (float)(rng >> 40) / (float)(1 << 24);
+}
+
+/* ---- (a) compile every specialisation ------------------------------------------------ */
+static const char *dry_arch = "sm_90a";
+
+static void show(const char *kernel, const char *entry) {
+  const jit_fn *f = NULL;
+  bool launch = false;
+  mj_err err = {0};
+  T_EQ_INT(gop_get(kernel, entry, NULL, 0, NULL, &f, &launch, &err), 0);
+  if (err.code) mj_err_print(&err, stderr);
+  if (!f) return;
+  T_CHECK(!launch);
+  printf("  %-36s regs %3d, spills %d/%d, stack %d\n", entry, f->meta.regs, f->meta.spill_stores,
+         f->meta.spill_loads, f->meta.stack_bytes);
+  T_EQ_INT(f->meta.spill_stores, 0);
+}
+
+static void dry(const gop_dims *d, int B) {
+  mj_err err = {0};
+  T_EQ_INT(gop_mla_attend(d, 0, (gop_cache){0, 0}, (gop_rows){0, 0, 0}, 0, 0.0625f, 0, 0, B, NULL, &err), 0);
+  if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
+  T_EQ_INT(gop_mla_attend(d, 0, (gop_cache){0, 0}, (gop_rows){0, 0, 0}, 1, 0.0625f, 0, 0, B, NULL, &err), 0);
+  if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
+  T_EQ_INT(gop_dsa_select(d, 0, 0, (gop_cache){0, 0}, (gop_rows){0, 0, 0}, 0, 0, B, NULL, &err), 0);
+  if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
+  T_CHECK(gop_mla_attend_scratch(d, B) > 0);
+  T_EQ_INT(gop_dsa_select_scratch(d, B), (size_t)B * d->max_ctx * 4);
+}
+
+static void test_compile(void) {
+  /* On an sm_90a GPU the launchers would launch for real: compile for a
+   * target the GPU is not, so the run stays dry there too. */
+  if (cu_init(NULL) == 0 && strcmp(cu_dev()->arch, "sm_90a") == 0) dry_arch = "sm_90";
+  gop_set_arch(dry_arch);
+  gop_dims glm = {.hidden = 6144, .vocab = 154880, .heads = 64, .nope = 192, .rope = 64, .v = 256,
+                  .kv_rank = 512, .q_rank = 2048, .idx_heads = 32, .idx_dim = 128, .idx_topk = 2048,
+                  .max_ctx = 1024, .rms_eps = 1e-5f};
+  static const int Bs[] = {1, 2, 4, 8, 16, 32, 64};
+  for (int m = 0; m < 2; m++) {
+    glm.max_ctx = m ? 4096 : 1024;
+    for (size_t i = 0; i < MJ_ARRAY_LEN(Bs); i++) dry(&glm, Bs[i]);
+  }
+  /* The GPU test's small odd shape, and one only the generic kernels take. */
+  gop_dims odd = {.heads = 3, .nope = 16, .rope = 8, .v = 16, .kv_rank = 48, .idx_heads = 2, .idx_dim = 16,
+                  .idx_topk = 5, .max_ctx = 40};
+  gop_dims gen = {.heads = 5, .rope = 6, .kv_rank = 50, .idx_heads = 3, .idx_dim = 10, .idx_topk = 7, .max_ctx = 33};
+  for (int B = 1; B <= 4; B++) dry(&odd, B), dry(&gen, B);
+  /* Too wide for the generic attention: a clear error. */
+  gop_dims wide = gen;
+  wide.kv_rank = 1100;
+  mj_err err = {0};
+  T_EQ_INT(gop_mla_attend(&wide, 0, (gop_cache){0, 0}, (gop_rows){0, 0, 0}, 0, 1.0f, 0, 0, 1, NULL, &err),
+           MJ_EINPUT);
+  mj_err_clear(&err);
+  printf("  kernels (%s):\n", dry_arch);
+  show("attend.cu", "mla_attend_part<512, 64, 16, 256>");
+  show("attend.cu", "mla_attend_combine<512, 128>");
+  show("attend.cu", "mla_attend_part<48, 8, 16, 256>");
+  show("attend.cu", "mla_attend_part<0, 0, 16, 256>");
+  show("attend.cu", "mla_attend_combine<0, 128>");
+  show("dsa.cu", "dsa_score<128, 32, 128>");
+  show("dsa.cu", "dsa_score<16, 2, 128>");
+  show("dsa.cu", "dsa_score<0, 0, 128>");
+  show("dsa.cu", "dsa_topk<1024>");
+  gop_set_arch(NULL);
+}
+
+/* ---- (b) the CPU references -------------------------------------------------------------- */
+/* cpu_forward.c's attend(), verbatim in meaning: one query against the
+ * selected keys j < vis, latent part then rope part in one sum. */
+static void attend(const float *qa, const float *ka, int na, int stride, const float *qr, const float *kr, int dr,
+                   const uint8_t *sel, int vis, float scale, const float *val, int nv, float *p, float *out) {
+  float mx = -INFINITY;
+  for (int j = 0; j < vis; j++) {
+    if (!sel[j]) continue;
+    const float *kj = ka + j * stride, *rj = kr + j * dr;
+    float d = 0;
+    for (int e = 0; e < na; e++) d += qa[e] * kj[e];
+    for (int e = 0; e < dr; e++) d += qr[e] * rj[e];
+    p[j] = d * scale;
+    if (p[j] > mx) mx = p[j];
+  }
+  float sum = 0;
+  for (int j = 0; j < vis; j++)
+    if (sel[j]) sum += (p[j] = expf(p[j] - mx));
+  memset(out, 0, (size_t)nv * sizeof *out);
+  for (int j = 0; j < vis; j++) {
+    if (!sel[j]) continue;
+    float pj = p[j] / sum;
+    const float *vj = val + j * stride;
+    for (int e = 0; e < nv; e++) out[e] += pj * vj[e];
+  }
+}
+
+static void test_ref_attend(void) {
+  enum { B = 4, H = 3, R = 8, DR = 4, D = R + DR, T = 12, TOPK = 5, SLOTS = 3 };
+  static const int slot[B] = {2, 0, 1, 0}, pos[B] = {0, 4, 9, 11};
+  int sel[B][TOPK] = {{0}, {0}, {9, 2, 7, 0, 4}, {11, 3, 6, 10, 1}};
+  float q[B][H][D], out[B][H][R], want[B][H][R], out_all[B][H][R];
+  bf16 kv[SLOTS][T][D];
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++)
+      for (int e = 0; e < D; e++) q[b][h][e] = 4 * uniform() - 2;
+  for (int s = 0; s < SLOTS; s++)
+    for (int t = 0; t < T; t++)
+      for (int e = 0; e < D; e++) kv[s][t][e] = dt_f32_to_bf16(2 * uniform() - 1);
+  float scale = 0.3f;
+  ref_mla_attend(&q[0][0][0], &kv[0][0][0], slot, pos, &sel[0][0], B, H, R, DR, T, TOPK, scale, &out[0][0][0]);
+  ref_mla_attend(&q[0][0][0], &kv[0][0][0], slot, pos, NULL, B, H, R, DR, T, TOPK, scale, &out_all[0][0][0]);
+  /* The same with cpu_forward's layout: latent [T][R] and krope [T][DR]. */
+  float lat[T][R], kr[T][DR], p[T];
+  uint8_t mask[T];
+  double worst = 0, differ = 0;
+  for (int b = 0; b < B; b++) {
+    for (int t = 0; t < T; t++) {
+      for (int e = 0; e < R; e++) lat[t][e] = dt_bf16_to_f32(kv[slot[b]][t][e]);
+      for (int e = 0; e < DR; e++) kr[t][e] = dt_bf16_to_f32(kv[slot[b]][t][R + e]);
+    }
+    int vis = pos[b] + 1;
+    memset(mask, 0, sizeof mask);
+    if (vis > TOPK)
+      for (int i = 0; i < TOPK; i++) mask[sel[b][i]] = 1;
+    else
+      memset(mask, 1, (size_t)vis);
+    for (int h = 0; h < H; h++) {
+      attend(q[b][h], &lat[0][0], R, R, q[b][h] + R, &kr[0][0], DR, mask, vis, scale, &lat[0][0], R, p, want[b][h]);
+      for (int e = 0; e < R; e++) {
+        worst = fmax(worst, fabs(out[b][h][e] - want[b][h][e]));
+        differ = fmax(differ, fabs(out_all[b][h][e] - out[b][h][e]));
+      }
+    }
+  }
+  T_CHECK(worst < 1e-6);
+  T_CHECK(differ > 1e-3); /* the selection matters on rows 2 and 3 */
+  /* Row 0 (pos 0) sees one token: its output is that token's latent. */
+  for (int e = 0; e < R; e++) T_NEAR(out[0][0][e], dt_bf16_to_f32(kv[slot[0]][0][e]), 1e-6);
+}
+
+/* cpu_forward.c's indexer score of token j of row b. */
+static float score_of(const float *iq, const float *iw, const float *keys, int b, int j, int IH, int ID) {
+  float sscale = 1.0f / sqrtf((float)ID), acc = 0;
+  for (int h = 0; h < IH; h++) {
+    float d = 0;
+    for (int e = 0; e < ID; e++) d += iq[(b * IH + h) * ID + e] * keys[j * ID + e];
+    d *= sscale;
+    if (d > 0) acc += iw[b * IH + h] * d;
+  }
+  return acc;
+}
+
+static void test_ref_select(void) {
+  enum { B = 4, IH = 3, ID = 8, T = 20, TOPK = 6, SLOTS = 3 };
+  static const int slot[B] = {1, 0, 2, 1}, pos[B] = {5, 19, 13, 10};
+  float iq[B * IH * ID], iw[B * IH], ikey[SLOTS][T][ID];
+  for (int i = 0; i < B * IH * ID; i++) iq[i] = 2 * uniform() - 1;
+  for (int i = 0; i < B * IH; i++) iw[i] = uniform() + 0.1f;
+  for (int s = 0; s < SLOTS; s++)
+    for (int t = 0; t < T; t++)
+      for (int e = 0; e < ID; e++) ikey[s][t][e] = 2 * uniform() - 1;
+  /* Planted ties: in slot 0 tokens 3, 8, 12 and 17 share one key (and
+   * score), and so do 5 and 9; slot 2 holds a single key everywhere, so
+   * row 2 must take tokens 0..TOPK-1. */
+  memcpy(ikey[0][9], ikey[0][5], sizeof ikey[0][5]);
+  for (int t = 1; t < T; t++) memcpy(ikey[2][t], ikey[2][0], sizeof ikey[2][0]);
+  /* The shared key is row 1's first query head, so its score ranks high. */
+  for (int e = 0; e < ID; e++) ikey[0][3][e] = ikey[0][8][e] = ikey[0][12][e] = ikey[0][17][e] = iq[(1 * IH) * ID + e];
+  int sel[B][TOPK];
+  for (int b = 0; b < B; b++)
+    for (int i = 0; i < TOPK; i++) sel[b][i] = -7;
+  ref_dsa_select(iq, iw, &ikey[0][0][0], slot, pos, B, IH, ID, TOPK, T, &sel[0][0]);
+  for (int i = 0; i < TOPK; i++) T_EQ_INT(sel[0][i], -7); /* pos + 1 = TOPK: untouched */
+  for (int b = 1; b < B; b++) {
+    int vis = pos[b] + 1;
+    uint8_t in[T] = {0};
+    for (int i = 0; i < TOPK; i++) {
+      T_CHECK(sel[b][i] >= 0 && sel[b][i] < vis);
+      if (sel[b][i] < 0 || sel[b][i] >= vis) return;
+      T_CHECK(!in[sel[b][i]]);
+      in[sel[b][i]] = 1;
+    }
+    const float *keys = &ikey[slot[b]][0][0];
+    for (int i = 0; i < vis; i++) {
+      if (!in[i]) continue;
+      float si = score_of(iq, iw, keys, b, i, IH, ID);
+      for (int j = 0; j < vis; j++) {
+        if (in[j]) continue;
+        float sj = score_of(iq, iw, keys, b, j, IH, ID);
+        T_CHECK(si > sj || (si == sj && i < j));
+      }
+    }
+  }
+  /* Row 1: the four equal top keys all fit; row 2: the first TOPK of equals. */
+  uint8_t in1[T] = {0};
+  for (int i = 0; i < TOPK; i++) in1[sel[1][i]] = 1;
+  T_CHECK(in1[3] && in1[8] && in1[12] && in1[17]);
+  for (int i = 0; i < TOPK; i++) T_EQ_INT(sel[2][i], i);
+}
+
+int main(void) {
+  setenv("MOEJIT_CACHE", "off", 1);
+  T_RUN(test_compile);
+  T_RUN(test_ref_attend);
+  T_RUN(test_ref_select);
+  jit_shutdown();
+  return t_status();
+}
