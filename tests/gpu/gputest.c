@@ -9,7 +9,7 @@
 
 #include "cudrv.h"
 
-#define GPU_TESTS(X) X(gemv) X(rmsnorm) X(moe)
+#define GPU_TESTS(X) X(gemv) X(rmsnorm) X(moe) X(mla)
 
 #define X(name) int gpu_test_##name(void);
 GPU_TESTS(X)
