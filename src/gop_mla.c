@@ -31,6 +31,10 @@ static int mla_get(const char *name, const char *spec, const char *gen, bool fas
   return gop_get("mla.cu", fast ? entry : gentry, NULL, 0, fast ? &generic : NULL, f, launch, err);
 }
 
+/* The batch tile of the weight-streaming kernels: the smallest of 1, 2, 4,
+ * 8 that holds B, so one decode row does not pay for eight. */
+static int mla_tile(int B) { return B <= 1 ? 1 : B <= 2 ? 2 : B <= 4 ? 4 : 8; }
+
 static int mla_check_dims(const gop_dims *d, int B, const char *op, mj_err *err) {
   if (B < 1 || d->heads < 1 || d->nope < 1 || d->v < 1 || d->kv_rank < 1 || d->q_rank < 1 || d->rope < 2 ||
       d->rope % 2 || d->max_ctx < 1)
@@ -85,10 +89,10 @@ int gop_mla_q(const gop_dims *d, CUdeviceptr Q, CUdeviceptr kv_b, gop_rows rows,
   int qw = d->heads * (d->nope + d->rope) + (ix ? d->idx_heads * d->idx_dim : 0);
   bool fast = d->kv_rank % 64 == 0 && kv_b % 16 == 0;
   char spec[96];
-  snprintf(spec, sizeof spec, "<%d, %d, %d, %d>", d->nope, d->rope, d->v, d->kv_rank);
+  snprintf(spec, sizeof spec, "<%d, %d, %d, %d, %d>", d->nope, d->rope, d->v, d->kv_rank, mla_tile(B));
   const jit_fn *f;
   bool launch;
-  int rc = mla_get("mla_q", spec, "<0, 0, 0, 0>", fast, &f, &launch, err);
+  int rc = mla_get("mla_q", spec, "<0, 0, 0, 0, 0>", fast, &f, &launch, err);
   if (rc || !launch) return rc;
   int per_head = f->generic || !fast ? (d->kv_rank + MLA_BLOCK - 1) / MLA_BLOCK : d->kv_rank / 64;
   long items = (long)B * (d->heads + (ix ? d->idx_heads : 0));
@@ -107,10 +111,10 @@ int gop_mla_vout(const gop_dims *d, CUdeviceptr olat, CUdeviceptr kv_b, CUdevice
   if (mla_check_dims(d, B, "mla_vout", err)) return MJ_EINPUT;
   bool fast = d->kv_rank % 256 == 0 && d->v % 32 == 0 && kv_b % 16 == 0 && olat % 16 == 0;
   char spec[96];
-  snprintf(spec, sizeof spec, "<%d, %d, %d>", d->nope, d->v, d->kv_rank);
+  snprintf(spec, sizeof spec, "<%d, %d, %d, %d>", d->nope, d->v, d->kv_rank, mla_tile(B));
   const jit_fn *f;
   bool launch;
-  int rc = mla_get("mla_vout", spec, "<0, 0, 0>", fast, &f, &launch, err);
+  int rc = mla_get("mla_vout", spec, "<0, 0, 0, 0>", fast, &f, &launch, err);
   if (rc || !launch) return rc;
   long grid = f->generic || !fast ? ((long)d->heads * d->v + MLA_BLOCK / 32 - 1) / (MLA_BLOCK / 32)
                                   : (long)d->heads * (d->v / 32);

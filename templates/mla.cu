@@ -14,10 +14,12 @@
 // for a handful of rows: they must run at memory bandwidth.  Each thread
 // loads its slice of the weights once, with 16-byte loads, into registers,
 // and then walks every row of the batch in tiles of TB rows staged in
-// shared memory, so the weights are read once whatever B is.  Partial sums
-// are combined with a "reduce-scatter" across lanes (each shuffle step
-// halves the values a lane holds), which costs a few shuffles per output
-// rather than a full tree per output.
+// shared memory, so the weights are read once whatever B is.  TB (1, 2, 4
+// or 8) is a template argument the launcher picks from B, so a batch of one
+// row does not pay for the arithmetic of eight.  Partial sums are combined
+// with a "reduce-scatter" across lanes (each shuffle step halves the values
+// a lane holds), which costs a few shuffles per output rather than a full
+// tree per output.
 //
 // RoPE is the reference's interleaved form written de-interleaved: pair
 // (x[2i], x[2i+1]) rotated by pos * inv_freq[i] goes to out[i] and
@@ -25,12 +27,13 @@
 // and sincosf is the accurate one (no fast math).
 //
 // Specialisation: template arguments bind the widths (mla_prep<QR, R, ROPE,
-// IDX_DIM>, mla_q<NOPE, ROPE, V, R>, mla_vout<NOPE, V, R>); all zeros is the
-// generic variant, which takes the same arguments and reads the widths from
-// them.  The specialised mla_q needs R % 64 == 0 and mla_vout R % 256 == 0
-// and V % 32 == 0 (and 16-byte aligned weights): the launcher asks for the
-// generic variant for other shapes.  Launch geometry (the launchers compute
-// the same numbers; see the comment above each kernel):
+// IDX_DIM>, mla_q<NOPE, ROPE, V, R, TB>, mla_vout<NOPE, V, R, TB>); all
+// zeros is the generic variant, which takes the same arguments and reads
+// the widths from them.  The specialised mla_q needs R % 64 == 0 and
+// mla_vout R % 256 == 0 and V % 32 == 0 (and 16-byte aligned weights): the
+// launcher asks for the generic variant for other shapes.  Launch geometry
+// (the launchers compute the same numbers; see the comment above each
+// kernel):
 //   mla_prep  grid 3 * B (row, part), block 256.
 //   mla_q     grid heads * (R / 64) (generic: heads * ceil(R / 256)) main
 //             blocks, then the RoPE blocks; block 256.
@@ -40,7 +43,7 @@
 
 #define MLA_BLOCK 256
 #define MLA_WARPS (MLA_BLOCK / 32)
-#define MLA_TB 8              // batch rows per tile
+#define MLA_TB 8              // batch rows per tile of the generic variants
 #define MLA_MAX_IDX_DIM 1024  // the indexer key's width, at most (shared memory)
 
 // The sum of v over the block, returned to every thread; partial holds 32
@@ -94,6 +97,23 @@ __device__ __forceinline__ void mla_rs_step(float *v, int lane) {
     const float send = up ? v[i] : v[i + N / 2];
     const float keep = up ? v[i + N / 2] : v[i];
     v[i] = keep + __shfl_xor_sync(0xffffffffu, send, S);
+  }
+}
+
+// Reduce-scatter of N values over the lane bits S, S / 2, ... 1: while
+// values remain to split, each step halves them; then plain butterfly
+// steps.  Afterwards v[0] of lane l is the warp's sum of value l / (32 / N)
+// (N a power of two <= 32, S = 16 at the top).
+template <int N, int S>
+__device__ __forceinline__ void mla_rs(float *v, int lane) {
+  if constexpr (S >= 1) {
+    if constexpr (N > 1) {
+      mla_rs_step<N, S>(v, lane);
+      mla_rs<N / 2, S / 2>(v, lane);
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], S);
+      mla_rs<1, S / 2>(v, lane);
+    }
   }
 }
 
@@ -187,17 +207,20 @@ __device__ __forceinline__ void mla_q_rope(int blk, int nblk, const float *__res
 // 8, and the W_uk rows e = t / 8 + 32 i (i < NOPE / 32, rounded up).  A warp
 // loads four 128-byte row segments per i.  Per tile of TB batch rows each
 // thread sums its rows into acc[TB][8]; a reduce-scatter over the warp's four
-// row groups (lane bits 3 and 4) leaves lane group g = lane / 8 with batch
-// rows 2g, 2g + 1; the eight warps meet in shared memory.
+// row groups (lane bits 4 and 3) leaves lane group g = lane / 8 with the
+// values 2 TB g .. 2 TB g + 2 TB - 1 of acc; the eight warps meet in shared
+// memory.
 // Generic variant: block = (head, 256 columns), one column a thread, the
 // weights read from cache once per tile.
-template <int NOPE, int ROPE, int V, int R>
+template <int NOPE, int ROPE, int V, int R, int TB>
 __global__ void __launch_bounds__(MLA_BLOCK, 2)
 mla_q(const float *__restrict__ Q, int qw, const __nv_bfloat16 *__restrict__ kv_b, const int *__restrict__ pos,
       const float *__restrict__ inv_freq, float *__restrict__ qlat, float *__restrict__ iq, int B, int heads,
       int nope, int rope, int v, int kv_rank, int idx_heads, int idx_dim) {
   constexpr bool SPEC = NOPE > 0;
-  static_assert(!SPEC || (R % 64 == 0 && ROPE % 2 == 0 && V > 0), "mla_q: the specialised variant needs R % 64 == 0");
+  static_assert(!SPEC || (R % 64 == 0 && ROPE % 2 == 0 && V > 0),
+                "mla_q: the specialised variant needs R % 64 == 0");
+  static_assert(!SPEC || TB == 1 || TB == 2 || TB == 4 || TB == 8, "mla_q: TB is 1, 2, 4 or 8");
   const int dn = SPEC ? NOPE : nope, dr = SPEC ? ROPE : rope, dv = SPEC ? V : v, r = SPEC ? R : kv_rank;
   const int per_head = SPEC ? R / 64 : (r + MLA_BLOCK - 1) / MLA_BLOCK;
   const int nmain = heads * per_head;
@@ -212,8 +235,8 @@ mla_q(const float *__restrict__ Q, int qw, const __nv_bfloat16 *__restrict__ kv_
   const __nv_bfloat16 *W = kv_b + (size_t)h * (dn + dv) * r;
   if constexpr (SPEC) {
     constexpr int CV = 8, RG = MLA_BLOCK / CV, RPT = (NOPE + RG - 1) / RG;
-    __shared__ float qs[MLA_TB][NOPE];
-    __shared__ float red[MLA_WARPS][MLA_TB][64];
+    __shared__ float qs[TB][NOPE];
+    __shared__ float red[MLA_WARPS][TB][64];
     const int cv = t % CV, rg = t / CV, lane = t % 32, warp = t / 32, col0 = chunk * 64;
     uint4 w[RPT];
 #pragma unroll
@@ -223,16 +246,16 @@ mla_q(const float *__restrict__ Q, int qw, const __nv_bfloat16 *__restrict__ kv_
       if (NOPE % RG == 0 || e < NOPE)
         w[i] = __ldg(reinterpret_cast<const uint4 *>(W + (size_t)e * R + col0 + cv * 8));
     }
-    for (int b0 = 0; b0 < B; b0 += MLA_TB) {
+    for (int b0 = 0; b0 < B; b0 += TB) {
       __syncthreads(); // the previous tile is done with qs and red
-      for (int j = t; j < MLA_TB * NOPE; j += MLA_BLOCK) {
+      for (int j = t; j < TB * NOPE; j += MLA_BLOCK) {
         const int bb = j / NOPE, e = j % NOPE;
         qs[bb][e] = b0 + bb < B ? Q[(size_t)(b0 + bb) * qw + qoff + e] : 0.0f;
       }
       __syncthreads();
-      float acc[MLA_TB * 8];
+      float acc[TB * 8];
 #pragma unroll
-      for (int k = 0; k < MLA_TB * 8; k++) acc[k] = 0.0f;
+      for (int k = 0; k < TB * 8; k++) acc[k] = 0.0f;
 #pragma unroll
       for (int i = 0; i < RPT; i++) {
         const int e = rg + i * RG;
@@ -240,20 +263,23 @@ mla_q(const float *__restrict__ Q, int qw, const __nv_bfloat16 *__restrict__ kv_
         const float f[8] = {bf_lo(w[i].x), bf_hi(w[i].x), bf_lo(w[i].y), bf_hi(w[i].y),
                             bf_lo(w[i].z), bf_hi(w[i].z), bf_lo(w[i].w), bf_hi(w[i].w)};
 #pragma unroll
-        for (int bb = 0; bb < MLA_TB; bb++) {
+        for (int bb = 0; bb < TB; bb++) {
           const float qv = qs[bb][e];
 #pragma unroll
           for (int c = 0; c < 8; c++) acc[bb * 8 + c] += qv * f[c];
         }
       }
       // Lanes 8 and 16 apart hold other rows of the same columns.
-      mla_rs_step<MLA_TB * 8, 16>(acc, lane);
-      mla_rs_step<MLA_TB * 4, 8>(acc, lane);
-      const int g = lane / 8; // this lane now holds batch rows 2g, 2g + 1 of columns cv * 8 ..
+      mla_rs_step<TB * 8, 16>(acc, lane);
+      mla_rs_step<TB * 4, 8>(acc, lane);
+      const int g = lane / 8; // acc[k] is now the sum of value 2 TB g + k = bb * 8 + c
 #pragma unroll
-      for (int k = 0; k < 16; k++) red[warp][2 * g + k / 8][cv * 8 + k % 8] = acc[k];
+      for (int k = 0; k < TB * 2; k++) {
+        const int idx = 2 * TB * g + k;
+        red[warp][idx / 8][cv * 8 + idx % 8] = acc[k];
+      }
       __syncthreads();
-      for (int j = t; j < MLA_TB * 64; j += MLA_BLOCK) {
+      for (int j = t; j < TB * 64; j += MLA_BLOCK) {
         const int bb = j / 64, c = j % 64;
         if (b0 + bb >= B) break;
         float s = 0.0f;
@@ -286,20 +312,23 @@ mla_q(const float *__restrict__ Q, int qw, const __nv_bfloat16 *__restrict__ kv_
 // Specialised: block = (head h, 32 of its V output rows); warp w owns rows
 // 4w .. 4w + 3 of the block's, lane l the columns (l + 32 j) * 8 .. + 8 (j <
 // R / 256), loaded once as 16-byte vectors.  Per tile of TB batch rows (olat
-// staged in shared memory) a lane holds acc[TB][4]; the reduce-scatter over
-// all five lane bits leaves lane l with batch row l / 4, output row l % 4.
+// staged in shared memory) a lane holds acc[TB][4]; the reduce over all five
+// lane bits (mla_rs) leaves the sum of value i = bb * 4 + k with the lanes l
+// of l / (8 / TB) = i, the first of which writes it.
 // Generic: one warp a output row (h, e) of all heads * V, lanes along the
 // latent, every batch row in turn.
-template <int NOPE, int V, int R>
+template <int NOPE, int V, int R, int TB>
 __global__ void __launch_bounds__(MLA_BLOCK, 2)
 mla_vout(const float *__restrict__ olat, const __nv_bfloat16 *__restrict__ kv_b, __nv_bfloat16 *__restrict__ o,
          int B, int heads, int nope, int v, int kv_rank) {
   constexpr bool SPEC = V > 0;
-  static_assert(!SPEC || (R % 256 == 0 && V % 32 == 0), "mla_vout: the specialised variant needs R % 256 == 0, V % 32 == 0");
+  static_assert(!SPEC || (R % 256 == 0 && V % 32 == 0),
+                "mla_vout: the specialised variant needs R % 256 == 0, V % 32 == 0");
+  static_assert(!SPEC || TB == 1 || TB == 2 || TB == 4 || TB == 8, "mla_vout: TB is 1, 2, 4 or 8");
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
   if constexpr (SPEC) {
     constexpr int RW = 4, NJ = R / 256;
-    __shared__ __align__(16) float os[MLA_TB][R];
+    __shared__ __align__(16) float os[TB][R];
     const int h = blockIdx.x / (V / 32), e0 = (blockIdx.x % (V / 32)) * 32 + warp * RW;
     const __nv_bfloat16 *W = kv_b + ((size_t)h * (NOPE + V) + NOPE + e0) * R;
     uint4 w[RW][NJ];
@@ -308,20 +337,20 @@ mla_vout(const float *__restrict__ olat, const __nv_bfloat16 *__restrict__ kv_b,
 #pragma unroll
       for (int j = 0; j < NJ; j++)
         w[k][j] = __ldg(reinterpret_cast<const uint4 *>(W + (size_t)k * R + (lane + 32 * j) * 8));
-    for (int b0 = 0; b0 < B; b0 += MLA_TB) {
+    for (int b0 = 0; b0 < B; b0 += TB) {
       __syncthreads();
-      for (int j = t; j < MLA_TB * R / 4; j += MLA_BLOCK) {
+      for (int j = t; j < TB * R / 4; j += MLA_BLOCK) {
         const int bb = j / (R / 4), c = j % (R / 4);
         float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (b0 + bb < B) x = reinterpret_cast<const float4 *>(olat + ((size_t)(b0 + bb) * heads + h) * R)[c];
         reinterpret_cast<float4 *>(&os[bb][0])[c] = x;
       }
       __syncthreads();
-      float acc[MLA_TB * RW];
+      float acc[TB * RW];
 #pragma unroll
-      for (int k = 0; k < MLA_TB * RW; k++) acc[k] = 0.0f;
+      for (int k = 0; k < TB * RW; k++) acc[k] = 0.0f;
 #pragma unroll
-      for (int bb = 0; bb < MLA_TB; bb++)
+      for (int bb = 0; bb < TB; bb++)
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
           const float4 *xs = reinterpret_cast<const float4 *>(&os[bb][(lane + 32 * j) * 8]);
@@ -336,13 +365,11 @@ mla_vout(const float *__restrict__ olat, const __nv_bfloat16 *__restrict__ kv_b,
             acc[bb * RW + k] += bf_lo(w[k][j].z) * x.x + bf_hi(w[k][j].z) * x.y + bf_lo(w[k][j].w) * x.z +
                                 bf_hi(w[k][j].w) * x.w;
         }
-      mla_rs_step<32, 16>(acc, lane);
-      mla_rs_step<16, 8>(acc, lane);
-      mla_rs_step<8, 4>(acc, lane);
-      mla_rs_step<4, 2>(acc, lane);
-      mla_rs_step<2, 1>(acc, lane);
-      const int bb = lane / RW, k = lane % RW;
-      if (b0 + bb < B) o[(size_t)(b0 + bb) * heads * V + (size_t)h * V + e0 + k] = __float2bfloat16_rn(acc[0]);
+      mla_rs<TB * RW, 16>(acc, lane);
+      constexpr int SHARE = 32 / (TB * RW); // lanes holding the same sum
+      const int i = lane / SHARE, bb = i / RW, k = i % RW;
+      if (lane % SHARE == 0 && b0 + bb < B)
+        o[(size_t)(b0 + bb) * heads * V + (size_t)h * V + e0 + k] = __float2bfloat16_rn(acc[0]);
     }
   } else {
     const int row = blockIdx.x * MLA_WARPS + warp;

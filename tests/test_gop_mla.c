@@ -4,7 +4,8 @@
  *     compiled for sm_90a by running the launchers dry (null pointers, B 1 to
  *     64, with and without an indexer): the specialisations compile (none
  *     falls back), the small odd shape goes to the generic variants, and B
- *     never costs another compile.  Bad widths are refused with one line.
+ *     costs no compile beyond the four batch tiles.  Bad widths are
+ *     refused with one line.
  * (b) The CPU references: a hand-computed RoPE layout, and the chain prep ->
  *     absorbed q -> attention over the bf16 cache -> vout on a tiny random
  *     layer against the expanded form of cpu_forward.c (k_nope and v of
@@ -69,24 +70,32 @@ static void test_compile(void) {
     T_EQ_INT(dry(&glm5, Bs[i], true, &err), 0);
     T_EQ_INT(dry(&glm5, Bs[i], false, &err), 0);
   }
-  /* GLM-5: three specialisations, all compiled as such. */
-  T_EQ_INT(stat_of(CACHE_STAT_compiles), 3);
+  /* GLM-5: mla_prep, and mla_q and mla_vout for each batch tile (1, 2, 4,
+   * 8), all compiled as such. */
+  T_EQ_INT(stat_of(CACHE_STAT_compiles), 9);
   T_EQ_INT(stat_of(CACHE_STAT_failures), 0);
-  const jit_fn *f;
-  bool launch = true;
-  T_EQ_INT(gop_get("mla.cu", "mla_q<192, 64, 256, 512>", NULL, 0, NULL, &f, &launch, &err), 0);
-  printf("mla_q: %d registers, %d bytes spilled\n", f->meta.regs, f->meta.spill_stores);
-  T_CHECK(!f->generic && !launch);
-  T_CHECK(f->meta.spill_stores <= 16); /* a handful of bytes at most */
-  T_EQ_INT(gop_get("mla.cu", "mla_vout<192, 256, 512>", NULL, 0, NULL, &f, &launch, &err), 0);
-  printf("mla_vout: %d registers, %d bytes spilled\n", f->meta.regs, f->meta.spill_stores);
-  T_CHECK(!f->generic && f->meta.spill_stores <= 16);
+  /* Each weight-streaming kernel, per batch tile: specialised, compiled
+   * only (no GPU of the target), and at most a few bytes spilled. */
+  for (int tb = 1; tb <= 8; tb *= 2) {
+    const char *fmt[2] = {"mla_q<192, 64, 256, 512, %d>", "mla_vout<192, 256, 512, %d>"};
+    for (int k = 0; k < 2; k++) {
+      char entry[64];
+      snprintf(entry, sizeof entry, fmt[k], tb);
+      const jit_fn *f = NULL;
+      bool launch = true;
+      T_EQ_INT(gop_get("mla.cu", entry, NULL, 0, NULL, &f, &launch, &err), 0);
+      if (!f) continue;
+      printf("%-30s %3d registers, %2d bytes spilled\n", entry, f->meta.regs, f->meta.spill_stores);
+      T_CHECK(!f->generic && !launch);
+      T_CHECK(f->meta.spill_stores <= 16);
+    }
+  }
   /* The small odd shape: prep specialised, q and vout generic. */
   for (int B = 1; B <= 5; B += 2) {
     T_EQ_INT(dry(&odd, B, true, &err), 0);
     T_EQ_INT(dry(&odd, B, false, &err), 0);
   }
-  T_EQ_INT(stat_of(CACHE_STAT_compiles), 6);
+  T_EQ_INT(stat_of(CACHE_STAT_compiles), 12);
   T_EQ_INT(stat_of(CACHE_STAT_failures), 0);
   /* Bad widths: one line, no compile. */
   gop_prep_w w = {0};
@@ -98,7 +107,7 @@ static void test_compile(void) {
   bad.rope = 63;
   T_EQ_INT(gop_mla_vout(&bad, 0, 0, 0, 1, NULL, &err), MJ_EINPUT);
   T_EQ_INT(gop_mla_q(&glm5, 0, 0, rows, 0, 0, 0, 0, NULL, &err), MJ_EINPUT); /* B = 0 */
-  T_EQ_INT(stat_of(CACHE_STAT_compiles), 6);
+  T_EQ_INT(stat_of(CACHE_STAT_compiles), 12);
   gop_set_arch(NULL);
   jit_shutdown();
 }

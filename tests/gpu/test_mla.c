@@ -9,8 +9,8 @@
  * relative L2 error against the reference (<= 1e-2) with every compared
  * value finite, and every cache entry the step did not write still
  * bit-for-bit the poison.  GLM-5 full width (the specialised kernels) at
- * several B, including a prefill-sized B that is not a multiple of the
- * kernels' batch tile; a small odd shape (the generic variants of mla_q
+ * B that pick each batch tile, including a prefill-sized B that is not a
+ * multiple of the tile; a small odd shape (the generic variants of mla_q
  * and mla_vout); layers without an indexer (ikey = 0, iq = 0, and P and Q
  * as narrow as such a layer makes them).
  */
@@ -44,9 +44,10 @@ typedef struct mcase {
              .idx_heads = 2, .idx_dim = 16, .idx_topk = 4, .max_ctx = 16, .rms_eps = 1e-5f}
 
 static const mcase cases[] = {
-    {"glm5", GLM5, 1, true},  {"glm5", GLM5, 3, true},   {"glm5", GLM5, 8, true}, {"glm5", GLM5, 64, true},
-    {"glm5", GLM5, 130, true}, {"glm5", GLM5, 5, false}, {"odd", ODD, 1, true},   {"odd", ODD, 5, true},
-    {"odd", ODD, 4, false},
+    /* B 1, 2, 3 and 8 pick the batch tiles 1, 2, 4 and 8 */
+    {"glm5", GLM5, 1, true},   {"glm5", GLM5, 2, true},  {"glm5", GLM5, 3, true}, {"glm5", GLM5, 8, true},
+    {"glm5", GLM5, 64, true},  {"glm5", GLM5, 130, true}, {"glm5", GLM5, 5, false}, {"odd", ODD, 1, true},
+    {"odd", ODD, 5, true},     {"odd", ODD, 4, false},
 };
 
 enum { SLOTS = 3 };
