@@ -12,7 +12,8 @@
  * B that pick each batch tile, including a prefill-sized B that is not a
  * multiple of the tile; a small odd shape (the generic variants of mla_q
  * and mla_vout); layers without an indexer (ikey = 0, iq = 0, and P and Q
- * as narrow as such a layer makes them).
+ * as narrow as such a layer makes them).  Then a timing table of mla_q and
+ * mla_vout at GLM-5 width (information only).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -54,7 +55,7 @@ enum { SLOTS = 3 };
 
 /* Device buffers of a case, freed together. */
 typedef struct dbufs {
-  CUdeviceptr p[24];
+  CUdeviceptr p[32];
   int n;
 } dbufs;
 
@@ -221,6 +222,86 @@ out:
   return rc;
 }
 
+/* Timing, for information (no threshold): mla_q and mla_vout at GLM-5
+ * width, the median over rounds of REPS back-to-back launches, rotating
+ * over NW copies of kv_b so the weights come from memory, not from the
+ * 50 MB L2.  Bytes counted: the weights the op streams (W_uk 12.6 MB, W_uv
+ * 16.8 MB); the activations are small beside them. */
+static int cmp_float(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return (x > y) - (x < y);
+}
+
+static int time_ops(mj_err *err) {
+  enum { NW = 8, REPS = 20, ROUNDS = 7, BMAX = 64 };
+  const gop_dims d = GLM5;
+  const size_t kvb_n = (size_t)d.heads * (d.nope + d.v) * d.kv_rank;
+  const int qw = d.heads * (d.nope + d.rope) + d.idx_heads * d.idx_dim;
+  double copy_bw = 0;
+  if (cu_copy_bandwidth((size_t)256 << 20, &copy_bw, err)) return MJ_ECUDA;
+  bf16 *w = mj_xmalloc(kvb_n * 2);
+  float *q = mj_xmalloc(sizeof(float) * BMAX * qw), *ol = mj_xmalloc(sizeof(float) * BMAX * d.heads * d.kv_rank);
+  float inv[32];
+  for (size_t i = 0; i < kvb_n; i++) w[i] = dt_f32_to_bf16(0.1f * frand());
+  for (int i = 0; i < BMAX * qw; i++) q[i] = frand();
+  for (int i = 0; i < BMAX * d.heads * d.kv_rank; i++) ol[i] = frand();
+  ref_rope_inv_freq(1e6, d.rope, inv);
+  int32_t zero[BMAX] = {0};
+  dbufs db = {0};
+  CUdeviceptr kvb[NW], dq, dol, dinv, dpos, dql, diq, dout;
+  CUevent e0 = NULL, e1 = NULL;
+  int rc = MJ_ECUDA;
+  for (int i = 0; i < NW; i++)
+    if (dalloc(&db, &kvb[i], kvb_n * 2, w, err)) goto out;
+  if (dalloc(&db, &dq, sizeof(float) * BMAX * qw, q, err) ||
+      dalloc(&db, &dol, sizeof(float) * BMAX * d.heads * d.kv_rank, ol, err) ||
+      dalloc(&db, &dinv, sizeof(float) * d.rope / 2, inv, err) || dalloc(&db, &dpos, sizeof zero, zero, err) ||
+      dalloc(&db, &dql, sizeof(float) * BMAX * d.heads * (d.kv_rank + d.rope), NULL, err) ||
+      dalloc(&db, &diq, sizeof(float) * BMAX * d.idx_heads * d.idx_dim, NULL, err) ||
+      dalloc(&db, &dout, 2 * (size_t)BMAX * d.heads * d.v, NULL, err))
+    goto out;
+  CU_CHECK_GOTO(err, cu.cuEventCreate(&e0, CU_EVENT_DEFAULT), out);
+  CU_CHECK_GOTO(err, cu.cuEventCreate(&e1, CU_EVENT_DEFAULT), out);
+  gop_rows rows = {0, dpos, dpos};
+  printf("timing (GLM-5 width, weights rotated over %d copies; device copy bandwidth %.0f GB/s)\n", NW,
+         copy_bw / 1e9);
+  printf("%-8s %4s %9s %9s %8s\n", "op", "B", "us", "GB/s", "of copy");
+  static const int Bs[] = {1, 8, 64};
+  for (size_t bi = 0; bi < MJ_ARRAY_LEN(Bs); bi++)
+    for (int op = 0; op < 2; op++) {
+      int B = Bs[bi];
+      float t[ROUNDS];
+      for (int r = -1; r < ROUNDS; r++) { /* round -1 warms up */
+        CU_CHECK_GOTO(err, cu.cuEventRecord(e0, NULL), out);
+        for (int k = 0; k < REPS; k++) {
+          int lr = op == 0 ? gop_mla_q(&d, dq, kvb[k % NW], rows, dinv, dql, diq, B, NULL, err)
+                           : gop_mla_vout(&d, dol, kvb[k % NW], dout, B, NULL, err);
+          if (lr) {
+            rc = lr;
+            goto out;
+          }
+        }
+        CU_CHECK_GOTO(err, cu.cuEventRecord(e1, NULL), out);
+        CU_CHECK_GOTO(err, cu.cuEventSynchronize(e1), out);
+        float ms = 0;
+        CU_CHECK_GOTO(err, cu.cuEventElapsedTime(&ms, e0, e1), out);
+        if (r >= 0) t[r] = ms * 1e3f / REPS;
+      }
+      qsort(t, ROUNDS, sizeof *t, cmp_float);
+      double us = t[ROUNDS / 2];
+      double bytes = 2.0 * d.heads * (op == 0 ? d.nope : d.v) * d.kv_rank;
+      printf("%-8s %4d %9.2f %9.0f %7.0f%%\n", op == 0 ? "mla_q" : "mla_vout", B, us, bytes / us / 1e3,
+             100.0 * bytes / (us * 1e-6) / copy_bw);
+    }
+  rc = 0;
+out:
+  if (e0) cu.cuEventDestroy(e0);
+  if (e1) cu.cuEventDestroy(e1);
+  for (int i = 0; i < db.n; i++) cu.cuMemFree(db.p[i]);
+  free(w), free(q), free(ol);
+  return rc;
+}
+
 int gpu_test_mla(void) {
   mj_err err = {0};
   if (t_scratch_init("mla")) return 1;
@@ -238,6 +319,11 @@ int gpu_test_mla(void) {
       mj_err_print(&err, stderr);
       t_checks++, t_failures++;
     }
+  }
+  mj_err_clear(&err);
+  if (time_ops(&err)) {
+    mj_err_print(&err, stderr);
+    t_checks++, t_failures++;
   }
   jit_shutdown();
   return t_scratch_done(t_status());
