@@ -60,8 +60,8 @@ int gop_mla_prep(const gop_dims *d, CUdeviceptr P, int pw, const gop_prep_w *w, 
   int need = d->q_rank + d->kv_rank + d->rope + (ix ? d->idx_dim + d->idx_heads : 0);
   if (pw < need)
     return mj_fail(err, MJ_EINPUT, "mla_prep: the projection row has %d values, the layer needs %d", pw, need);
-  /* The indexer width only binds on indexer layers; other layers share the
-   * kernel of the same attention widths with the indexer's. */
+  /* IDX_DIM is bound on layers without an indexer too (their kernel skips
+   * that part at run time), so both kinds of layer share one kernel. */
   char spec[96];
   snprintf(spec, sizeof spec, "<%d, %d, %d, %d>", d->q_rank, d->kv_rank, d->rope,
            d->idx_dim <= 1024 && d->idx_dim >= 0 ? d->idx_dim : 0);
