@@ -129,4 +129,39 @@ void ref_mla_attend(const float *qlat, const bf16 *kv, const int *slot, const in
 void ref_dsa_select(const float *iq, const float *iw, const float *ikey, const int *slot, const int *pos, int B,
                     int idx_heads, int idx_dim, int topk, int max_ctx, int *sel);
 
+/* ---- MLA attention around the cache (ref_mla.c) ---------------------------
+ * The CPU references of gop_mla_prep, gop_mla_q and gop_mla_vout
+ * (gpu_ops.h has the layouts), made of ref_model.h's ops so they mean what
+ * cpu_forward.c computes; bf16 is where the GPU stores bf16 (qa, the cache,
+ * o), rounded once from the f32 result. */
+
+/* The widths these ops need (gpu_ops.h's gop_dims, without CUDA types). */
+typedef struct ref_mla_dims {
+  int heads, nope, rope, v, kv_rank, q_rank;
+  int idx_heads, idx_dim;
+  int max_ctx;
+} ref_mla_dims;
+
+/* From P f32 [B][pw] = [q_a | latent, k_rope | idx wk | idx weights_proj]:
+ * qa[b] = bf16(rmsnorm(q_a, q_a_norm, 1e-6)); kv[slot][pos] (bf16
+ * [kv_rank + rope], cache of max_ctx per slot) = rmsnorm(latent, kv_a_norm,
+ * 1e-6) then rope(k_rope, pos); with ikey (else NULL, and the k_norm
+ * vectors and iw unused): ikey[slot][pos] = layernorm(wk out, k_norm_w,
+ * k_norm_b, 1e-6) with its first rope values rotated, and iw[b][i] =
+ * weights_proj out * idx_heads^-0.5.  inv_freq [rope / 2].  Rows with a
+ * negative slot or pos outside [0, max_ctx) write no cache entry. */
+void ref_mla_prep(const ref_mla_dims *d, const float *P, int pw, const bf16 *q_a_norm, const bf16 *kv_a_norm,
+                  const bf16 *k_norm_w, const bf16 *k_norm_b, const int32_t *slot, const int32_t *pos,
+                  const float *inv_freq, bf16 *kv, float *ikey, bf16 *qa, float *iw, int B);
+/* From Q f32 [B][heads * (nope + rope) (+ idx_heads * idx_dim when iq)]:
+ * qlat f32 [B][heads][kv_rank + rope] = [sum_e<nope q_nope_h[e] *
+ * kv_b[h * (nope + v) + e][:] | rope(q_rope_h, pos[b])]; with iq (else
+ * NULL): iq f32 [B][idx_heads][idx_dim] = the indexer q with its first rope
+ * values rotated.  kv_b bf16 [heads * (nope + v)][kv_rank]. */
+void ref_mla_q(const ref_mla_dims *d, const float *Q, const bf16 *kv_b, const int32_t *pos, const float *inv_freq,
+               float *qlat, float *iq, int B);
+/* o bf16 [B][heads * v]: o[b][h * v + e] = sum_a kv_b[h * (nope + v) + nope +
+ * e][a] * olat[b][h][a]; olat f32 [B][heads][kv_rank]. */
+void ref_mla_vout(const ref_mla_dims *d, const float *olat, const bf16 *kv_b, bf16 *o, int B);
+
 #endif
