@@ -33,6 +33,7 @@ struct cpu_model {
   layer_cache *lc;
   float *inv_freq; /* [qk_rope_head_dim / 2] */
   float *dump;
+  uint8_t *sel_dump; /* the last query's DSA mask of the last full-indexer layer */
 };
 
 static float *xalloc_f(size_t n) {
@@ -77,6 +78,7 @@ void cpu_model_destroy(cpu_model *s) {
 
 int64_t cpu_model_len(const cpu_model *s) { return s->len; }
 void cpu_model_set_dump(cpu_model *s, float *dump) { s->dump = dump; }
+void cpu_model_set_sel_dump(cpu_model *s, uint8_t *sel) { s->sel_dump = sel; }
 
 /* ---- the DSA indexer ---------------------------------------------------------------- */
 /* Fill sel[i][0..T) for the n queries: 1 where query i may attend. */
@@ -285,6 +287,7 @@ int cpu_forward(cpu_model *s, const int32_t *tokens, int64_t n, int64_t pos, flo
     const model_layer *ly = &m->layers[L];
     for (int64_t i = 0; i < n; i++) ref_rmsnorm(x + i * H, &ly->input_norm, c->rms_norm_eps, H, xn + i * H);
     attention(s, L, xn, n, pos, sel, y);
+    if (s->sel_dump && ly->has_indexer) memcpy(s->sel_dump, sel + (n - 1) * T, (size_t)T);
     for (int64_t i = 0; i < n * H; i++) x[i] += y[i];
     for (int64_t i = 0; i < n; i++) ref_rmsnorm(x + i * H, &ly->post_norm, c->rms_norm_eps, H, xn + i * H);
     if (ly->sparse) moe(s, ly, xn, n, y);

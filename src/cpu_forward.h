@@ -41,5 +41,9 @@ int64_t cpu_model_len(const cpu_model *s);
 /* For diagnosis: if set, the next cpu_forward writes each layer's output
  * (the residual stream) to dump[layer][token][hidden]. */
 void cpu_model_set_dump(cpu_model *s, float *dump);
+/* For diagnosis: if set, every later cpu_forward leaves in sel[0..pos+1)
+ * the last token's DSA mask (1 = may attend) of the last layer that ran
+ * its own indexer. */
+void cpu_model_set_sel_dump(cpu_model *s, uint8_t *sel);
 
 #endif

@@ -745,6 +745,12 @@ int gpu_read_tokens(gpu_model *g, int n, int32_t *out, mj_err *err) {
   return 0;
 }
 
+int gpu_read_sel(gpu_model *g, int row, int32_t *out, mj_err *err) {
+  CU_CHECK(err, cu.cuStreamSynchronize(g->s));
+  CU_CHECK(err, cu.cuMemcpyDtoH(out, g->sel + (size_t)row * g->d.idx_topk * 4, (size_t)g->d.idx_topk * 4));
+  return 0;
+}
+
 /* ---- a profiled step ----------------------------------------------------------------- */
 int gpu_profile_step(gpu_model *g, int np, gpu_prof *prof, mj_err *err) {
   const gop_dims *d = &g->d;

@@ -78,6 +78,10 @@ void gpu_counters_get(const gpu_model *g, gpu_counters *c);
 int gpu_fill_cache(gpu_model *g, uint64_t seed, mj_err *err);
 /* Put rows on the device (as gpu_step does) without running anything. */
 int gpu_set_rows(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, mj_err *err);
+/* For diagnosis: the DSA selection (idx_topk token positions) the last
+ * step left for row `row`, from the last layer that ran its own indexer;
+ * meaningful only for a row whose pos + 1 > idx_topk. */
+int gpu_read_sel(gpu_model *g, int row, int32_t *out, mj_err *err);
 /* Wait for the stream and read the first n sampled ids. */
 int gpu_read_tokens(gpu_model *g, int n, int32_t *out, mj_err *err);
 /* Enqueue one step of the rows set for padded size np on stream s (no

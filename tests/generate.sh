@@ -43,7 +43,10 @@ expect1() {
 }
 expect1 "moejit: moejit generate: -p TEXT is required (-p - reads stdin)" $MOEJIT generate -m "$tmp/m"
 expect1 "moejit: moejit generate: --temp expects a number, not 'hot'" $MOEJIT generate -m "$tmp/m" -p x --temp hot
-expect1 "moejit: moejit generate: --backend must be cpu or cuda, not 'tpu'" $MOEJIT generate -m "$tmp/m" -p x --backend tpu
+expect1 "moejit: moejit generate: --backend must be auto, cpu or cuda, not 'tpu'" $MOEJIT generate -m "$tmp/m" -p x --backend tpu
+expect1 "moejit: moejit generate: --graph-batches wants ascending sizes in 1..1024, not '4,2'" $MOEJIT generate -m "$tmp/m" -p x --graph-batches 4,2
+# the tiny model is narrower than the GPU MoE kernels: cuda refuses it with the reason, on any machine
+expect1 "moejit: $tmp/m: the GPU MoE kernels need hidden_size and moe_intermediate_size multiples of 1024 (this model: 64, 32); use --backend cpu" $MOEJIT generate -m "$tmp/m" -p x --backend cuda
 expect1 "moejit: moejit generate: --system and --no-think go with --chat" $MOEJIT generate -m "$tmp/m" -p x --system y
 expect1 "moejit: moejit generate: unknown option '--temperature' (see moejit generate --help)" $MOEJIT generate -m "$tmp/m" -p x --temperature 1
 cp -r "$tmp/m" "$tmp/broken"
