@@ -5,6 +5,7 @@
 #   tests         every GPU test (gputest NAME), a pass/fail table
 #   decode        moejit bench decode (synthetic full-width GLM-5)
 #   decode-warm   the same again on the now-warm cache (zero compiles)
+#   ncu           the kernel-time sum of one eager decode step (Nsight Compute)
 #   moe           moejit bench moe with the tile sweep
 #   moe-warm      moe again, warm
 set -u
@@ -21,6 +22,16 @@ for phase in "$@"; do
       done > "$log" ;;
     decode) timeout 400 moejit bench decode ${DECODE_ARGS:-} > "$log" 2>&1 ;;
     decode-warm) timeout 300 moejit bench decode ${DECODE_ARGS:-} > "$log" 2>&1 ;;
+    ncu)
+      # the sum of the kernel times of one eager step, measured by Nsight
+      # Compute (one metric, gpu__time_duration, in ns), for the replay
+      # overhead: the graph step time minus this sum
+      for b in ${NCU_BATCHES:-1}; do
+        timeout 200 ncu --profile-from-start off --metrics gpu__time_duration.sum --print-units base --csv \
+          moejit bench decode ${DECODE_ARGS:-} --batch "$b" --profile-region > "$OUT/ncu-$b.csv" 2>> "$log"
+        awk -F'","' '/gpu__time_duration/ { v = $NF; gsub(/[",]/, "", v); s += v; n++ }
+          END { printf "batch %s: %d kernels, sum of kernel times %.1f us\n", b, n, s / 1000 }' b="$b" "$OUT/ncu-$b.csv" >> "$log"
+      done ;;
     moe) timeout 400 moejit bench moe ${MOE_ARGS:-} > "$log" 2>&1 ;;
     moe-warm) timeout 300 moejit bench moe ${MOE_ARGS:-} > "$log" 2>&1 ;;
     *) echo "gpu-run: unknown phase $phase" > "$log" ;;

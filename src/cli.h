@@ -33,7 +33,7 @@
     "                 [--dn-configs ROWS:THREADS:CHAIN:GX[:PF[:MINB]],...] [--mt N] [--sets N] [--copies N]\n" \
     "                 [--check-tokens N] [--experts E] [--hidden H] [--inter I]\n" \
     "moejit bench decode [-m DIR | --synthetic glm5 [--layers N] [--dense D]] [--batch 1,8,32]\n" \
-    "                 [--ctx N] [--steps N] [--reps N] [--seed S] [--no-graphs]\n" \
+    "                 [--ctx N] [--steps N] [--reps N] [--seed S] [--no-graphs] [--profile-region]\n" \
     "  decode: the whole GLM-5 step (default: 18 full-width layers, 3 dense, random\n" \
     "  weights made on the GPU), graph and eager times, per-op breakdown, roofline share\n") \
   X(tokenize, "print the tokens of a text (ids, pieces or JSON)",            \

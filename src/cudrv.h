@@ -15,6 +15,7 @@
 #define MOEJIT_CUDRV_H
 
 #include <cuda.h>
+#include <cudaProfiler.h>
 
 #include "util.h"
 
@@ -33,7 +34,8 @@
   X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy)                \
   X(cuGraphDestroy) X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize)   \
   X(cuEventElapsedTime) X(cuEventDestroy) X(cuGetErrorString)                 \
-  X(cuGetErrorName) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)
+  X(cuGetErrorName) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)          \
+  X(cuProfilerStart) X(cuProfilerStop)
 
 typedef struct cu_api {
 #define X(f) __typeof__(f) *f;
