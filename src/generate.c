@@ -13,10 +13,12 @@
  * is the only read-back) unless a repetition penalty needs the host's
  * sampler and the logits.
  *
- * Without -m, moejit uses a small synthetic GLM-5 model (mkmodel's `small`
- * preset with NVFP4 experts) that it writes into its data folder on first
- * use, so the command works on a fresh machine with no download.  Its
- * weights are random: the text is noise, the machinery is real.
+ * Without -m, moejit uses a small synthetic GLM-5 model (mkmodel's `medium`
+ * preset with NVFP4 experts, 142 MB: the smallest widths the GPU kernels
+ * take, so the same command runs on the GPU where there is one) that it
+ * writes into its data folder on first use, so the command works on a
+ * fresh machine with no download.  Its weights are random: the text is
+ * noise, the machinery is real.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -68,7 +70,7 @@ static int default_model(char *dir, size_t n, bool quiet, mj_err *err) {
   char base[2048];
   int r = data_dir(base, sizeof base, err);
   if (r) return r;
-  if (snprintf(dir, n, "%s/default-small-nvfp4-s1", base) >= (int)n)
+  if (snprintf(dir, n, "%s/default-medium-nvfp4-s1", base) >= (int)n)
     return mj_fail(err, MJ_EIO, "%s: data folder path too long", base);
   char cfg[4200];
   snprintf(cfg, sizeof cfg, "%s/config.json", dir);
@@ -80,7 +82,7 @@ static int default_model(char *dir, size_t n, bool quiet, mj_err *err) {
                    base);
   }
   mkmodel_spec s;
-  mkmodel_preset("small", &s);
+  mkmodel_preset("medium", &s);
   s.nvfp4 = true;
   s.seed = 1;
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);

@@ -59,9 +59,9 @@ for k in 1 2 3 4; do
 done
 [ $allok = 1 ] && ok "4 concurrent first runs of generate succeed" || bad "concurrent generate"
 left=$(ls "$tmp/data")
-[ "$left" = "default-small-nvfp4-s1" ] && ok "the data folder holds one model, no temporary copies" ||
+[ "$left" = "default-medium-nvfp4-s1" ] && ok "the data folder holds one model, no temporary copies" ||
   bad "data folder holds: $left"
-$MOEJIT info -m "$tmp/data/default-small-nvfp4-s1" > /dev/null 2>&1 && ok "the written model is valid" ||
+$MOEJIT info -m "$tmp/data/default-medium-nvfp4-s1" > /dev/null 2>&1 && ok "the written model is valid" ||
   bad "the written model does not load"
 
 # ---- 3. concurrent compiles into one cache folder --------------------------------------------

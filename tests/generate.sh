@@ -31,7 +31,7 @@ g2=$($MOEJIT generate -m "$tmp/m" -p "abc" -n 8 --temp 0 --seed 2 --json 2>/dev/
 printf 'from stdin' | $MOEJIT generate -m "$tmp/m" -p - --chat --system "be brief" --no-think -n 4 --json > "$tmp/c" 2>/dev/null || bad "chat from stdin"
 grep -q '"prompt_tokens":' "$tmp/c" && ok "chat prompt from stdin" || bad "chat: $(cat "$tmp/c")"
 # the built-in model, written on first use
-MOEJIT_DATA_DIR="$tmp/data" $MOEJIT generate -p "hi" -n 3 --seed 1 -q > /dev/null 2>&1 && [ -f "$tmp/data/default-small-nvfp4-s1/config.json" ] && ok "built-in model" || bad "built-in model"
+MOEJIT_DATA_DIR="$tmp/data" $MOEJIT generate -p "hi" -n 3 --seed 1 -q > /dev/null 2>&1 && [ -f "$tmp/data/default-medium-nvfp4-s1/config.json" ] && ok "built-in model" || bad "built-in model"
 
 # errors: one line, status 1
 expect1() {
