@@ -6,6 +6,7 @@
 #   decode        moejit bench decode (synthetic full-width GLM-5)
 #   decode-warm   the same again on the now-warm cache (zero compiles)
 #   ncu           the kernel-time sum of one eager decode step (Nsight Compute)
+#   generate      moejit generate with the built-in model, GPU then CPU
 #   moe           moejit bench moe with the tile sweep
 #   moe-warm      moe again, warm
 set -u
@@ -31,6 +32,13 @@ for phase in "$@"; do
           moejit bench decode ${DECODE_ARGS:-} --batch "$b" --profile-region > "$OUT/ncu-$b.csv" 2>> "$log"
         awk -F'","' '/gpu__time_duration/ { v = $NF; gsub(/[",]/, "", v); s += v; n++ }
           END { printf "batch %s: %d kernels, sum of kernel times %.1f us\n", b, n, s / 1000 }' b="$b" "$OUT/ncu-$b.csv" >> "$log"
+      done ;;
+    generate)
+      # the built-in model on the GPU, then on the CPU, greedy: speed lines and tokens
+      export MOEJIT_DATA_DIR=$OUT/data
+      for b in auto cpu; do
+        timeout 120 moejit generate -p "The quick brown fox" -n 32 --temp 0 --backend $b --json > "$OUT/gen-$b.json" 2>> "$log"
+        sed 's/"text":"[^"]*",//' "$OUT/gen-$b.json" >> "$log"
       done ;;
     moe) timeout 400 moejit bench moe ${MOE_ARGS:-} > "$log" 2>&1 ;;
     moe-warm) timeout 300 moejit bench moe ${MOE_ARGS:-} > "$log" 2>&1 ;;
