@@ -26,9 +26,12 @@ for phase in "$@"; do
     ncu)
       # the sum of the kernel times of one eager step, measured by Nsight
       # Compute (one metric, gpu__time_duration, in ns), for the replay
-      # overhead: the graph step time minus this sum
+      # overhead: the graph step time minus this sum.  Clocks and caches are
+      # left alone (ncu's defaults lock base clocks and flush caches, which
+      # made the first measurement 23% slower than the graph itself)
       for b in ${NCU_BATCHES:-1}; do
-        timeout 200 ncu --profile-from-start off --metrics gpu__time_duration.sum --print-units base --csv \
+        timeout 200 ncu --profile-from-start off --clock-control none --cache-control none \
+          --metrics gpu__time_duration.sum --print-units base --csv \
           moejit bench decode ${DECODE_ARGS:-} --batch "$b" --profile-region > "$OUT/ncu-$b.csv" 2>> "$log"
         awk -F'","' '/gpu__time_duration/ { v = $NF; gsub(/[",]/, "", v); s += v; n++ }
           END { printf "batch %s: %d kernels, sum of kernel times %.1f us\n", b, n, s / 1000 }' b="$b" "$OUT/ncu-$b.csv" >> "$log"

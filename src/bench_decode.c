@@ -25,22 +25,6 @@
 #include "cli.h"
 #include "gpu_model.h"
 
-/* GLM-5's widths (glm5.md) with `layers` layers, the first `dense` dense. */
-static void glm5_config(model_config *c, int layers, int dense, mj_arena *a) {
-  memset(c, 0, sizeof *c);
-  c->vocab_size = 154880, c->hidden_size = 6144, c->intermediate_size = 12288, c->moe_intermediate_size = 2048;
-  c->num_hidden_layers = layers, c->num_attention_heads = 64, c->num_key_value_heads = 64;
-  c->q_lora_rank = 2048, c->kv_lora_rank = 512, c->qk_nope_head_dim = 192, c->qk_rope_head_dim = 64;
-  c->v_head_dim = 256, c->qk_head_dim = 256, c->index_n_heads = 32, c->index_head_dim = 128, c->index_topk = 2048;
-  c->n_routed_experts = 256, c->num_experts_per_tok = 8, c->n_shared_experts = 1, c->n_group = 1, c->topk_group = 1;
-  c->first_k_dense_replace = dense, c->moe_layer_freq = 1, c->max_position_embeddings = 202752;
-  c->rms_norm_eps = 1e-5, c->routed_scaling_factor = 2.5, c->norm_topk_prob = true, c->rope_theta = 1e6;
-  snprintf(c->rope_type, sizeof c->rope_type, "default");
-  c->layer_sparse = mj_arena_alloc(a, (size_t)layers);
-  c->layer_indexer_full = mj_arena_alloc(a, (size_t)layers);
-  for (int i = 0; i < layers; i++) c->layer_sparse[i] = i >= dense, c->layer_indexer_full[i] = 1;
-}
-
 static int cmp_d(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -122,7 +106,7 @@ int bench_decode(int argc, char **argv, mj_err *err) {
     if ((rc = model_load(dir, &m, err)) || (rc = gpu_model_create(m, &o, &g, err))) goto out;
   } else {
     model_config c;
-    glm5_config(&c, (int)layers, (int)dense, &a);
+    gpu_glm5_config(&c, (int)layers, (int)dense, &a);
     if ((rc = gpu_model_synthetic(&c, (uint64_t)seed, &o, &g, err))) goto out;
   }
   if ((rc = gpu_fill_cache(g, (uint64_t)seed + 99, err))) goto out;

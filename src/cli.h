@@ -51,7 +51,7 @@
     "moejit generate [-m DIR] -p TEXT|- [-n N] [--chat] [--system TEXT] [--no-think]\n" \
     "                [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n" \
     "                [--seed S] [--backend auto|cpu|cuda] [--graph-batches 1,2,4,..] [--no-graphs]\n" \
-    "                [--threads T] [--ctx N] [--json] [-q]\n" \
+    "                [--threads T] [--ctx N] [--trace FILE.jsonl] [--json] [-q]\n" \
     "  -m DIR       a Hugging Face GLM-5 folder (config.json, safetensors, tokenizer.json);\n" \
     "               without it, a built-in synthetic model written to the data folder\n" \
     "               (MOEJIT_DATA_DIR, else $XDG_DATA_HOME/moejit) on first use\n" \
@@ -65,7 +65,15 @@
     "               else the CPU), cpu, or cuda (the GPU or an error)\n"      \
     "  --graph-batches  batch sizes captured as CUDA graphs (default 1,2,4,8,16,32,64)\n" \
     "  --no-graphs  run every step eagerly (for comparison)\n"             \
+    "  --trace F    record each step's MoE shapes to F (docs/trace.md; GPU only)\n" \
     "  --json       print one JSON record instead of streaming\n")           \
+  X(warmup, "compile every kernel a deployment needs into the cache, ahead of serving", \
+    "moejit warmup (-m DIR | --synthetic glm5 [--layers N] [--dense D]) [--batches 1,2,4,..]\n" \
+    "              [--trace FILE.jsonl] [--arch sm_90a] [-j N] [--ctx N] [--no-graphs] [-q]\n" \
+    "  obtains through the front door every kernel the decode steps of the batch\n" \
+    "  sizes (default 1,2,4,8,16,32,64, or the sizes a trace ran) need; no GPU is\n" \
+    "  needed with --arch; with a GPU of the target it also captures the graphs.\n" \
+    "  -j N splits the compiles between N processes\n")               \
   X(info, "load and validate a GLM-5 checkpoint folder and summarise it",     \
     "moejit info -m DIR [--json]\n"                                          \
     "  checks config.json, hf_quant_config.json and every safetensors header,\n" \

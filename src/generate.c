@@ -28,6 +28,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "chat.h"
 #include "cli.h"
 #include "cpu_forward.h"
@@ -37,6 +38,7 @@
 #include "model.h"
 #include "sample.h"
 #include "tokenizer.h"
+#include "trace.h"
 
 /* The data folder: MOEJIT_DATA_DIR, else $XDG_DATA_HOME/moejit, else
  * ~/.local/share/moejit. */
@@ -115,7 +117,44 @@ typedef struct gen_backend {
   gpu_model *gm;
   bool host_sample; /* the GPU's logits come back and the host samples */
   float *rows_logits; /* GPU: [max rows][vocab] for host sampling */
+  trace_writer *trace; /* --trace: each step's shapes */
+  int64_t steps;
+  int32_t *routing;    /* [layers][max rows][topk] */
+  int topk, n_experts;
 } gen_backend;
+
+/* One step's record: rows, the size it ran as, per MoE layer the rows of
+ * each expert the real rows chose, the bucket and the kernels' keys. */
+static int trace_step_out(gen_backend *b, int n, mj_err *err) {
+  bool graph;
+  int np = gpu_padded(b->gm, n, &graph), L = gpu_layers(b->gm), K = b->topk, max = gpu_max_rows(b->gm);
+  int r = gpu_read_routing(b->gm, b->routing, err);
+  if (r) return r;
+  char keys[MOE_NK][33];
+  if ((r = gpu_moe_keys(b->gm, np, keys, err))) return r;
+  trace_moe *mo = mj_xcalloc((size_t)L, sizeof *mo);
+  int32_t *cnt = mj_xcalloc((size_t)b->n_experts, 4), *buf = mj_xmalloc((size_t)L * 2 * b->n_experts * 4);
+  int nm = 0;
+  for (int l = 0; l < L; l++) {
+    if (!gpu_layer_sparse(b->gm, l)) continue;
+    memset(cnt, 0, (size_t)b->n_experts * 4);
+    for (int i = 0; i < n * K; i++) {
+      int e = b->routing[((size_t)l * max) * K + i];
+      if (e >= 0 && e < b->n_experts) cnt[e]++;
+    }
+    trace_moe *t = &mo[nm++];
+    t->layer = l, t->bucket = np;
+    t->expert = buf + (size_t)l * 2 * b->n_experts, t->rows = t->expert + b->n_experts;
+    for (int e = 0; e < b->n_experts; e++)
+      if (cnt[e]) t->expert[t->n] = e, t->rows[t->n++] = cnt[e];
+    t->nkernels = MOE_NK;
+    for (int k = 0; k < MOE_NK; k++) memcpy(t->kernels[k], keys[k], 33);
+  }
+  trace_step st = {b->steps++, n, graph ? np : 0, nm, mo};
+  r = trace_write_step(b->trace, &st, err);
+  free(mo), free(cnt), free(buf);
+  return r;
+}
 
 /* Run tokens[0..n) at positions pos..; leave the last token's logits in
  * logits (CPU, or GPU with host sampling) or its sampled id in *id (GPU). */
@@ -129,6 +168,7 @@ static int run(gen_backend *b, const int32_t *tokens, int64_t n, int64_t pos, in
     for (int i = 0; i < k; i++) slot[i] = 0, p[i] = (int32_t)(pos + i0 + i);
     bool last = i0 + k == n;
     int r = gpu_step(b->gm, tokens + i0, slot, p, k, out, last && b->host_sample ? b->rows_logits : NULL, err);
+    if (!r && b->trace) r = trace_step_out(b, k, err);
     if (r) return r;
     if (last) {
       *id = out[k - 1];
@@ -149,7 +189,7 @@ static char *read_prompt(const char *p, size_t *len, mj_err *err) {
 }
 
 int cmd_generate(int argc, char **argv, mj_err *err) {
-  const char *dir = NULL, *prompt = NULL, *system = NULL, *backend = "auto", *graph_s = NULL;
+  const char *dir = NULL, *prompt = NULL, *system = NULL, *backend = "auto", *graph_s = NULL, *trace_path = NULL;
   int64_t n_predict = 64, top_k = 0, seed = -1, threads = 0, ctx = 0;
   double temp = 0.8, top_p = 0.95, min_p = 0.05, rep = 1.0;
   bool chat = false, no_think = false, as_json = false, quiet = false, no_graphs = false;
@@ -163,7 +203,7 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
       {"backend", 0, CLI_STR, &backend},   {"json", 0, CLI_FLAG, &as_json},
       {"threads", 't', CLI_INT, &threads}, {"ctx", 'c', CLI_INT, &ctx},
       {"quiet", 'q', CLI_FLAG, &quiet},    {"graph-batches", 0, CLI_STR, &graph_s},
-      {"no-graphs", 0, CLI_FLAG, &no_graphs},
+      {"no-graphs", 0, CLI_FLAG, &no_graphs}, {"trace", 0, CLI_STR, &trace_path},
   };
   int r = cli_parse("generate", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (r) return r < 0 ? 0 : r;
@@ -250,7 +290,12 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
       if (!quiet && !as_json) fprintf(stderr, "moejit: running on the CPU: %s\n", e2.msg);
     }
   }
+  if (trace_path && !gpu) {
+    r = mj_fail(err, MJ_EUSAGE, "moejit generate: --trace records the GPU's MoE shapes; this run is on the CPU");
+    goto out;
+  }
   if (gpu) {
+    go.trace = trace_path != NULL;
     go.slots = 1;
     go.max_ctx = cp.max_ctx;
     go.quiet = quiet || as_json;
@@ -260,6 +305,20 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
     be.host_sample = rep != 1.0;
     if (be.host_sample) be.rows_logits = mj_xmalloc((size_t)gpu_max_rows(be.gm) * c->vocab_size * sizeof(float));
     backend = "cuda";
+    if (trace_path) {
+      const cu_device *dv = cu_dev();
+      trace_header th = {.version = TRACE_VERSION, .hidden = (int)c->hidden_size, .inter = (int)c->moe_intermediate_size,
+                         .n_experts = (int)c->n_routed_experts, .topk = (int)c->num_experts_per_tok,
+                         .n_group = (int)c->n_group, .topk_group = (int)c->topk_group,
+                         .layers = (int)c->num_hidden_layers};
+      snprintf(th.moejit_version, sizeof th.moejit_version, "%s", PACKAGE_VERSION);
+      snprintf(th.model, sizeof th.model, "%s", dir);
+      snprintf(th.device, sizeof th.device, "%.127s", dv->name);
+      snprintf(th.arch, sizeof th.arch, "%s", dv->arch);
+      be.topk = th.topk, be.n_experts = th.n_experts;
+      be.routing = mj_xmalloc((size_t)gpu_layers(be.gm) * gpu_max_rows(be.gm) * be.topk * 4);
+      if ((r = trace_open(trace_path, &th, &be.trace, err))) goto out;
+    }
   } else {
     if ((r = cpu_model_create(m, &cp, &be.cm, err))) goto out;
     backend = "cpu";
@@ -342,6 +401,12 @@ out:
   mj_buf_free(&piece);
   if (smp) sample_destroy(smp);
   if (be.cm) cpu_model_destroy(be.cm);
+  if (be.trace) {
+    mj_err te = {0};
+    if (trace_close(be.trace, &te) && !r) r = te.code, *err = te;
+    else mj_err_clear(&te);
+  }
+  free(be.routing);
   if (be.gm) gpu_model_destroy(be.gm);
   free(be.rows_logits);
   if (tok) tok_destroy(tok);

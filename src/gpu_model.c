@@ -185,7 +185,7 @@ static int check_config(const model_config *c, const char *dir, mj_err *err) {
 
 /* sh_inter: the intermediate width of a bf16 shared expert (0: none, or
  * NVFP4 in the MoE layer's shared slot). */
-static int setup(gpu_model *g, const model_config *c, int sh_inter, const gpu_opts *o, mj_err *err) {
+static void setup_dims(gpu_model *g, const model_config *c, int sh_inter, const gpu_opts *o) {
   g->o = *o;
   g->sh_inter = sh_inter;
   g->mlp_max = (int)(c->intermediate_size > sh_inter ? c->intermediate_size : sh_inter);
@@ -228,6 +228,11 @@ static int setup(gpu_model *g, const model_config *c, int sh_inter, const gpu_op
     if (l->n_in > g->pw_max) g->pw_max = l->n_in;
     if (l->n_q > g->nq_max) g->nq_max = l->n_q;
   }
+}
+
+static int setup(gpu_model *g, const model_config *c, int sh_inter, const gpu_opts *o, mj_err *err) {
+  setup_dims(g, c, sh_inter, o);
+  const gop_dims *d = &g->d;
   CU_CHECK(err, cu.cuStreamCreate(&g->s, CU_STREAM_NON_BLOCKING));
   CU_CHECK(err, cu.cuMemAllocHost((void **)&g->hrows, (size_t)g->bmax * 4 * 4));
   g->wbytes = carve_weights(g, 0);
@@ -350,6 +355,14 @@ static int upload_layer(gpu_model *g, upload *u, const model_layer *ml, gpu_laye
   return 0;
 }
 
+int gpu_bf16_shared_inter(const model *m) {
+  /* A shared expert in bf16 (as in GLM-5-NVFP4) runs as a dense MLP. */
+  for (int i = 0; i < m->cfg.num_hidden_layers; i++)
+    if (m->layers[i].sparse && m->layers[i].shared.gate.w && m->layers[i].shared.gate.fmt != MODEL_W_NVFP4)
+      return (int)m->layers[i].shared.gate.rows;
+  return 0;
+}
+
 int gpu_model_supports(const model *m, mj_err *err) {
   int rc = check_config(&m->cfg, m->dir, err);
   for (int64_t i = 0; i < m->cfg.num_hidden_layers && !rc; i++) {
@@ -368,12 +381,7 @@ int gpu_model_create(const model *m, const gpu_opts *o, gpu_model **out, mj_err 
   if ((rc = cu_init(err))) return rc;
   gpu_model *g = mj_xcalloc(1, sizeof *g);
   double t0 = mj_now_ms();
-  /* A shared expert in bf16 (as in GLM-5-NVFP4) runs as a dense MLP. */
-  int sh = 0;
-  for (int i = 0; i < m->cfg.num_hidden_layers; i++)
-    if (m->layers[i].sparse && m->layers[i].shared.gate.w && m->layers[i].shared.gate.fmt != MODEL_W_NVFP4)
-      sh = (int)m->layers[i].shared.gate.rows;
-  if ((rc = setup(g, &m->cfg, sh, o, err))) goto fail;
+  if ((rc = setup(g, &m->cfg, gpu_bf16_shared_inter(m), o, err))) goto fail;
   upload u = {0};
   CU_CHECK_GOTO(err, cu.cuMemAllocHost((void **)&u.stage, STAGE_BYTES), cuda_fail);
   const model_config *c = &m->cfg;
@@ -554,7 +562,7 @@ static int bucket(gpu_model *g, int np, moe_bucket **out, mj_err *err) {
   moe_bucket *b = &g->buckets[g->nbuckets];
   b->bcap = np;
   moe_plan_default(&g->mc, np, &b->plan);
-  int rc = moe_kernels_load(&b->k, &b->plan, NULL, err);
+  int rc = moe_kernels_load(&b->k, &b->plan, gop_get_arch(), err);
   if (rc) return rc;
   g->nbuckets++;
   *out = b;
@@ -633,9 +641,9 @@ int gpu_enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err) {
         OP("moe.shared", gop_add_rmsnorm(g->x, g->y, false, l->post_norm, d->rms_eps, g->xs, np, H, s, err));
       }
       if (!mb && (rc = bucket(g, np, &mb, err))) return rc;
-      for (int k = 0; k < MOE_NK; k++)
+      for (int k = 0; k < MOE_NK && !gop_is_dry(); k++)
         OP(moe_op_names[k], moe_launch(&mb->k, &mb->plan, &l->moe, &g->mb, g->xn, np, (moe_kernel_id)k, s, err));
-      if (prof) /* which experts this layer chose, for the byte count */
+      if (prof || g->o.trace) /* which experts this layer chose: bytes, traces */
         CU_CHECK(err, cu.cuMemcpyDtoDAsync(g->stash + (size_t)i * g->bmax * g->mc.topk * 4, g->mb.tok_expert,
                                            (size_t)np * g->mc.topk * 4, s));
       yp = g->mb.out, ybf = true;
@@ -749,6 +757,66 @@ int gpu_read_sel(gpu_model *g, int row, int32_t *out, mj_err *err) {
   CU_CHECK(err, cu.cuStreamSynchronize(g->s));
   CU_CHECK(err, cu.cuMemcpyDtoH(out, g->sel + (size_t)row * g->d.idx_topk * 4, (size_t)g->d.idx_topk * 4));
   return 0;
+}
+
+int gpu_read_routing(gpu_model *g, int32_t *out, mj_err *err) {
+  CU_CHECK(err, cu.cuStreamSynchronize(g->s));
+  CU_CHECK(err, cu.cuMemcpyDtoH(out, g->stash, (size_t)g->n_layers * g->bmax * g->mc.topk * 4));
+  return 0;
+}
+
+int gpu_moe_keys(gpu_model *g, int np, char keys[MOE_NK][33], mj_err *err) {
+  moe_bucket *b;
+  int rc = bucket(g, np, &b, err);
+  if (!rc) memcpy(keys, b->k.key, sizeof b->k.key);
+  return rc;
+}
+
+bool gpu_layer_sparse(const gpu_model *g, int layer) { return g->L[layer].sparse; }
+int gpu_layers(const gpu_model *g) { return g->n_layers; }
+
+/* GLM-5's widths (glm5.md) with `layers` layers, the first `dense` dense. */
+void gpu_glm5_config(model_config *c, int layers, int dense, mj_arena *a) {
+  memset(c, 0, sizeof *c);
+  c->vocab_size = 154880, c->hidden_size = 6144, c->intermediate_size = 12288, c->moe_intermediate_size = 2048;
+  c->num_hidden_layers = layers, c->num_attention_heads = 64, c->num_key_value_heads = 64;
+  c->q_lora_rank = 2048, c->kv_lora_rank = 512, c->qk_nope_head_dim = 192, c->qk_rope_head_dim = 64;
+  c->v_head_dim = 256, c->qk_head_dim = 256, c->index_n_heads = 32, c->index_head_dim = 128, c->index_topk = 2048;
+  c->n_routed_experts = 256, c->num_experts_per_tok = 8, c->n_shared_experts = 1, c->n_group = 1, c->topk_group = 1;
+  c->first_k_dense_replace = dense, c->moe_layer_freq = 1, c->max_position_embeddings = 202752;
+  c->rms_norm_eps = 1e-5, c->routed_scaling_factor = 2.5, c->norm_topk_prob = true, c->rope_theta = 1e6;
+  snprintf(c->rope_type, sizeof c->rope_type, "default");
+  c->layer_sparse = mj_arena_alloc(a, (size_t)layers);
+  c->layer_indexer_full = mj_arena_alloc(a, (size_t)layers);
+  for (int i = 0; i < layers; i++) c->layer_sparse[i] = i >= dense, c->layer_indexer_full[i] = 1;
+}
+
+/* ---- warming the cache ------------------------------------------------------------ */
+int gpu_warm(const model_config *c, int sh_inter, const gpu_opts *o, const char *arch, const int *batches, int nb,
+             void (*progress)(void *ctx, int i, int n), void *ctx, mj_err *err) {
+  int rc = check_config(c, NULL, err);
+  if (rc) return rc;
+  gpu_model *g = mj_xcalloc(1, sizeof *g);
+  setup_dims(g, c, sh_inter, o);
+  const char *old = gop_get_arch();
+  bool was_dry = gop_is_dry();
+  gop_set_arch(arch);
+  gop_set_dry(true);
+  for (int i = 0; i < nb && !rc; i++) {
+    if (progress) progress(ctx, i, nb);
+    if (batches[i] < 1 || batches[i] > 1024) {
+      rc = mj_fail(err, MJ_EINPUT, "warmup: batch size %d outside 1..1024", batches[i]);
+      break;
+    }
+    rc = gpu_enqueue(g, batches[i], NULL, NULL, err);
+  }
+  if (progress && !rc) progress(ctx, nb, nb);
+  gop_set_dry(was_dry);
+  gop_set_arch(old);
+  for (int i = 0; i < g->nbuckets; i++) moe_kernels_free(&g->buckets[i].k);
+  free(g->L);
+  free(g);
+  return rc;
 }
 
 /* ---- a profiled step ----------------------------------------------------------------- */

@@ -39,6 +39,7 @@ typedef struct gpu_opts {
   int max_rows;                   /* rows per step at most (0: the largest captured size, at least 64) */
   gop_sampling sampling;
   bool quiet;                     /* no progress bar or summary line */
+  bool trace;                     /* keep each MoE layer's routing for gpu_read_routing */
 } gpu_opts;
 
 void gpu_opts_default(gpu_opts *o);
@@ -48,6 +49,18 @@ typedef struct gpu_model gpu_model;
 /* 0 when the GPU kernels can run m (widths, NVFP4 experts, rope type),
  * else MJ_EINPUT saying why.  Needs no GPU. */
 int gpu_model_supports(const model *m, mj_err *err);
+/* A config of GLM-5's widths (glm5.md) with `layers` layers, the first
+ * `dense` dense (arrays in a): the synthetic model of benchmarks. */
+void gpu_glm5_config(model_config *c, int layers, int dense, mj_arena *a);
+/* The intermediate width of m's shared expert when it is bf16 (it then
+ * runs as a dense MLP beside the NVFP4 experts), else 0. */
+int gpu_bf16_shared_inter(const model *m);
+/* Obtain (compile and store) every kernel the steps of the given padded
+ * batch sizes need, for arch, without a GPU and without launching anything
+ * (`moejit warmup`).  progress (may be NULL) is called before each batch
+ * size and once at the end. */
+int gpu_warm(const model_config *c, int sh_inter, const gpu_opts *o, const char *arch, const int *batches, int nb,
+             void (*progress)(void *ctx, int i, int n), void *ctx, mj_err *err);
 /* Upload a loaded checkpoint.  Needs NVFP4 routed experts; other NVFP4
  * linears are dequantised to bf16.  Out of memory is an MJ_EOOM naming the
  * bytes needed and free. */
@@ -82,6 +95,13 @@ int gpu_set_rows(gpu_model *g, const int32_t *token, const int32_t *slot, const 
  * step left for row `row`, from the last layer that ran its own indexer;
  * meaningful only for a row whose pos + 1 > idx_topk. */
 int gpu_read_sel(gpu_model *g, int row, int32_t *out, mj_err *err);
+/* With opts.trace: every layer's routing of the last step, out[layer][row
+ * < max rows][topk] expert ids (MoE layers only; padding rows included). */
+int gpu_read_routing(gpu_model *g, int32_t *out, mj_err *err);
+/* The cache key hashes of the MoE kernels of padded size np. */
+int gpu_moe_keys(gpu_model *g, int np, char keys[MOE_NK][33], mj_err *err);
+bool gpu_layer_sparse(const gpu_model *g, int layer);
+int gpu_layers(const gpu_model *g);
 /* Wait for the stream and read the first n sampled ids. */
 int gpu_read_tokens(gpu_model *g, int n, int32_t *out, mj_err *err);
 /* Enqueue one step of the rows set for padded size np on stream s (no

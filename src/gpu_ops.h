@@ -35,6 +35,11 @@
 /* The target kernels are obtained for: NULL (the default) means the GPU's;
  * a name ("sm_90a") with no GPU makes every launcher compile-only. */
 void gop_set_arch(const char *arch);
+const char *gop_get_arch(void);
+/* Dry: every launcher obtains its kernel and launches nothing, even with a
+ * GPU of the target (`moejit warmup` runs a step dry with null pointers). */
+void gop_set_dry(bool dry);
+bool gop_is_dry(void);
 /* jit_get for the current target; *launch is false when the kernel was
  * only compiled (no GPU of the target): the launcher then returns 0. */
 int gop_get(const char *kernel, const char *entry, const dsl_define *defs, int ndefs, const jit_spec *generic,

@@ -68,6 +68,16 @@ static struct {
   int nmemo;
 } J;
 
+/* jit_set_shard: this process compiles only the misses whose key hash is
+ * shard_k modulo shard_n (kept apart from J, which jit_shutdown clears). */
+static int shard_k, shard_n = 1;
+static uint64_t shard_skipped;
+
+void jit_set_shard(int k, int n) {
+  shard_k = k, shard_n = n > 1 ? n : 1;
+}
+uint64_t jit_shard_skipped(void) { return shard_skipped; }
+
 /* ---- the memory table --------------------------------------------------------------- */
 /* The request as bytes: kernel, entry, target, then each constant's name
  * and value, each NUL-terminated (none can hold a NUL, so this is
@@ -502,6 +512,13 @@ static int obtain(jit_entry *e, const char *kernel, const jit_spec *spec, const 
   bool hit = false;
   if ((r = cache_load(J.cache, &k, &blob, &hit, err))) goto out;
   jit_out o = {0};
+  snprintf(e->fn.key, sizeof e->fn.key, "%s", k.hex);
+  if (!hit && shard_n > 1 && k.hash.lo % (uint64_t)shard_n != (uint64_t)shard_k) {
+    /* Another process of `moejit warmup -j` compiles this one. */
+    shard_skipped++;
+    e->ok = true;
+    goto out;
+  }
   if (hit) {
     o.mem = blob.mem;
     o.cubin = blob.cubin;

@@ -63,6 +63,7 @@ typedef struct jit_fn {
   size_t cubin_size;
   cache_meta meta;   /* kernel name, launch bounds, registers, shared, spills */
   bool generic;      /* the generic variant, standing in for a failed spec */
+  char key[33];      /* the cache key's hash (hex), as traces record it */
 } jit_fn;
 
 /* The loaded kernel for req.  *out stays valid until jit_shutdown.  Errors:
@@ -73,6 +74,13 @@ typedef struct jit_fn {
  * static_assert, say), MJ_ECOMPILE for NVRTC or the backend, MJ_ECUDA for a
  * load.  With a generic variant that works, a failure is only a warning. */
 int jit_get(const jit_request *req, const jit_fn **out, mj_err *err);
+
+/* Split compiling between n processes (`moejit warmup -j n`): from now on
+ * this process compiles (and stores) only the misses whose cache key hash
+ * is k modulo n; any other miss returns at once a jit_fn with no cubin and
+ * no function, counted by jit_shard_skipped.  n <= 1: compile everything. */
+void jit_set_shard(int k, int n);
+uint64_t jit_shard_skipped(void);
 
 /* Flush the counters to the cache's stats file, unload every module and
  * forget everything (failures included); the next jit_get starts afresh,

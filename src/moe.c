@@ -81,6 +81,13 @@ void moe_plan_default(const ref_moe_cfg *c, int bcap, moe_plan *p) {
   p->mt = bcap <= 1 ? 1 : bcap <= 16 ? 2 : 4;
   p->gu = (moe_tile){.rows = 2, .threads = 256, .chain = 8, .gx = 0};
   p->dn = (moe_tile){.rows = 4, .threads = 256, .chain = 8, .gx = 0};
+  if (bcap == 1) {
+    /* Measured on the H200 (bench/results/2026-12-02-moe-b1-tiles.md):
+     * registers capped for 2-3 blocks per SM beat the default tiles by
+     * 15% (gate_up 47.0 -> 39.9 us, down 25.1 -> 22.0 us). */
+    p->gu = (moe_tile){.rows = 4, .threads = 256, .chain = 8, .gx = 0, .minb = 2};
+    p->dn = (moe_tile){.rows = 4, .threads = 256, .chain = 8, .gx = 0, .minb = 3};
+  }
   p->router_tb = bcap < 8 ? bcap : 8;
 }
 
@@ -127,6 +134,7 @@ static int load_one(moe_kernels *k, int id, const char *file, const defs *d, con
   if (rc) return rc;
   jit_stats(&s1);
   k->fn[id] = f->fn;
+  snprintf(k->key[id], sizeof k->key[id], "%s", f->key);
   k->regs[id] = f->meta.regs;
   k->spills[id] = f->meta.spill_stores;
   k->compile_ms[id] = mj_now_ms() - t0;

@@ -78,6 +78,7 @@ typedef struct moe_kernels {
   int regs[MOE_NK], spills[MOE_NK];
   double compile_ms[MOE_NK]; /* time of jit_get */
   bool compiled[MOE_NK];     /* compiled in this call (else a cache hit) */
+  char key[MOE_NK][33];      /* cache key hashes, as traces record them */
 } moe_kernels;
 
 /* Obtain the five kernels of a plan for arch (NULL: the GPU's) through the
