@@ -11,6 +11,7 @@
  * launch them: no allocation, synchronisation or read-back, and nothing is
  * launched when gop_get says the kernel was only compiled (a dry step).
  */
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 
@@ -19,17 +20,20 @@
 /* ---- MLA attention ------------------------------------------------------------------ */
 /* These mirror the constants of templates/attend.cu. */
 #define ATT_HG 16           /* heads per block, sharing each cache record read */
+#define ATT_HG_SMALL 8      /* heads per block when ATT_HG cannot fill the GPU */
 #define ATT_BLOCK 256       /* threads of mla_attend_part */
 #define ATT_TILE 32         /* MLA_TILE: tokens per tile */
 #define ATT_MAX_CPT 4       /* MLA_MAX_CPT: the generic variant's value columns per thread */
 #define ATT_COMBINE_BLOCK 128
+#define ATT_MAX_SPLIT 1024   /* MLA_MAX_SPLIT: splits per row, at most */
 /* About four blocks per SM of an H200 (132 SMs): small batches split the
  * context finer so that a short step still spreads over the GPU. */
 #define ATT_TARGET_BLOCKS 528
 #define GOP_MAX_SMEM (227 * 1024) /* dynamic shared memory per block on sm_90 */
 
 typedef struct att_plan {
-  int hgroups;  /* ceil(heads / ATT_HG) */
+  int hg;       /* heads per block: ATT_HG, or ATT_HG_SMALL */
+  int hgroups;  /* ceil(heads / hg) */
   int chunk;    /* tokens per split, a multiple of ATT_TILE */
   int nsplit;   /* ceil(max_ctx / chunk) */
   size_t smem;  /* dynamic shared memory of mla_attend_part */
@@ -46,18 +50,24 @@ static int att_plan_make(const gop_dims *d, int B, att_plan *p, mj_err *err) {
   if (!p->spec && d->kv_rank > ATT_MAX_CPT * ATT_BLOCK)
     return mj_fail(err, MJ_EINPUT, "gop_mla_attend: kv_rank %d with rope %d: the generic kernel takes kv_rank <= %d",
                    d->kv_rank, d->rope, ATT_MAX_CPT * ATT_BLOCK);
-  p->hgroups = (d->heads + ATT_HG - 1) / ATT_HG;
+  /* When even one tile per block leaves the GPU short of blocks (B = 1 at
+   * ctx 1024: 4 groups x 32 tiles = 128 blocks), halve the heads per block:
+   * twice the blocks, each with half the scoring and accumulating to do;
+   * the cache is then read twice from L2, which small contexts can afford. */
+  long most = (d->max_ctx + ATT_TILE - 1) / ATT_TILE;
+  p->hg = (long)B * ((d->heads + ATT_HG - 1) / ATT_HG) * most < ATT_TARGET_BLOCKS ? ATT_HG_SMALL : ATT_HG;
+  p->hgroups = (d->heads + p->hg - 1) / p->hg;
   long per = (long)B * p->hgroups;
   long want = (ATT_TARGET_BLOCKS + per - 1) / per;
-  long most = (d->max_ctx + ATT_TILE - 1) / ATT_TILE;
   if (want > most) want = most;
   if (want < 1) want = 1;
   long chunk = (d->max_ctx + want - 1) / want;
   chunk = (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
   p->chunk = (int)chunk;
   p->nsplit = (int)((d->max_ctx + chunk - 1) / chunk);
+  assert(p->nsplit <= ATT_MAX_SPLIT); /* nsplit <= want <= ATT_TARGET_BLOCKS */
   size_t D = (size_t)d->kv_rank + (size_t)d->rope;
-  p->smem = (round4(ATT_HG * D) + ATT_TILE * ATT_HG + round4(ATT_HG)) * sizeof(float) +
+  p->smem = (round4((size_t)p->hg * D) + (size_t)ATT_TILE * p->hg + round4((size_t)p->hg)) * sizeof(float) +
             ATT_TILE * (D + 8) * 2;
   if (p->smem > GOP_MAX_SMEM)
     return mj_fail(err, MJ_EINPUT, "gop_mla_attend: kv_rank + rope = %zu needs %zu bytes of shared memory (at most %d)",
@@ -69,7 +79,8 @@ size_t gop_mla_attend_scratch(const gop_dims *d, int B) {
   att_plan p;
   mj_err err = {0};
   if (att_plan_make(d, B, &p, &err)) return 0;
-  return (size_t)B * (size_t)d->heads * (size_t)p.nsplit * ((size_t)d->kv_rank + 2) * sizeof(float);
+  size_t parts = (size_t)B * (size_t)d->heads * (size_t)p.nsplit;
+  return (round4(parts * 2) + parts * (size_t)d->kv_rank) * sizeof(float); /* mla_acc_offset: rows 16-byte aligned */
 }
 
 /* Ask for more than the default 48 KiB of dynamic shared memory when needed. */
@@ -86,8 +97,8 @@ int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows ro
   if (rc) return rc;
   if (sel && d->idx_topk < 1) return mj_fail(err, MJ_EINPUT, "gop_mla_attend: a selection with idx_topk %d", d->idx_topk);
   char e1[96], g1[96], e2[64], g2[64];
-  snprintf(g1, sizeof g1, "mla_attend_part<0, 0, %d, %d>", ATT_HG, ATT_BLOCK);
-  snprintf(e1, sizeof e1, "mla_attend_part<%d, %d, %d, %d>", d->kv_rank, d->rope, ATT_HG, ATT_BLOCK);
+  snprintf(g1, sizeof g1, "mla_attend_part<0, 0, %d, %d>", p.hg, ATT_BLOCK);
+  snprintf(e1, sizeof e1, "mla_attend_part<%d, %d, %d, %d>", d->kv_rank, d->rope, p.hg, ATT_BLOCK);
   snprintf(g2, sizeof g2, "mla_attend_combine<0, %d>", ATT_COMBINE_BLOCK);
   snprintf(e2, sizeof e2, "mla_attend_combine<%d, %d>", d->kv_rank, ATT_COMBINE_BLOCK);
   jit_spec gen1 = {g1, NULL, 0}, gen2 = {g2, NULL, 0};

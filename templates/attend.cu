@@ -10,7 +10,9 @@
 //
 // Flash-decoding in two kernels, so that the grid depends only on the batch,
 // the widths and max_ctx (one captured CUDA graph serves every position):
-//   mla_attend_part<KV, ROPE, HG, BLOCK>: grid (nsplit, ceil(heads / HG), B).
+//   mla_attend_part<KV, ROPE, HG, BLOCK>: grid (nsplit, ceil(heads / HG), B),
+//     HG 16, or 8 when 16 would leave the GPU short of blocks even with one
+//     tile per block (B = 1 at ctx 1024; the launcher's att_plan decides).
 //     Block (s, g, b) takes the row's tokens [s * chunk, (s + 1) * chunk)
 //     (positions in 0..pos, or entries of sel), for the HG heads of group g,
 //     and returns at once when the chunk starts past the row's length.  It
@@ -21,8 +23,15 @@
 //     tile into its f32 accumulators (its value columns, all HG heads).
 //     The block leaves its m, l and unnormalised accumulators in scratch.
 //   mla_attend_combine<KV, BLOCK>: grid (heads, B).  Merges the row's used
-//     splits: olat = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
-// Scratch (f32): ml [B][heads][nsplit][2], then acc [B][heads][nsplit][kv_rank].
+//     splits: olat = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.  The
+//     weights e^(m_s - M) are computed once per (row, head) into shared
+//     memory, then each thread sums its 4 columns over the splits with
+//     16-byte loads, unrolled so that many loads are in flight: at B = 1
+//     the split is finest (32 splits of one tile at ctx 1024) and this pass
+//     reads 4 MB of partials, so it must be bandwidth bound, not bound by
+//     one L2 round trip per split.
+// Scratch (f32): ml [B][heads][nsplit][2], then, from mla_acc_offset (16-byte
+// aligned), acc [B][heads][nsplit][kv_rank].
 //
 // KV > 0 binds kv_rank and ROPE the rope width (both multiples of 8: the
 // 16-byte loads); KV = 0 is the generic variant (kv_rank and rope from the
@@ -34,6 +43,7 @@
 
 #define MLA_TILE 32    // tokens per tile: one per lane when scoring
 #define MLA_MAX_CPT 4  // generic variant: value columns per thread, at most
+#define MLA_MAX_SPLIT 1024  // splits per row, at most (the combine's weights live in shared memory)
 #define NEG_INF __int_as_float(0xff800000)
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -55,6 +65,11 @@ __device__ __forceinline__ int mla_row_len(int pos, const int *sel, int topk, in
   *use_sel = sel != nullptr && n > topk;
   return *use_sel ? topk : n;
 }
+
+// Where the accumulators start in scratch, in floats: after the [..][2]
+// pairs of m and l, rounded up to 4 so that every row (kv_rank floats, a
+// multiple of 8 in the specialised kernels) is 16-byte aligned.
+__device__ __forceinline__ size_t mla_acc_offset(size_t parts) { return (parts * 2 + 3) & ~(size_t)3; }
 
 template <int KV, int ROPE, int HG, int BLOCK>
 __global__ void __launch_bounds__(BLOCK)
@@ -91,9 +106,22 @@ mla_attend_part(const float *__restrict__ qlat, const __nv_bfloat16 *__restrict_
   float *alphas = ps + MLA_TILE * HG;
   __nv_bfloat16 *ks = reinterpret_cast<__nv_bfloat16 *>(alphas + ((HG + 3) & ~3));
 
-  for (int i = tid; i < HG * D; i += BLOCK) {
-    const int hl = i / D, h = g * HG + hl;
-    qs[i] = h < heads ? qlat[((size_t)b * heads + h) * D + (i - hl * D)] : 0.0f;
+  if constexpr (!GEN) {
+    // 16-byte loads, all issued before the first use: at B = 1 this load is
+    // a large part of a block's short life.
+    constexpr int D4 = (KV + ROPE) / 4;
+#pragma unroll 4
+    for (int i = tid; i < HG * D4; i += BLOCK) {
+      const int hl = i / D4, h = g * HG + hl;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (h < heads) v = __ldg(reinterpret_cast<const float4 *>(qlat + ((size_t)b * heads + h) * D) + (i - hl * D4));
+      reinterpret_cast<float4 *>(qs)[i] = v;
+    }
+  } else {
+    for (int i = tid; i < HG * D; i += BLOCK) {
+      const int hl = i / D, h = g * HG + hl;
+      qs[i] = h < heads ? qlat[((size_t)b * heads + h) * D + (i - hl * D)] : 0.0f;
+    }
   }
 
   float m[HPW], l[HPW];
@@ -225,7 +253,7 @@ mla_attend_part(const float *__restrict__ qlat, const __nv_bfloat16 *__restrict_
       ml[1] = l[j];
     }
   }
-  float *accs = part + (size_t)gridDim.z * heads * nsplit * 2;
+  float *accs = part + mla_acc_offset((size_t)gridDim.z * heads * nsplit);
 #pragma unroll
   for (int hl = 0; hl < HG; hl++) {
     const int h = g * HG + hl;
@@ -244,21 +272,61 @@ __global__ void __launch_bounds__(BLOCK)
 mla_attend_combine(const float *__restrict__ part, const int *__restrict__ poss, const int *__restrict__ sel,
                    float *__restrict__ olat, int heads, int kv_rank_rt, int max_ctx, int topk, int chunk,
                    int nsplit, int B) {
+  static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "BLOCK: a multiple of 32, at most 1024");
+  __shared__ float ws[MLA_MAX_SPLIT];  // e^(m_s - M) of each used split
+  __shared__ float red[2][BLOCK / 32];
   const int V = KV > 0 ? KV : kv_rank_rt;
-  const int h = blockIdx.x, b = blockIdx.y;
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   bool use_sel;
   const int n = mla_row_len(poss[b], sel, topk, max_ctx, &use_sel);
-  const int used = (n + chunk - 1) / chunk;
+  const int used = min((n + chunk - 1) / chunk, MLA_MAX_SPLIT);  // the launcher keeps nsplit <= MLA_MAX_SPLIT
   const float *ml = part + ((size_t)b * heads + h) * nsplit * 2;
-  const float *accs = part + (size_t)B * heads * nsplit * 2 + ((size_t)b * heads + h) * nsplit * (size_t)V;
-  float M = NEG_INF;
-  for (int s = 0; s < used; s++) M = fmaxf(M, ml[2 * s]);
+  const float *accs = part + mla_acc_offset((size_t)B * heads * nsplit) + ((size_t)b * heads + h) * nsplit * (size_t)V;
+
+  // 1. M = max_s m_s and L = sum_s e^(m_s - M) l_s, the splits spread over
+  // the block; the weights are computed once, not once per column.
+  float mx = NEG_INF;
+  for (int s = tid; s < used; s += BLOCK) mx = fmaxf(mx, ml[2 * s]);
+  mx = warp_max(mx);
+  if (lane == 0) red[0][warp] = mx;
+  __syncthreads();
+  float M = red[0][0];
+#pragma unroll
+  for (int w = 1; w < BLOCK / 32; w++) M = fmaxf(M, red[0][w]);
+  float sum = 0.0f;
+  for (int s = tid; s < used; s += BLOCK) {
+    const float w = expf(ml[2 * s] - M);
+    ws[s] = w;
+    sum += ml[2 * s + 1] * w;
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) red[1][warp] = sum;
+  __syncthreads();  // also publishes ws
   float L = 0.0f;
-  for (int s = 0; s < used; s++) L += ml[2 * s + 1] * expf(ml[2 * s] - M);
+#pragma unroll
+  for (int w = 0; w < BLOCK / 32; w++) L += red[1][w];
   const float inv = 1.0f / L;
-  for (int c = threadIdx.x; c < V; c += BLOCK) {
-    float o = 0.0f;
-    for (int s = 0; s < used; s++) o += accs[(size_t)s * V + c] * expf(ml[2 * s] - M);
-    olat[((size_t)b * heads + h) * V + c] = o * inv;
+
+  // 2. The weighted sum of the splits' accumulators: 16-byte loads in the
+  // specialised kernel, unrolled so that many loads are in flight at once.
+  float *o = olat + ((size_t)b * heads + h) * V;
+  if constexpr (KV > 0 && KV % 4 == 0) {
+    for (int c = tid; c < KV / 4; c += BLOCK) {
+      float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+      for (int s = 0; s < used; s++) {
+        const float4 x = __ldg(reinterpret_cast<const float4 *>(accs + (size_t)s * KV) + c);
+        const float w = ws[s];
+        a.x += w * x.x, a.y += w * x.y, a.z += w * x.z, a.w += w * x.w;
+      }
+      reinterpret_cast<float4 *>(o)[c] = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
+    }
+  } else {
+    for (int c = tid; c < V; c += BLOCK) {
+      float a = 0.0f;
+#pragma unroll 8
+      for (int s = 0; s < used; s++) a += ws[s] * accs[(size_t)s * V + c];
+      o[c] = a * inv;
+    }
   }
 }

@@ -82,9 +82,11 @@ static void test_compile(void) {
   mj_err_clear(&err);
   printf("  kernels (%s):\n", dry_arch);
   show("attend.cu", "mla_attend_part<512, 64, 16, 256>");
+  show("attend.cu", "mla_attend_part<512, 64, 8, 256>"); /* small B x ctx: att_plan halves the heads per block */
   show("attend.cu", "mla_attend_combine<512, 128>");
   show("attend.cu", "mla_attend_part<48, 8, 16, 256>");
   show("attend.cu", "mla_attend_part<0, 0, 16, 256>");
+  show("attend.cu", "mla_attend_part<0, 0, 8, 256>");
   show("attend.cu", "mla_attend_combine<0, 128>");
   show("dsa.cu", "dsa_score<128, 32, 128>");
   show("dsa.cu", "dsa_score<16, 2, 128>");

@@ -3,7 +3,8 @@
  * gputest (which exits 77 without a GPU).
  *
  * For each shape (GLM-5's full width at two cache sizes, a small odd shape
- * and one that only the generic kernels take): fresh random inputs (the
+ * and one that only the generic kernels take; the ctx 1024 shapes, with
+ * few rows, take att_plan's 8 heads per block, ctx 4096 its 16): fresh random inputs (the
  * seed is printed), rows with different slots and positions (0, small,
  * around idx_topk, near max_ctx), outputs poisoned before the launch.
  *   Selection: the indexer's inputs are multiples of 1/8 (1/16 for the
