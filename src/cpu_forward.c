@@ -34,6 +34,7 @@ struct cpu_model {
   float *inv_freq; /* [qk_rope_head_dim / 2] */
   float *dump;
   uint8_t *sel_dump; /* the last query's DSA mask of the last full-indexer layer */
+  int64_t *route_dump; /* [layer][topk]: the last token's experts */
 };
 
 static float *xalloc_f(size_t n) {
@@ -79,6 +80,7 @@ void cpu_model_destroy(cpu_model *s) {
 int64_t cpu_model_len(const cpu_model *s) { return s->len; }
 void cpu_model_set_dump(cpu_model *s, float *dump) { s->dump = dump; }
 void cpu_model_set_sel_dump(cpu_model *s, uint8_t *sel) { s->sel_dump = sel; }
+void cpu_model_set_route_dump(cpu_model *s, int64_t *ids) { s->route_dump = ids; }
 
 /* ---- the DSA indexer ---------------------------------------------------------------- */
 /* Fill sel[i][0..T) for the n queries: 1 where query i may attend. */
@@ -228,7 +230,7 @@ static void attention(cpu_model *s, int64_t L, const float *xn, int64_t n, int64
 }
 
 /* ---- MoE ---------------------------------------------------------------------------------- */
-static void moe(cpu_model *s, const model_layer *ly, const float *xn, int64_t n, float *out) {
+static void moe(cpu_model *s, int64_t L, const model_layer *ly, const float *xn, int64_t n, float *out) {
   const model_config *c = &s->m->cfg;
   int64_t H = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
   int th = s->p.threads;
@@ -236,6 +238,7 @@ static void moe(cpu_model *s, const model_layer *ly, const float *xn, int64_t n,
   int64_t *idx = mj_xmalloc((size_t)(n * K) * sizeof *idx);
   ref_matmul(&ly->router, xn, n, logits, th); /* fp32 router logits */
   for (int64_t t = 0; t < n; t++) ref_route(logits + t * E, &ly->router_bias, c, idx + t * K, w + t * K);
+  if (s->route_dump) memcpy(s->route_dump + L * K, idx + (n - 1) * K, (size_t)K * sizeof *idx);
   memset(out, 0, (size_t)(n * H) * sizeof *out);
   /* Experts in ascending order, each on the tokens that chose it (the
    * reference's loop order, so the sums add up in the same order). */
@@ -290,7 +293,7 @@ int cpu_forward(cpu_model *s, const int32_t *tokens, int64_t n, int64_t pos, flo
     if (s->sel_dump && ly->has_indexer) memcpy(s->sel_dump, sel + (n - 1) * T, (size_t)T);
     for (int64_t i = 0; i < n * H; i++) x[i] += y[i];
     for (int64_t i = 0; i < n; i++) ref_rmsnorm(x + i * H, &ly->post_norm, c->rms_norm_eps, H, xn + i * H);
-    if (ly->sparse) moe(s, ly, xn, n, y);
+    if (ly->sparse) moe(s, L, ly, xn, n, y);
     else ref_swiglu(&ly->dense, xn, n, y, s->p.threads);
     for (int64_t i = 0; i < n * H; i++) x[i] += y[i];
     if (s->dump) memcpy(s->dump + L * n * H, x, (size_t)(n * H) * sizeof *x);

@@ -45,5 +45,8 @@ void cpu_model_set_dump(cpu_model *s, float *dump);
  * the last token's DSA mask (1 = may attend) of the last layer that ran
  * its own indexer. */
 void cpu_model_set_sel_dump(cpu_model *s, uint8_t *sel);
+/* For diagnosis: if set, every later cpu_forward leaves in ids[layer][k]
+ * the last token's routed experts of each MoE layer (topk per layer). */
+void cpu_model_set_route_dump(cpu_model *s, int64_t *ids);
 
 #endif
