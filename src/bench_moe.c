@@ -51,18 +51,20 @@ static int bench_launch(void *p, int i, CUstream s, mj_err *err) {
   return moe_launch(c->k, c->p, w, c->b, x, c->B, (moe_kernel_id)c->which, s, err);
 }
 
-/* "2:256:8:0,4:256:8:64" -> tiles; returns the count. */
+/* "2:256:8:0,4:256:8:64,16:256:8:0:0:0:4" -> tiles; returns the count. */
 static int parse_tiles(const char *s, moe_tile *t, int max, mj_err *err) {
   int n = 0;
   while (*s && n < max) {
     int used = 0, more = 0;
     t[n].prefetch = 0;
     if (sscanf(s, "%d:%d:%d:%d%n", &t[n].rows, &t[n].threads, &t[n].chain, &t[n].gx, &used) != 4)
-      return -mj_fail(err, MJ_EUSAGE, "moejit bench moe: a tile is ROWS:THREADS:CHAIN:GX[:PREFETCH[:MINB]] (at '%s')", s);
+      return -mj_fail(err, MJ_EUSAGE, "moejit bench moe: a tile is ROWS:THREADS:CHAIN:GX[:PREFETCH[:MINB[:MMA]]] (at '%s')", s);
     s += used;
     t[n].minb = 0;
     if (*s == ':' && sscanf(s, ":%d%n", &t[n].prefetch, &more) == 1) s += more;
     if (*s == ':' && sscanf(s, ":%d%n", &t[n].minb, &more) == 1) s += more;
+    t[n].mma = 0;
+    if (*s == ':' && sscanf(s, ":%d%n", &t[n].mma, &more) == 1) s += more;
     n++;
     if (*s == ',') s++;
   }
@@ -84,8 +86,11 @@ static double pct(double gbs, double copy) { return 100.0 * gbs * 1e9 / copy; }
 
 int bench_moe(int argc, char **argv, mj_err *err) {
   const char *batches_s = "1,2,4,8,16,32,64,128";
-  const char *gu_s = "2:256:8:0,2:256:8:64,4:256:8:0,2:128:8:0,2:512:8:0,2:256:4:0";
-  const char *dn_s = "4:256:8:0,4:256:8:48,2:256:8:0,8:256:8:0,4:128:8:0,4:256:4:0";
+  /* The FMA tiles, then the tensor-core ones (ROWS 16, 7th field KJ). */
+  const char *gu_s = "2:256:8:0,2:256:8:64,4:256:8:0,2:128:8:0,2:512:8:0,2:256:4:0,"
+                     "16:256:8:0:0:0:4,16:256:8:0:0:0:6,16:128:8:0:0:0:4,16:256:8:0:0:2:4";
+  const char *dn_s = "4:256:8:0,4:256:8:48,2:256:8:0,8:256:8:0,4:128:8:0,4:256:4:0,"
+                     "16:256:8:0:0:0:4,16:256:8:0:0:0:8,16:128:8:0:0:0:4,16:256:8:0:0:2:4";
   int64_t mt = 0, nsets = 8, ncopies = 4, check_tokens = 2, E = 256, H = 6144, I = 2048;
   cli_opt opts[] = {{"batches", 0, CLI_STR, &batches_s}, {"gu-configs", 0, CLI_STR, &gu_s},
                     {"dn-configs", 0, CLI_STR, &dn_s},   {"mt", 0, CLI_INT, &mt},
@@ -230,8 +235,8 @@ int bench_moe(int argc, char **argv, mj_err *err) {
     double wbytes = (avg_experts + 1) * (double)expert_bytes + (double)router_bytes;
     double gu_bytes = (avg_experts + 1) * (double)gub, dn_bytes = (avg_experts + 1) * (double)dnb;
     /* Tile variants of each expert kernel, alone (routing as left by set 0). */
-    printf("\n| kernel | ROWS | THREADS | CHAIN | GX | PF | MINB | regs | compile ms | time us | GB/s | %% of copy |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("\n| kernel | ROWS | THREADS | CHAIN | GX | PF | MINB | MMA | regs | compile ms | time us | GB/s | %% of copy |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int mode = 0; mode < 2; mode++) {
       moe_tile *tl = mode ? dns : gus, best = tl[0];
       int nt = mode ? ndn : ngu;
@@ -257,8 +262,8 @@ int bench_moe(int argc, char **argv, mj_err *err) {
           goto out;
         }
         int id = mode ? MOE_K_down : MOE_K_gate_up;
-        printf("| %s | %d | %d | %d | %d | %d | %d | %d | %.1f | %.1f | %.0f | %.1f%% |\n", mode ? "down" : "gate_up",
-               tl[i].rows, tl[i].threads, tl[i].chain, tl[i].gx, tl[i].prefetch, tl[i].minb, kk.regs[id], kk.compile_ms[id], us,
+        printf("| %s | %d | %d | %d | %d | %d | %d | %d | %d | %.1f | %.1f | %.0f | %.1f%% |\n", mode ? "down" : "gate_up",
+               tl[i].rows, tl[i].threads, tl[i].chain, tl[i].gx, tl[i].prefetch, tl[i].minb, tl[i].mma, kk.regs[id], kk.compile_ms[id], us,
                bytes / us / 1e3, pct(bytes / us / 1e3, copy_bps));
         if (us < best_us) best_us = us, best = tl[i];
         moe_kernels_free(&kk);
@@ -285,10 +290,10 @@ int bench_moe(int argc, char **argv, mj_err *err) {
     if ((rc = bench_time_graph(bench_launch, &c, 20, 15, &us, err))) goto out;
     double gbs = wbytes / us / 1e3;
     printf("\n**batch %d: layer %.1f us, %.1f MB of weights touched, %.0f GB/s = %.1f%% of copy** "
-           "(gate_up %d:%d:%d:%d:%d:%d, down %d:%d:%d:%d:%d:%d)\n",
+           "(gate_up %d:%d:%d:%d:%d:%d:%d, down %d:%d:%d:%d:%d:%d:%d)\n",
            B, us, wbytes / 1e6, gbs, pct(gbs, copy_bps), plan.gu.rows, plan.gu.threads, plan.gu.chain, plan.gu.gx,
-           plan.gu.prefetch, plan.gu.minb, plan.dn.rows, plan.dn.threads, plan.dn.chain, plan.dn.gx, plan.dn.prefetch,
-           plan.dn.minb);
+           plan.gu.prefetch, plan.gu.minb, plan.gu.mma, plan.dn.rows, plan.dn.threads, plan.dn.chain, plan.dn.gx,
+           plan.dn.prefetch, plan.dn.minb, plan.dn.mma);
     moe_kernels_free(&k);
     moe_bufs_free(&b);
   }

@@ -88,6 +88,15 @@ void moe_plan_default(const ref_moe_cfg *c, int bcap, moe_plan *p) {
     p->gu = (moe_tile){.rows = 4, .threads = 256, .chain = 8, .gx = 0, .minb = 2};
     p->dn = (moe_tile){.rows = 4, .threads = 256, .chain = 8, .gx = 0, .minb = 3};
   }
+  /* From MT 2 the bf16x2 FMAs (0.5 a weight per row of the pass) cost more
+   * than the tensor-core path's fixed 0.5 a weight (the block-scale
+   * multiply); bucket 2 keeps the FMA path because a pass there has one
+   * row most of the time.  Four chunks per load batch: 8 loads of 16 bytes
+   * in flight per lane, as gemv_bf16. */
+  if (bcap >= 4) {
+    p->gu = (moe_tile){.rows = 16, .threads = 256, .chain = 8, .gx = 0, .mma = 4};
+    p->dn = (moe_tile){.rows = 16, .threads = 256, .chain = 8, .gx = 0, .mma = 4};
+  }
   p->router_tb = bcap < 8 ? bcap : 8;
 }
 
@@ -164,6 +173,7 @@ int moe_kernels_load(moe_kernels *k, const moe_plan *p, const char *arch, mj_err
     def_i(&d, "MT", p->mt), def_i(&d, "ROWS", t->rows), def_i(&d, "THREADS", t->threads), def_i(&d, "CHAIN", t->chain);
     if (t->prefetch) def_i(&d, "PREFETCH", 1);
     if (t->minb > 1) def_i(&d, "MINB", t->minb);
+    if (t->mma > 0) def_i(&d, "MMA", 1), def_i(&d, "KJ", t->mma);
     rc = load_one(k, mode ? MOE_K_down : MOE_K_gate_up, "moe_expert.k", &d, arch, err);
   }
   if (!rc) {

@@ -44,6 +44,8 @@ typedef struct moe_tile {
   int gx;       /* blocks per slot (0: one row tile per block) */
   int prefetch; /* PREFETCH: the first tile's weights requested before x is staged */
   int minb;     /* MINB: blocks per SM the registers must allow (0: no bound) */
+  int mma;      /* 0: bf16x2 FMAs; n > 0: tensor cores (MMA=1, KJ=n chunks per load batch,
+                 * rows must be 16) */
 } moe_tile;
 
 typedef struct moe_plan {
@@ -55,7 +57,8 @@ typedef struct moe_plan {
 } moe_plan;
 
 /* The default plan for a bucket: MT grows with the expected rows per
- * expert, tiles as measured (bench/results). */
+ * expert, tiles as measured (bench/results); buckets of 4 and more take
+ * the tensor-core path, whose ALU cost does not grow with MT. */
 void moe_plan_default(const ref_moe_cfg *c, int bcap, moe_plan *p);
 static inline int moe_slots(const moe_plan *p) {
   int r = p->cfg.topk * p->bcap;

@@ -175,6 +175,49 @@ static void test_plan(void) {
   T_EQ_INT(moe_gate_up_bytes(&c) + moe_down_bytes(&c), 21233664);
 }
 
+/* The tensor-core path (docs/moe.md) multiplies each decoded weight
+ * (bf16 bits of e2m1 * 2^-126) by its block scale times 2^10 in bf16: both
+ * factors and the product must be exact bf16 values, and the product a
+ * normal one (so the tensor cores see no subnormal).  Every code times
+ * every finite e4m3 scale. */
+static void test_mma_prescale(void) {
+  static const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  int bad = 0;
+  for (int sc = 0; sc < 0x7F; sc++) {
+    float k = dt_e4m3_to_f32((uint8_t)sc) * 1024.0f;
+    bad += dt_bf16_to_f32(dt_f32_to_bf16(k)) != k;
+    for (int code = 0; code < 16; code++) {
+      float w = ldexpf(e2m1[code], -126); /* the decode's bf16 value */
+      float prod = w * k;                 /* exact in f32: at most 6 significant bits */
+      bad += dt_bf16_to_f32(dt_f32_to_bf16(prod)) != prod;
+      bad += prod != 0 && fabsf(prod) < 0x1p-126f;
+      bad += prod != ldexpf(e2m1[code] * dt_e4m3_to_f32((uint8_t)sc), -116);
+    }
+  }
+  T_EQ_INT(bad, 0);
+}
+
+/* Which expert path each bucket takes, and that its tiles satisfy the
+ * kernel's static_asserts at GLM-5 width. */
+static void test_plan_paths(void) {
+  ref_moe_cfg c = {.hidden = 6144, .inter = 2048, .n_experts = 256, .topk = 8, .n_group = 1, .topk_group = 1,
+                   .norm_topk_prob = true, .scaling = 2.5f};
+  for (int bcap = 1; bcap <= 256; bcap *= 2) {
+    moe_plan p;
+    moe_plan_default(&c, bcap, &p);
+    T_EQ_INT(p.gu.mma > 0, bcap >= 4);
+    T_EQ_INT(p.dn.mma > 0, bcap >= 4);
+    for (int mode = 0; mode < 2; mode++) {
+      const moe_tile *t = mode ? &p.dn : &p.gu;
+      int K = mode ? c.inter : c.hidden;
+      if (!t->mma) continue;
+      T_EQ_INT(t->rows, 16);
+      T_EQ_INT(K % (128 * t->mma), 0);
+      T_CHECK(p.mt <= 8 && (size_t)p.mt * K * 2 <= 48 * 1024); /* static shared x */
+    }
+  }
+}
+
 int main(void) {
   T_RUN(test_quantize);
   T_RUN(test_repack_roundtrip);
@@ -182,5 +225,7 @@ int main(void) {
   T_RUN(test_route);
   T_RUN(test_experts);
   T_RUN(test_plan);
+  T_RUN(test_mma_prescale);
+  T_RUN(test_plan_paths);
   return t_status();
 }

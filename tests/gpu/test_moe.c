@@ -91,13 +91,22 @@ static int layer_upload(const layer *L, moe_weights *w, mj_err *err) {
   return rc;
 }
 
-/* One batch: run the layer, check logits, choices, weights and output. */
-static void run_batch(const layer *L, const moe_weights *w, int B, int bcap, int check_tokens) {
+/* Which expert path a case runs: the plan's, or forced. */
+enum { PATH_PLAN, PATH_FMA, PATH_MMA };
+static const moe_tile fma_gu = {.rows = 2, .threads = 256, .chain = 8}, fma_dn = {.rows = 4, .threads = 256, .chain = 8};
+static const moe_tile mma_t = {.rows = 16, .threads = 256, .chain = 8, .mma = 4};
+
+/* One batch: run the layer, check logits, choices, weights and output.
+ * path forces the FMA or the tensor-core expert kernels; mt > 0 forces MT. */
+static void run_case(const layer *L, const moe_weights *w, int B, int bcap, int check_tokens, int path, int mt) {
   const ref_moe_cfg *c = &L->cfg;
   int H = c->hidden, E = c->n_experts, K = c->topk;
   mj_err err = {0};
   moe_plan p;
   moe_plan_default(c, bcap, &p);
+  if (path == PATH_FMA) p.gu = fma_gu, p.dn = fma_dn;
+  if (path == PATH_MMA) p.gu = mma_t, p.dn = mma_t;
+  if (mt > 0) p.mt = mt;
   moe_kernels k;
   moe_bufs b;
   if (moe_kernels_load(&k, &p, cu_dev()->arch, &err)) {
@@ -172,9 +181,10 @@ static void run_batch(const layer *L, const moe_weights *w, int B, int bcap, int
     }
   }
   double e = ref_rel_err(got, refs, (size_t)nt * H);
-  printf("  moe H=%d I=%d E=%d top%d groups %d/%d  B=%3d (bucket %3d, MT %d): logits %.1e, choices %d wrong %d tie,"
-         " weights %.1e, out rel err %.2e over %d tokens, unwritten %d\n",
-         H, c->inter, E, K, c->n_group, c->topk_group, B, bcap, p.mt, elog, wrong, ties, werr, e, nt, unwritten);
+  printf("  moe H=%d I=%d E=%d top%d groups %d/%d  B=%3d (bucket %3d, MT %d, gate_up %s, down %s): logits %.1e,"
+         " choices %d wrong %d tie, weights %.1e, out rel err %.2e over %d tokens, unwritten %d\n",
+         H, c->inter, E, K, c->n_group, c->topk_group, B, bcap, p.mt, p.gu.mma ? "mma" : "fma", p.dn.mma ? "mma" : "fma",
+         elog, wrong, ties, werr, e, nt, unwritten);
   T_CHECK(elog < 1e-5);
   T_EQ_INT(wrong, 0);
   T_CHECK(werr < 1e-4);
@@ -184,6 +194,10 @@ static void run_batch(const layer *L, const moe_weights *w, int B, int bcap, int
   free(x), free(out);
   moe_bufs_free(&b);
   moe_kernels_free(&k);
+}
+
+static void run_batch(const layer *L, const moe_weights *w, int B, int bcap, int check_tokens) {
+  run_case(L, w, B, bcap, check_tokens, PATH_PLAN, 0);
 }
 
 static int bucket(int B) {
@@ -203,6 +217,13 @@ static void test_reduced(void) {
   static const int batches[] = {1, 2, 3, 5, 8, 16, 33, 64, 128};
   for (size_t i = 0; i < MJ_ARRAY_LEN(batches); i++) run_batch(&L, &w, batches[i], bucket(batches[i]), 1 << 30);
   run_batch(&L, &w, 3, 128, 1 << 30); /* a small batch in a large bucket */
+  /* Both expert paths at every MT: the plan takes the tensor cores from
+   * bucket 4, so force the FMA path above and the MMA path below that. */
+  run_case(&L, &w, 1, 1, 1 << 30, PATH_MMA, 0);
+  run_case(&L, &w, 2, 2, 1 << 30, PATH_MMA, 0);
+  run_case(&L, &w, 33, 64, 1 << 30, PATH_FMA, 0);
+  run_case(&L, &w, 64, 64, 1 << 30, PATH_MMA, 8);
+  run_case(&L, &w, 128, 128, 1 << 30, PATH_MMA, 3);
   moe_weights_free(&w);
   layer_free(&L);
 }
@@ -236,6 +257,7 @@ static void test_full_width(void) {
   run_batch(&L, &w, 1, 1, 1);
   run_batch(&L, &w, 8, 8, 3);
   run_batch(&L, &w, 64, 64, 3);
+  run_case(&L, &w, 8, 8, 3, PATH_FMA, 0); /* the path the plan used before the tensor cores */
   moe_weights_free(&w);
   layer_free(&L);
 }
