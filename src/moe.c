@@ -98,6 +98,14 @@ void moe_plan_default(const ref_moe_cfg *c, int bcap, moe_plan *p) {
     p->dn = (moe_tile){.rows = 16, .threads = 256, .chain = 8, .gx = 0, .mma = 4};
   }
   p->router_tb = bcap < 8 ? bcap : 8;
+  /* MOEJIT_MOE_PATH=fma|mma forces one path for every bucket (diagnosis). */
+  const char *force = getenv("MOEJIT_MOE_PATH");
+  if (force && !strcmp(force, "fma")) p->gu.mma = p->dn.mma = 0;
+  if (force && !strcmp(force, "fma") && bcap >= 4) p->gu.rows = 2, p->dn.rows = 4;
+  if (force && !strcmp(force, "mma")) {
+    p->gu = (moe_tile){.rows = 16, .threads = 256, .chain = 8, .gx = 0, .mma = 4};
+    p->dn = (moe_tile){.rows = 16, .threads = 256, .chain = 8, .gx = 0, .mma = 4};
+  }
 }
 
 /* Row tiles of an expert kernel, and its blocks per slot (gx 0: all). */

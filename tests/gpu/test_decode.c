@@ -134,13 +134,22 @@ static void single(void) {
   double e0 = rel(lg, lc, V), worst = e0;
   printf("prefill %d tokens: rel err %.2e\n", NP, e0);
   T_CHECK(e0 <= 2e-2);
-  int agree = 0, first_diff = -1, eager_same = 1, sel_steps = 0, route_steps = 0;
+  int agree = 0, agree_nt = 0, eager_same = 1, sel_steps = 0, route_steps = 0, bad_choice = 0, clean = 0;
+  bool same = true, same_nt = true, tainted = false;
   for (int st = 0; st < NS; st++) {
     int32_t tok = sample_argmax(lc, V), pos = NP + st, slot = 0, gtok, etok;
-    /* the GPU's own greedy choice of this step, drawn on the device */
+    /* The GPU's own greedy choice for this position against the CPU's:
+     * equal, or (agree_nt) a near tie, where the CPU's logits of the two
+     * choices are closer than the error bound allows telling apart (4e-2
+     * of the logits' rms; random weights make such ties common). */
     int32_t gpu_choice = sample_argmax(lg, V);
-    if (gpu_choice == tok && first_diff < 0) agree++;
-    else if (first_diff < 0) first_diff = st;
+    double rms = 0;
+    for (int v = 0; v < V; v++) rms += (double)lc[v] * lc[v];
+    rms = sqrt(rms / V);
+    same &= gpu_choice == tok;
+    same_nt &= gpu_choice == tok || lc[tok] - lc[gpu_choice] <= 4e-2 * rms;
+    agree += same, agree_nt += same_nt;
+    if (!tainted && gpu_choice != tok && lc[tok] - lc[gpu_choice] > 4e-2 * rms) bad_choice++;
     if (cpu_forward(c, &tok, 1, pos, lc, false, &err) || gpu_step(g, &tok, &slot, &pos, 1, &gtok, lg, &err) ||
         gpu_step(ge, &tok, &slot, &pos, 1, &etok, le, &err)) {
       T_CHECK(!"step failed");
@@ -152,19 +161,28 @@ static void single(void) {
     printf("  step %2d pos %d: rel err %.2e%s%s\n", st, pos, e, nd ? "  (the DSA selection differs)" : "",
            nr ? "  (an expert choice differs)" : "");
     sel_steps += nd > 0, route_steps += nr > 0;
-    if (!nd && !nr) {
+    /* A flipped choice changes what this step writes to the cache, so later
+     * steps start from another history: they are reported, not bounded. */
+    tainted |= nd || nr;
+    if (!tainted) {
+      clean++;
       worst = e > worst ? e : worst;
       T_CHECK(e <= 2e-2);
     }
     T_EQ_INT(gtok, sample_argmax(lg, V)); /* device greedy sampling = argmax of its logits */
     if (gtok != etok || memcmp(lg, le, (size_t)V * 4)) eager_same = 0;
   }
-  printf("decode %d steps: worst rel err %.2e; greedy tokens equal for the first %d steps; graph == eager: %s; "
-         "steps whose DSA selection differed from the CPU's: %d, whose expert choices differed: %d\n", NS, worst, agree,
-         eager_same ? "yes" : "NO", sel_steps, route_steps);
+  printf("decode %d steps: worst rel err %.2e (until a discrete choice flips); greedy tokens equal for the first %d "
+         "steps (%d counting near ties as equal); graph == eager: %s; steps whose DSA selection differed from the "
+         "CPU's: %d, whose expert choices differed: %d\n",
+         NS, worst, agree, agree_nt, eager_same ? "yes" : "NO", sel_steps, route_steps);
   /* Discrete choices may flip on near ties, but not routinely. */
   T_CHECK(sel_steps + route_steps <= NS / 2);
-  if (!dsa) T_CHECK(agree >= 16);
+  /* Before any flip every greedy choice agrees, up to a near tie.  (How
+   * many steps stay flip-free depends on the random model's margins: the
+   * runs are recorded in bench/results, not bounded here.) */
+  printf("steps before any flip: %d; greedy choices among them that differ beyond a near tie: %d\n", clean, bad_choice);
+  T_EQ_INT(bad_choice, 0);
   T_CHECK(eager_same);
   gpu_counters gc;
   gpu_counters_get(g, &gc);
@@ -219,7 +237,9 @@ static void test_batched(void) {
     T_CHECK(e <= 2e-2);
     len[q] = plen[q];
   }
-  int rows_max = 0;
+  int rows_max = 0, route_flips = 0;
+  bool tainted[4] = {false, false, false, false};
+  int64_t *route = mj_xcalloc((size_t)M->cfg.num_hidden_layers * M->cfg.num_experts_per_tok, sizeof *route);
   for (int st = 0; st < 12; st++) {
     if (st == 5) live[1] = false; /* sequence 1 finishes */
     if (st == 7) {                /* sequence 3 joins slot 1 */
@@ -240,17 +260,37 @@ static void test_batched(void) {
       fprintf(stderr, "%s\n", err.msg);
       break;
     }
+    int L = gpu_layers(g), K = (int)M->cfg.num_experts_per_tok, max = gpu_max_rows(g);
+    int32_t *ids = mj_xmalloc((size_t)L * max * K * 4);
+    T_CHECK(gpu_read_routing(g, ids, &err) == 0);
     for (int i = 0; i < n; i++) {
       int q = who[i];
+      cpu_model_set_route_dump(c[q], route);
       T_CHECK(cpu_forward(c[q], &tok[i], 1, len[q], lc[q], false, &err) == 0);
       len[q]++;
+      int flips = 0;
+      for (int l = 0; l < L; l++)
+        for (int a = 0; a < K && gpu_layer_sparse(g, l); a++) {
+          bool found = false;
+          for (int b = 0; b < K; b++) found |= ids[((size_t)l * max + i) * K + b] == route[l * K + a];
+          flips += !found;
+        }
       double e = rel(lg + (size_t)i * V, lc[q], V);
-      worst = e > worst ? e : worst;
-      T_CHECK(e <= 2e-2);
+      printf("  step %2d row %d (sequence %d, pos %d): rel err %.2e%s\n", st, i, q, pos[i], e,
+             flips ? "  (an expert choice differs)" : "");
+      route_flips += flips > 0;
+      if (flips) tainted[q] = true; /* its cache now holds a different history */
+      if (!tainted[q]) {
+        worst = e > worst ? e : worst;
+        T_CHECK(e <= 2e-2);
+      }
     }
+    free(ids);
   }
-  printf("batched: 4 sequences (prompts 7, 23, 50, 11; one finishes, one joins), up to %d rows a step: worst rel err %.2e\n",
-         rows_max, worst);
+  printf("batched: 4 sequences (prompts 7, 23, 50, 11; one finishes, one joins), up to %d rows a step: worst rel err "
+         "%.2e (rows after an expert-choice flip excluded; flips: %d)\n", rows_max, worst, route_flips);
+  T_CHECK(route_flips <= 4);
+  free(route);
   for (int q = 0; q < 4; q++) free(lc[q]);
   free(lg), free(tmp);
 out:

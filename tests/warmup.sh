@@ -1,0 +1,51 @@
+#!/bin/sh
+# warmup.sh: `moejit warmup` without a GPU.  For a named target it compiles
+# every kernel of the decode steps of the given batch sizes into the cache
+# (split over two processes with -j 2); a second run under
+# MOEJIT_CACHE=assert-warm compiles nothing and succeeds, which is the proof
+# that a warmed cache serves those steps with zero compiles; a size that was
+# not warmed fails assert-warm with one line.  Bad flags: one line, status 1.
+set -u
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+ok() { echo "ok   $1"; }
+bad() { echo "FAIL $1"; fail=1; }
+$MOEJIT mkmodel --preset medium --nvfp4 --seed 2 --out "$tmp/m" -q || { echo "FAIL mkmodel"; exit 1; }
+export MOEJIT_CACHE_DIR="$tmp/cache"
+
+MOEJIT_CACHE=on $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 1,2 -j 2 > "$tmp/w1" 2> "$tmp/e1"
+st=$?
+n=$(sed -n 's/.*: \([0-9]*\) kernels, \([0-9]*\) compiled, \([0-9]*\) already cached, \([0-9]*\) failed.*/\1 \2 \3 \4/p' "$tmp/w1")
+set -- $n
+if [ $st -eq 0 ] && [ "${1:-0}" -gt 20 ] && [ "$2" = "$1" ] && [ "$3" = 0 ] && [ "$4" = 0 ]; then
+  ok "cold warm-up: $1 kernels compiled with -j 2"
+else
+  bad "cold warm-up: status $st: $(cat "$tmp/w1" "$tmp/e1")"
+fi
+kernels=${1:-0}
+
+MOEJIT_CACHE=assert-warm $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 1,2 > "$tmp/w2" 2> "$tmp/e2"
+st=$?
+if [ $st -eq 0 ] && grep -q ": $kernels kernels, 0 compiled, $kernels already cached, 0 failed" "$tmp/w2"; then
+  ok "warm: assert-warm finds all $kernels kernels, 0 compiles"
+else
+  bad "warm: status $st: $(cat "$tmp/w2" "$tmp/e2")"
+fi
+
+MOEJIT_CACHE=assert-warm $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 8 > /dev/null 2> "$tmp/e3"
+st=$?
+if [ $st -eq 7 ] && [ "$(wc -l < "$tmp/e3")" -eq 1 ]; then ok "a cold size fails assert-warm: $(cat "$tmp/e3")"; else bad "assert-warm on a cold size: status $st: $(cat "$tmp/e3")"; fi
+
+expect1() {
+  want=$1
+  shift
+  "$@" > /dev/null 2> "$tmp/err"
+  status=$?
+  if [ "$status" -eq 1 ] && [ "$(cat "$tmp/err")" = "$want" ]; then ok "$want"; else bad "status $status: $(cat "$tmp/err") (want: $want)"; fi
+}
+expect1 "moejit: moejit warmup: name the model: -m DIR or --synthetic glm5" $MOEJIT warmup --arch sm_90a
+expect1 "moejit: moejit warmup: --batches sizes must be 1..1024 (got 0)" $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 0
+expect1 "moejit: moejit warmup: --arch wants a target such as sm_90a, not 'h200'" $MOEJIT warmup -m "$tmp/m" --arch h200
+expect1 "moejit: moejit warmup: -j must be 1..256" $MOEJIT warmup -m "$tmp/m" --arch sm_90a -j 0
+exit $fail
