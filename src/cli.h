@@ -97,7 +97,17 @@
     "           (MOEJIT_CACHE_MAX, default 2G, or --max SIZE: 512M, 2G)\n"   \
     "  clear    remove every entry (the counters stay)\n"                    \
     "  --dir DIR  the cache folder (default: MOEJIT_CACHE_DIR, else\n"       \
-    "             $XDG_CACHE_HOME/moejit, else ~/.cache/moejit)\n")
+    "             $XDG_CACHE_HOME/moejit, else ~/.cache/moejit)\n")      \
+  X(trace, "make and check shape traces (which MoE shapes decode steps use)",  \
+    "moejit trace synth -o FILE [--experts 256] [--topk 8] [--batch B] [--steps N]\n" \
+    "                   [--skew zipf:S|uniform] [--seed X] [--layers L] [--hidden H] [--inter I]\n" \
+    "moejit trace check FILE\n"                                               \
+    "  synth  a synthetic trace: B rows a step (default 1), N steps (default 16),\n" \
+    "         L MoE layers from layer 3 (default 1); each row picks topk distinct\n" \
+    "         experts, the expert of popularity rank r with weight 1/r^S (default\n" \
+    "         uniform); deterministic for a seed\n"                            \
+    "  check  validate a trace and summarise it: steps, rows, buckets, experts\n" \
+    "  the format: docs/trace.md\n")
 
 #define X(name, summary, usage) int cmd_##name(int argc, char **argv, mj_err *err);
 MJ_COMMANDS(X)

@@ -31,8 +31,9 @@ static const struct {
 };
 
 void cli_usage(const char *cmd, FILE *f) {
+  size_t n = strcspn(cmd, " "); /* "trace synth": the usage of trace */
   for (size_t i = 0; i < MJ_ARRAY_LEN(commands); i++)
-    if (strcmp(commands[i].name, cmd) == 0) {
+    if (strlen(commands[i].name) == n && strncmp(commands[i].name, cmd, n) == 0) {
       fprintf(f, "%s: %s\nusage: %s", commands[i].name, commands[i].summary,
               commands[i].usage);
       return;

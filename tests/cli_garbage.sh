@@ -26,6 +26,7 @@ base() {
   forward) echo "-m $tmp/m --tokens 1,2 --steps 1" ;;
   cache) echo "stats --dir $tmp/cache" ;;
   bench) echo "gemv" ;;
+  trace) echo "synth -o $tmp/trace.jsonl" ;;
   esac
 }
 
