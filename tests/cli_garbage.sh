@@ -12,6 +12,7 @@ trap 'rm -rf "$tmp"' EXIT
 fail=0
 n=0
 $MOEJIT mkmodel --preset tiny --out "$tmp/m" -q || { echo "FAIL mkmodel"; exit 1; }
+"$builddir/tests/test_replay" --write-trace "$tmp/t.jsonl" || { echo "FAIL writing a trace"; exit 1; }
 mkdir "$tmp/cache" "$tmp/work"
 cd "$tmp/work" || exit 1 # a mistaken success must not write into the tree
 
@@ -26,6 +27,7 @@ base() {
   forward) echo "-m $tmp/m --tokens 1,2 --steps 1" ;;
   cache) echo "stats --dir $tmp/cache" ;;
   bench) echo "gemv" ;;
+  replay) echo "$tmp/t.jsonl --dry-run" ;;
   esac
 }
 
