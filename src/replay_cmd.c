@@ -180,14 +180,26 @@ static int rweights_model(rweights *W, const ropts *o, mj_err *err) {
   for (int64_t i = 0; i < m->cfg.num_hidden_layers && !L; i++)
     if (m->layers[i].sparse) L = &m->layers[i];
   if (!L) return mj_fail(err, MJ_EINPUT, "%s: the model has no MoE layer to replay", o->dir);
-  if (!L->shared.gate.w)
-    return mj_fail(err, MJ_EINPUT, "%s: the first MoE layer has no shared expert (replay needs one)", o->dir);
   const ref_moe_cfg *c = &W->cfg;
-  int E = c->n_experts, H = c->hidden;
+  int E = c->n_experts, H = c->hidden, I = c->inter;
   W->G = mj_xcalloc((size_t)E + 1, sizeof *W->G), W->U = mj_xcalloc((size_t)E + 1, sizeof *W->U);
   W->D = mj_xcalloc((size_t)E + 1, sizeof *W->D);
+  const model_mlp *sh = &L->shared;
+  if (!sh->gate.w || sh->gate.fmt != MODEL_W_NVFP4 || sh->up.fmt != MODEL_W_NVFP4 || sh->down.fmt != MODEL_W_NVFP4 ||
+      sh->gate.rows != I) {
+    /* No NVFP4 shared expert of the routed width: the engine runs it as a
+     * dense MLP beside the layer (gpu_model.c), and leaves the layer's
+     * shared slot zero, which streams the same bytes; so does replay. */
+    mj_warn("%s: the shared expert is not an NVFP4 expert of the routed width; its slot is zero, as in the "
+            "decode engine (which runs it as a dense MLP)", o->dir);
+    W->pool[0][0] = mj_xcalloc((size_t)I * H / 2, 1), W->pool[0][1] = mj_xcalloc((size_t)I * H / 16, 1);
+    W->pool[0][2] = mj_xcalloc((size_t)H * I / 2, 1), W->pool[0][3] = mj_xcalloc((size_t)H * I / 16, 1);
+    W->G[E] = W->U[E] = (ref_nvfp4){W->pool[0][0], W->pool[0][1], 0.0f, I, H};
+    W->D[E] = (ref_nvfp4){W->pool[0][2], W->pool[0][3], 0.0f, H, I};
+  }
   for (int e = 0; e <= E; e++) {
-    const model_mlp *x = e < E ? &L->experts[e] : &L->shared;
+    if (e == E && W->pool[0][0]) break;
+    const model_mlp *x = e < E ? &L->experts[e] : sh;
     if (x->gate.fmt != MODEL_W_NVFP4 || x->up.fmt != MODEL_W_NVFP4 || x->down.fmt != MODEL_W_NVFP4)
       return mj_fail(err, MJ_EINPUT, "%s: replay needs NVFP4 experts (%s is %s)", x->gate.name, x->gate.name,
                      model_wfmt_name(x->gate.fmt));
