@@ -687,9 +687,15 @@ static void print_results(const ropts *o, const char *file, const trace_file *tf
   for (int i = 0; i < nb; i++) {
     const bstat *s = &st[i];
     char kern[64];
-    if (s->compiles == 0) snprintf(kern, sizeof kern, "cached");
+    /* Memory hits are kernels an earlier bucket already brought in
+     * (combine always, the router from bucket 8 up). */
+    if (s->compiles == 0)
+      snprintf(kern, sizeof kern, "cached (%llu disk, %llu mem)", (unsigned long long)s->disk_hits,
+               (unsigned long long)s->mem_hits);
     else if (s->compiles >= MOE_NK) snprintf(kern, sizeof kern, "compiled");
-    else snprintf(kern, sizeof kern, "%llu compiled", (unsigned long long)s->compiles);
+    else
+      snprintf(kern, sizeof kern, "%llu compiled, %llu cached", (unsigned long long)s->compiles,
+               (unsigned long long)(MOE_NK - s->compiles));
     printf("| %d | %lld | %lld | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f%% |\n", bk[i].bucket,
            (long long)bk[i].records, (long long)bk[i].eager, kern, s->us[MOE_K_router], s->us[MOE_K_route],
            s->us[MOE_K_gate_up], s->us[MOE_K_down], s->us[MOE_K_combine], s->layer_us, s->bytes / 1e6, s->gbs,
