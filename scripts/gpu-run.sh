@@ -9,6 +9,8 @@
 #   generate      moejit generate with the built-in model, GPU then CPU
 #   moe           moejit bench moe with the tile sweep
 #   moe-warm      moe again, warm
+#   replay        moejit replay on synthetic traces: dry run, GPU replay with
+#                 --verify, dry run again (now cached), then --steps
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -17,7 +19,7 @@ for phase in "$@"; do
   t0=$(date +%s)
   case $phase in
     tests)
-      for t in ${GPU_TESTS:-gemv rmsnorm moe dense mla attn decode}; do
+      for t in ${GPU_TESTS:-gemv rmsnorm moe dense mla attn decode replay}; do
         timeout 300 /tmp/mj/tests/gpu/gputest "$t" > "$OUT/test-$t.log" 2>&1
         echo "$t rc=$? $(tail -1 "$OUT/test-$t.log")"
       done > "$log" ;;
@@ -45,6 +47,19 @@ for phase in "$@"; do
       done ;;
     moe) timeout 400 moejit bench moe ${MOE_ARGS:-} > "$log" 2>&1 ;;
     moe-warm) timeout 300 moejit bench moe ${MOE_ARGS:-} > "$log" 2>&1 ;;
+    replay)
+      # traces from `moejit trace synth` (skewed expert popularity); the
+      # second dry run must say 0 to compile for each
+      for b in ${REPLAY_BATCHES:-1 8 32}; do
+        t=$OUT/trace-b$b.jsonl
+        moejit trace synth -o "$t" --batch "$b" --steps 16 --layers 4 --skew zipf:1.1 --seed 1 >> "$log" 2>&1
+        moejit replay "$t" --dry-run | tail -1 >> "$log" 2>&1
+        timeout 300 moejit replay "$t" --verify --verify-max 4 ${REPLAY_ARGS:-} >> "$log" 2>&1
+        echo "replay batch $b: rc=$?" >> "$log"
+        moejit replay "$t" --dry-run | tail -1 >> "$log" 2>&1
+      done
+      timeout 240 moejit replay "$OUT/trace-b8.jsonl" --steps --layers 6 >> "$log" 2>&1
+      echo "replay --steps: rc=$?" >> "$log" ;;
     *) echo "gpu-run: unknown phase $phase" > "$log" ;;
   esac
   echo "== $phase ($(( $(date +%s) - t0 )) s)"

@@ -36,6 +36,28 @@
     "                 [--ctx N] [--steps N] [--reps N] [--seed S] [--no-graphs] [--profile-region]\n" \
     "  decode: the whole GLM-5 step (default: 18 full-width layers, 3 dense, random\n" \
     "  weights made on the GPU), graph and eager times, per-op breakdown, roofline share\n") \
+  X(replay, "replay a shape trace on the MoE kernels: what it compiles, how fast it runs", \
+    "moejit replay FILE.jsonl [-m DIR | --synthetic glm5] [--dry-run] [--verify] [--steps]\n" \
+    "              [--json] [--arch ARCH] [--copies N] [--reps N] [--verify-max N]\n" \
+    "              [--verify-tokens N] [--layers N] [--ctx N] [--seed S]\n" \
+    "  FILE.jsonl      a trace from moejit generate --trace or moejit trace synth (docs/trace.md)\n" \
+    "  --dry-run       no GPU needed: the trace's capacity buckets, and whether each bucket's\n" \
+    "                  MoE kernels are in the disk cache already (cached) or not (compile)\n" \
+    "  --arch ARCH     the target --dry-run asks about (default: the trace's, else sm_90a)\n" \
+    "  (default)       on the GPU: every step's MoE records run on the recorded expert row\n" \
+    "                  counts (gate_up, down, combine; router and route once per bucket);\n" \
+    "                  per bucket: compile or cache status, median kernel times, GB/s and\n" \
+    "                  % of the copy bandwidth measured in the same run\n" \
+    "  --synthetic glm5  random NVFP4 experts at GLM-5's widths (the default)\n" \
+    "  -m DIR          the weights of the checkpoint's first MoE layer\n" \
+    "  --copies N      weight copies the timed launches rotate over (default 4; L2 hygiene)\n" \
+    "  --reps N        timed replays per record (default 5; the median is kept)\n" \
+    "  --verify        each distinct record shape (at most --verify-max, default 50) against\n" \
+    "                  the CPU reference on --verify-tokens tokens (default 2); rel err <= 1e-2,\n" \
+    "                  else exit 4 (the kernels compiled but compute the wrong thing)\n" \
+    "  --steps         whole decode steps of a synthetic GLM-5 (--layers N, default the trace's,\n" \
+    "                  at most 18) at each recorded batch size, graph or eager as recorded\n" \
+    "  --json          one JSON object instead of the tables\n")               \
   X(tokenize, "print the tokens of a text (ids, pieces or JSON)",            \
     "moejit tokenize (-m DIR | --tokenizer FILE.json) [--ids|--pieces] [--chat [--no-think]]\n" \
     "                [--json] TEXT|-\n"                                        \

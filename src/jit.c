@@ -453,67 +453,84 @@ static int load_module(jit_entry *e, const char *arch, mj_err *err) {
   return r;
 }
 
+/* Everything a compile of (kernel, spec, arch) needs, and the canonical
+ * key it is stored under: built the same way for jit_get and jit_probe, so
+ * a probe can never disagree with what a compile would look up. */
+typedef struct keyed {
+  source src;
+  bool nvrtc;
+  mj_arena a;
+  const dsl_define **defs; /* sorted by name */
+  const char **opts;       /* NVRTC options */
+  int nopts, opt;
+  cache_key k;
+} keyed;
+
+static void keyed_free(keyed *q) {
+  cache_key_free(&q->k);
+  mj_arena_free(&q->a);
+  free(q->src.owned);
+}
+
+/* Fill q (freed by keyed_free whatever the result). */
+static int build_key(keyed *q, const char *kernel, const jit_spec *spec, const char *arch,
+                     mj_err *err) {
+  memset(q, 0, sizeof *q);
+  mj_arena_init(&q->a, 0);
+  q->opt = 3;
+  int r = find_source(kernel, &q->src, err);
+  if (r) return r;
+  q->nvrtc = ends_with(kernel, ".cu");
+  if (!q->nvrtc && !ends_with(kernel, ".k"))
+    return mj_fail(err, MJ_EINPUT, "kernel %s: not a .k (DSL) or .cu (NVRTC) source", kernel);
+  if (q->nvrtc && (!spec->entry || !spec->entry[0]))
+    return mj_fail(err, MJ_EINPUT, "kernel %s: an NVRTC kernel needs its entry (name<args>)",
+                   kernel);
+  q->defs = mj_arena_alloc(&q->a, (size_t)(spec->ndefs + 1) * sizeof *q->defs);
+  if ((r = sorted_defs(spec, q->defs, kernel, err))) return r;
+  if (!q->nvrtc && (q->opt = dsl_opt_level(err)) < 0) return -q->opt;
+
+  /* The canonical key: everything that decides the bytes of the cubin. */
+  cache_key *k = &q->k;
+  cache_key_begin(k, NULL);
+  cache_key_add(k, "lang", q->nvrtc ? "nvrtc" : "dsl");
+  cache_key_add(k, "target", arch);
+  cache_key_add(k, "source", kernel);
+  cache_key_add_hash(k, "source_hash", q->src.text, q->src.len);
+  if (q->nvrtc) {
+    /* NVRTC picks the PTX ISA from its version and the target, both in
+     * the key. */
+    cache_key_add(k, "ptx_isa", "nvrtc default for the target");
+    cache_key_add(k, "headers_hash", headers_hash(kernel, &q->src));
+    cache_key_add(k, "entry", spec->entry);
+    q->nopts = nvrtc_options(&q->a, arch, q->defs, spec->ndefs, &q->opts);
+    for (int i = 0; i < q->nopts; i++) cache_key_add(k, "option", q->opts[i]);
+  } else {
+    /* The DSL compiler sets the PTX ISA itself (codegen/target.c, whose
+     * source is in the build id), so the build id stands for it. */
+    cache_key_add(k, "ptx_isa", "set by the DSL compiler of this build");
+    cache_key_addf(k, "opt_level", "%d", q->opt);
+    for (int i = 0; i < spec->ndefs; i++)
+      cache_key_addf(k, "const", "%s=%s", q->defs[i]->name, q->defs[i]->value);
+  }
+  cache_key_end(k);
+  return 0;
+}
+
 /* Fill e for (kernel, spec, arch): from the disk cache or a compile, then
  * loaded.  Returns non-zero only for a wrong request (not remembered); a
  * compile or load failure returns 0 with e->ok false and e->error set. */
 static int obtain(jit_entry *e, const char *kernel, const jit_spec *spec, const char *arch,
                   mj_err *err) {
-  source src;
-  int r = find_source(kernel, &src, err);
-  if (r) return r;
-  bool nvrtc = ends_with(kernel, ".cu");
-  if (!nvrtc && !ends_with(kernel, ".k")) {
-    free(src.owned);
-    return mj_fail(err, MJ_EINPUT, "kernel %s: not a .k (DSL) or .cu (NVRTC) source", kernel);
-  }
-  if (nvrtc && (!spec->entry || !spec->entry[0])) {
-    free(src.owned);
-    return mj_fail(err, MJ_EINPUT, "kernel %s: an NVRTC kernel needs its entry (name<args>)",
-                   kernel);
-  }
-  mj_arena a;
-  mj_arena_init(&a, 0);
-  const dsl_define **defs = mj_arena_alloc(&a, (size_t)(spec->ndefs + 1) * sizeof *defs);
-  const char **opts = NULL;
-  int nopts = 0, opt = 3;
-  cache_key k;
-  memset(&k, 0, sizeof k);
-  if ((r = sorted_defs(spec, defs, kernel, err))) goto out;
-  if (!nvrtc && (opt = dsl_opt_level(err)) < 0) {
-    r = -opt;
-    goto out;
-  }
-
-  /* The canonical key: everything that decides the bytes of the cubin. */
-  cache_key_begin(&k, NULL);
-  cache_key_add(&k, "lang", nvrtc ? "nvrtc" : "dsl");
-  cache_key_add(&k, "target", arch);
-  cache_key_add(&k, "source", kernel);
-  cache_key_add_hash(&k, "source_hash", src.text, src.len);
-  if (nvrtc) {
-    /* NVRTC picks the PTX ISA from its version and the target, both in
-     * the key. */
-    cache_key_add(&k, "ptx_isa", "nvrtc default for the target");
-    cache_key_add(&k, "headers_hash", headers_hash(kernel, &src));
-    cache_key_add(&k, "entry", spec->entry);
-    nopts = nvrtc_options(&a, arch, defs, spec->ndefs, &opts);
-    for (int i = 0; i < nopts; i++) cache_key_add(&k, "option", opts[i]);
-  } else {
-    /* The DSL compiler sets the PTX ISA itself (codegen/target.c, whose
-     * source is in the build id), so the build id stands for it. */
-    cache_key_add(&k, "ptx_isa", "set by the DSL compiler of this build");
-    cache_key_addf(&k, "opt_level", "%d", opt);
-    for (int i = 0; i < spec->ndefs; i++)
-      cache_key_addf(&k, "const", "%s=%s", defs[i]->name, defs[i]->value);
-  }
-  cache_key_end(&k);
-
+  keyed q;
+  int r = build_key(&q, kernel, spec, arch, err);
+  if (r) goto out;
   cache_blob blob;
   bool hit = false;
-  if ((r = cache_load(J.cache, &k, &blob, &hit, err))) goto out;
+  if ((r = cache_load(J.cache, &q.k, &blob, &hit, err))) goto out;
   jit_out o = {0};
-  snprintf(e->fn.key, sizeof e->fn.key, "%s", k.hex);
-  if (!hit && shard_n > 1 && k.hash.lo % (uint64_t)shard_n != (uint64_t)shard_k) {
+  snprintf(e->fn.key, sizeof e->fn.key, "%s", q.k.hex);
+  if (!hit && shard_n > 1 && q.k.hash.lo % (uint64_t)shard_n != (uint64_t)shard_k) {
     /* Another process of `moejit warmup -j` compiles this one. */
     shard_skipped++;
     e->ok = true;
@@ -527,8 +544,8 @@ static int obtain(jit_entry *e, const char *kernel, const jit_spec *spec, const 
   } else {
     mj_err ce = {0};
     uint64_t t0 = mj_now_ns();
-    int cr = nvrtc ? nvrtc_compile(kernel, &src, spec->entry, opts, nopts, &o, &ce)
-                   : dsl_build(&src, defs, spec->ndefs, arch, opt, &o, &ce);
+    int cr = q.nvrtc ? nvrtc_compile(kernel, &q.src, spec->entry, q.opts, q.nopts, &o, &ce)
+                   : dsl_build(&q.src, q.defs, spec->ndefs, arch, q.opt, &o, &ce);
     cache_count(J.cache, CACHE_STAT_compiles, 1);
     cache_count(J.cache, CACHE_STAT_compile_us, (mj_now_ns() - t0) / 1000);
     if (cr) {
@@ -543,7 +560,7 @@ static int obtain(jit_entry *e, const char *kernel, const jit_spec *spec, const 
       mj_err_clear(&ce);
       goto out;
     }
-    cache_store(J.cache, &k, o.cubin, o.cubin_size, &o.meta);
+    cache_store(J.cache, &q.k, o.cubin, o.cubin_size, &o.meta);
   }
   e->owns = true;
   e->mem = o.mem;
@@ -560,9 +577,7 @@ static int obtain(jit_entry *e, const char *kernel, const jit_spec *spec, const 
   }
   e->ok = true;
 out:
-  cache_key_free(&k);
-  mj_arena_free(&a);
-  free(src.owned);
+  keyed_free(&q);
   return r;
 }
 
@@ -669,6 +684,52 @@ static int get_locked(const char *kernel, const jit_spec *spec, const jit_spec *
 int jit_get(const jit_request *req, const jit_fn **out, mj_err *err) {
   pthread_mutex_lock(&jit_lock);
   int r = get_locked(req->kernel, &req->spec, req->generic, req->arch, out, err);
+  pthread_mutex_unlock(&jit_lock);
+  return r;
+}
+
+/* The probe looks where obtain would, in the same order (memory table,
+ * then the disk entry under the same key, its key text compared), but
+ * reads the entry with cache_verify_file: no counter moves, no mtime is
+ * refreshed, a bad entry is left for the next real lookup to remove. */
+static int probe_locked(const jit_request *req, bool *cached, mj_err *err) {
+  int r;
+  *cached = false;
+  if (!J.ready && (r = jit_init(err))) return r;
+  if (!req->kernel) return mj_fail(err, MJ_EINPUT, "jit_probe: no kernel named");
+  const char *arch = req->arch;
+  if (!arch) {
+    if (!J.have_gpu)
+      return mj_fail(err, MJ_ENOGPU, "kernel %s: no GPU, and no target named (such as sm_90a)",
+                     req->kernel);
+    arch = J.dev_arch;
+  }
+  char buf[512];
+  size_t n;
+  char *mat = request_bytes(req->kernel, &req->spec, arch, buf, sizeof buf, &n);
+  jit_entry *e = table_find(mj_hash128(mat, n).lo, mat, n);
+  if (mat != buf) free(mat);
+  /* (An entry skipped by jit_set_shard is ok but has no cubin.) */
+  if (e && e->ok && !e->fn.generic && e->fn.cubin) {
+    *cached = true;
+    return 0;
+  }
+  keyed q;
+  if ((r = build_key(&q, req->kernel, &req->spec, arch, err)) == 0 &&
+      cache_get_mode(J.cache) != CACHE_OFF && cache_dir(J.cache)) {
+    char *path = cache_entry_path(cache_dir(J.cache), q.k.hex), *text = NULL;
+    if (cache_verify_file(path, NULL, &text, NULL) == 0)
+      *cached = strlen(text) == q.k.text.len && memcmp(text, q.k.text.data, q.k.text.len) == 0;
+    free(text);
+    free(path);
+  }
+  keyed_free(&q);
+  return r;
+}
+
+int jit_probe(const jit_request *req, bool *cached, mj_err *err) {
+  pthread_mutex_lock(&jit_lock);
+  int r = probe_locked(req, cached, err);
   pthread_mutex_unlock(&jit_lock);
   return r;
 }

@@ -82,6 +82,15 @@ int jit_get(const jit_request *req, const jit_fn **out, mj_err *err);
 void jit_set_shard(int k, int n);
 uint64_t jit_shard_skipped(void);
 
+/* Would jit_get find req without compiling?  *cached is true when the
+ * memory table holds it (loaded, not a generic stand-in) or the disk cache
+ * holds a sound entry under the exact key jit_get would build.  Compiles,
+ * stores and loads nothing and moves no counter, so `moejit replay
+ * --dry-run` can say what a run would compile, without a GPU (name the
+ * arch).  Errors are those of a wrong request (as jit_get's), MJ_ENOGPU
+ * without arch or GPU. */
+int jit_probe(const jit_request *req, bool *cached, mj_err *err);
+
 /* Flush the counters to the cache's stats file, unload every module and
  * forget everything (failures included); the next jit_get starts afresh,
  * reading the environment again. */

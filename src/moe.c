@@ -159,38 +159,61 @@ static int load_one(moe_kernels *k, int id, const char *file, const defs *d, con
   return 0;
 }
 
-int moe_kernels_load(moe_kernels *k, const moe_plan *p, const char *arch, mj_err *err) {
+/* The template and constants of each kernel of a plan: one table for
+ * moe_kernels_load and moe_kernels_probe, so what is probed is what is
+ * loaded. */
+static const char *const kernel_files[MOE_NK] = {"moe_router.k", "moe_route.k", "moe_expert.k", "moe_expert.k",
+                                                 "moe_combine.k"};
+static void plan_defs(const moe_plan *p, defs d[MOE_NK]) {
   const ref_moe_cfg *c = &p->cfg;
-  memset(k, 0, sizeof *k);
-  defs d = {0};
-  def_i(&d, "E", c->n_experts), def_i(&d, "K", c->hidden), def_i(&d, "TB", p->router_tb);
-  int rc = load_one(k, MOE_K_router, "moe_router.k", &d, arch, err);
-  if (!rc) {
-    d.n = 0;
-    def_i(&d, "E", c->n_experts), def_i(&d, "TOPK", c->topk), def_i(&d, "BCAP", p->bcap);
-    def_i(&d, "NG", c->n_group > 0 ? c->n_group : 1), def_i(&d, "TG", c->topk_group > 0 ? c->topk_group : 1);
-    def_i(&d, "NORM", c->norm_topk_prob);
-    snprintf(d.v[d.n], sizeof d.v[0], "%.9g", (double)c->scaling);
-    d.d[d.n] = (dsl_define){"SCALE", d.v[d.n]}, d.n++;
-    rc = load_one(k, MOE_K_route, "moe_route.k", &d, arch, err);
-  }
-  for (int mode = 0; mode < 2 && !rc; mode++) {
+  memset(d, 0, MOE_NK * sizeof *d);
+  defs *r = &d[MOE_K_router];
+  def_i(r, "E", c->n_experts), def_i(r, "K", c->hidden), def_i(r, "TB", p->router_tb);
+  r = &d[MOE_K_route];
+  def_i(r, "E", c->n_experts), def_i(r, "TOPK", c->topk), def_i(r, "BCAP", p->bcap);
+  def_i(r, "NG", c->n_group > 0 ? c->n_group : 1), def_i(r, "TG", c->topk_group > 0 ? c->topk_group : 1);
+  def_i(r, "NORM", c->norm_topk_prob);
+  snprintf(r->v[r->n], sizeof r->v[0], "%.9g", (double)c->scaling);
+  r->d[r->n] = (dsl_define){"SCALE", r->v[r->n]}, r->n++;
+  for (int mode = 0; mode < 2; mode++) {
     const moe_tile *t = mode ? &p->dn : &p->gu;
-    d.n = 0;
-    def_i(&d, "MODE", mode), def_i(&d, "K", mode ? c->inter : c->hidden), def_i(&d, "N", mode ? c->hidden : c->inter);
-    def_i(&d, "MT", p->mt), def_i(&d, "ROWS", t->rows), def_i(&d, "THREADS", t->threads), def_i(&d, "CHAIN", t->chain);
-    if (t->prefetch) def_i(&d, "PREFETCH", 1);
-    if (t->minb > 1) def_i(&d, "MINB", t->minb);
-    if (t->mma > 0) def_i(&d, "MMA", 1), def_i(&d, "KJ", t->mma);
-    rc = load_one(k, mode ? MOE_K_down : MOE_K_gate_up, "moe_expert.k", &d, arch, err);
+    r = &d[mode ? MOE_K_down : MOE_K_gate_up];
+    def_i(r, "MODE", mode), def_i(r, "K", mode ? c->inter : c->hidden), def_i(r, "N", mode ? c->hidden : c->inter);
+    def_i(r, "MT", p->mt), def_i(r, "ROWS", t->rows), def_i(r, "THREADS", t->threads), def_i(r, "CHAIN", t->chain);
+    if (t->prefetch) def_i(r, "PREFETCH", 1);
+    if (t->minb > 1) def_i(r, "MINB", t->minb);
+    if (t->mma > 0) def_i(r, "MMA", 1), def_i(r, "KJ", t->mma);
   }
-  if (!rc) {
-    d.n = 0;
-    def_i(&d, "N", c->hidden), def_i(&d, "TOPK", c->topk);
-    rc = load_one(k, MOE_K_combine, "moe_combine.k", &d, arch, err);
-  }
+  r = &d[MOE_K_combine];
+  def_i(r, "N", c->hidden), def_i(r, "TOPK", c->topk);
+}
+
+int moe_kernels_load(moe_kernels *k, const moe_plan *p, const char *arch, mj_err *err) {
+  memset(k, 0, sizeof *k);
+  defs d[MOE_NK];
+  plan_defs(p, d);
+  int rc = 0;
+  for (int i = 0; i < MOE_NK && !rc; i++) rc = load_one(k, i, kernel_files[i], &d[i], arch, err);
   if (rc) moe_kernels_free(k);
   return rc;
+}
+
+int moe_kernels_probe(const moe_plan *p, const char *arch, bool cached[MOE_NK], uint64_t ids[MOE_NK], mj_err *err) {
+  defs d[MOE_NK];
+  plan_defs(p, d);
+  for (int i = 0; i < MOE_NK; i++) {
+    if (ids) {
+      mj_buf b = {0};
+      mj_buf_puts(&b, kernel_files[i]);
+      for (int j = 0; j < d[i].n; j++) mj_buf_printf(&b, " %s=%s", d[i].d[j].name, d[i].d[j].value);
+      ids[i] = mj_hash128(b.data, b.len).lo;
+      mj_buf_free(&b);
+    }
+    jit_request req = {kernel_files[i], {NULL, d[i].d, d[i].n}, NULL, arch};
+    int rc = jit_probe(&req, &cached[i], err);
+    if (rc) return rc;
+  }
+  return 0;
 }
 
 void moe_kernels_free(moe_kernels *k) {

@@ -88,6 +88,13 @@ typedef struct moe_kernels {
  * front door, jit_get. */
 int moe_kernels_load(moe_kernels *k, const moe_plan *p, const char *arch, mj_err *err);
 void moe_kernels_free(moe_kernels *k);
+/* Whether each kernel of plan p for arch (NULL: the GPU's) is already in
+ * the front door's memory table or disk cache (jit_probe): compiles
+ * nothing, needs no GPU when arch is named.  ids (may be NULL) receives a
+ * hash of each kernel's template and constants: plans of different buckets
+ * share a kernel (combine always, router from bucket 8 up) when the ids
+ * are equal. */
+int moe_kernels_probe(const moe_plan *p, const char *arch, bool cached[MOE_NK], uint64_t ids[MOE_NK], mj_err *err);
 
 /* ---- device memory --------------------------------------------------------------- */
 typedef struct moe_weights {

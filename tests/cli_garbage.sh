@@ -12,6 +12,7 @@ trap 'rm -rf "$tmp"' EXIT
 fail=0
 n=0
 $MOEJIT mkmodel --preset tiny --out "$tmp/m" -q || { echo "FAIL mkmodel"; exit 1; }
+"$builddir/tests/test_replay" --write-trace "$tmp/t.jsonl" || { echo "FAIL writing a trace"; exit 1; }
 mkdir "$tmp/cache" "$tmp/work"
 cd "$tmp/work" || exit 1 # a mistaken success must not write into the tree
 
@@ -27,6 +28,7 @@ base() {
   cache) echo "stats --dir $tmp/cache" ;;
   bench) echo "gemv" ;;
   trace) echo "synth -o $tmp/trace.jsonl" ;;
+  replay) echo "$tmp/t.jsonl --dry-run" ;;
   esac
 }
 

@@ -359,6 +359,43 @@ static void test_dsl_path(void) {
   mj_err_clear(&err);
 }
 
+/* jit_probe says what jit_get would find, compiling, storing and counting
+ * nothing: false on an empty folder, true from the memory table after a
+ * get, true from disk in a fresh process, false for another target, for
+ * constants in another order the same as jit_get (the key sorts them),
+ * false with the cache off. */
+static void test_probe(void) {
+  restart(t_scratch("c7"), "on");
+  mj_err err = {0};
+  bool cached = true;
+  dsl_define nk[] = {{"N", "6144"}, {"K", "2048"}}, kn[] = {{"K", "2048"}, {"N", "6144"}};
+  jit_request r = {"gemv_bf16.k", {NULL, nk, 2}, NULL, "sm_90a"};
+  T_EQ_INT(jit_probe(&r, &cached, &err), 0);
+  T_CHECK(!cached);
+  cache_stats s0, s1;
+  jit_stats(&s0);
+  T_EQ_INT(s0.v[CACHE_STAT_misses] + s0.v[CACHE_STAT_compiles] + s0.v[CACHE_STAT_stores], 0);
+  const jit_fn *f = NULL;
+  T_EQ_INT(jit_get(&r, &f, &err), 0);
+  T_EQ_INT(jit_probe(&r, &cached, &err), 0);
+  T_CHECK(cached);
+  restart(t_scratch("c7"), "on");
+  jit_request swapped = {"gemv_bf16.k", {NULL, kn, 2}, NULL, "sm_90a"};
+  T_EQ_INT(jit_probe(&swapped, &cached, &err), 0);
+  T_CHECK(cached);
+  jit_stats(&s1);
+  for (int i = 0; i < CACHE_NSTATS; i++) T_EQ_INT(s1.v[i], 0);
+  jit_request other = {"gemv_bf16.k", {NULL, nk, 2}, NULL, "sm_80"};
+  T_EQ_INT(jit_probe(&other, &cached, &err), 0);
+  T_CHECK(!cached);
+  restart(t_scratch("c7"), "off");
+  T_EQ_INT(jit_probe(&r, &cached, &err), 0);
+  T_CHECK(!cached);
+  jit_request none = {"nothing.k", {NULL, nk, 2}, NULL, "sm_90a"};
+  T_EQ_INT(jit_probe(&none, &cached, &err), MJ_EINPUT);
+  mj_err_clear(&err);
+}
+
 int main(void) {
   setenv("MOEJIT_LOG", "1", 1);
   unsetenv("MOEJIT_NVRTC_FLAGS");
@@ -374,6 +411,7 @@ int main(void) {
   T_RUN(test_assert_warm);
   T_RUN(test_unusable_folder);
   T_RUN(test_dsl_path);
+  T_RUN(test_probe);
   jit_shutdown();
   return t_scratch_done(t_status());
 }
