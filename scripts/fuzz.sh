@@ -3,7 +3,7 @@
 # for FUZZ_SECONDS (default 60).  `make fuzz` calls it.
 #
 #   scripts/fuzz.sh [--build-only|--run-only] [TARGET...]     (targets: dsl safetensors
-#                                                   model_config tokenizer cache_entry)
+#                                                   model_config tokenizer cache_entry trace)
 #   env: FUZZ_SECONDS (60), BUILDDIR (a configured build folder: config.h,
 #        src/build_id.h, src/templates.inc and the Makefile's library flags;
 #        default .), FUZZ_DIR (build-fuzz), CLANG (clang-14 or clang),
@@ -25,7 +25,7 @@ FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 FUZZ_JOBS=${FUZZ_JOBS:-2}
 build_only=0 run_only=0
 case ${1:-} in --build-only) build_only=1; shift ;; --run-only) run_only=1; shift ;; esac
-targets=${*:-dsl safetensors model_config tokenizer cache_entry}
+targets=${*:-dsl safetensors model_config tokenizer cache_entry trace}
 
 CLANG=${CLANG:-$(command -v clang-14 || command -v clang)}
 [ -n "$CLANG" ] || { echo "fuzz.sh: clang not found (apt-get install clang-14 libclang-rt-14-dev)" >&2; exit 2; }

@@ -8,7 +8,7 @@
 set -u
 fail=0
 n=0
-for t in dsl safetensors model_config tokenizer cache_entry; do
+for t in dsl safetensors model_config tokenizer cache_entry trace; do
   set --
   for f in "$srcdir"/tests/fuzz/regress/"$t"-*; do [ -e "$f" ] && set -- "$@" "$f"; done
   n=$((n + $#))
