@@ -9,6 +9,9 @@
 #   generate      moejit generate with the built-in model, GPU then CPU
 #   moe           moejit bench moe with the tile sweep
 #   moe-warm      moe again, warm
+#   replay        synthetic traces replayed with --verify (batch 1, 8, 32), and --steps
+#   replay1000    a 1000-step synthetic trace replayed: the summary table
+#   warmproof     warmup, then generate --trace and replay under assert-warm
 #   replay        moejit replay on synthetic traces: dry run, GPU replay with
 #                 --verify, dry run again (now cached), then --steps
 set -u
@@ -60,6 +63,26 @@ for phase in "$@"; do
       done
       timeout 240 moejit replay "$OUT/trace-b8.jsonl" --steps --layers 6 >> "$log" 2>&1
       echo "replay --steps: rc=$?" >> "$log" ;;
+    replay1000)
+      # issue 7's record: a 1000-step synthetic trace replayed, its summary
+      t=$OUT/trace-1000.jsonl
+      moejit trace synth -o "$t" --batch ${R_BATCH:-8} --steps 1000 --layers 1 --skew zipf:1.1 --seed 7 >> "$log" 2>&1
+      moejit trace check "$t" >> "$log" 2>&1
+      timeout 200 moejit replay "$t" --reps 3 >> "$log" 2>&1
+      echo "replay 1000 steps: rc=$?" >> "$log" ;;
+    warmproof)
+      # warm the built-in model's kernels, then generate (with a trace) and
+      # replay that trace under MOEJIT_CACHE=assert-warm: zero compiles
+      export MOEJIT_DATA_DIR=$OUT/data
+      moejit generate -p x -n 1 -q > /dev/null 2>> "$log"
+      m=$OUT/data/default-medium-nvfp4-s1
+      timeout 120 moejit warmup -m "$m" -j 8 >> "$log" 2>&1; echo "warmup: rc=$?" >> "$log"
+      MOEJIT_CACHE=assert-warm timeout 60 moejit generate -p "The quick brown fox" -n 32 --temp 0 \
+        --trace "$OUT/gen.jsonl" >> "$log" 2>&1; echo "assert-warm generate: rc=$?" >> "$log"
+      moejit trace check "$OUT/gen.jsonl" | head -8 >> "$log" 2>&1
+      MOEJIT_CACHE=assert-warm timeout 120 moejit replay "$OUT/gen.jsonl" -m "$m" --verify --verify-max 4 --reps 3 \
+        >> "$log" 2>&1; echo "assert-warm replay: rc=$?" >> "$log"
+      moejit cache stats >> "$log" 2>&1 ;;
     *) echo "gpu-run: unknown phase $phase" > "$log" ;;
   esac
   echo "== $phase ($(( $(date +%s) - t0 )) s)"
