@@ -33,8 +33,9 @@ struct cpu_model {
   layer_cache *lc;
   float *inv_freq; /* [qk_rope_head_dim / 2] */
   float *dump;
-  uint8_t *sel_dump; /* the last query's DSA mask of the last full-indexer layer */
-  int64_t *route_dump; /* [layer][topk]: the last token's experts */
+  uint8_t *sel_dump;   /* [token][max_ctx]: DSA masks of the last full-indexer layer */
+  int64_t *route_dump; /* [layer][token][topk]: the experts chosen */
+  int dump_max;        /* tokens the dumps hold */
 };
 
 static float *xalloc_f(size_t n) {
@@ -79,8 +80,9 @@ void cpu_model_destroy(cpu_model *s) {
 
 int64_t cpu_model_len(const cpu_model *s) { return s->len; }
 void cpu_model_set_dump(cpu_model *s, float *dump) { s->dump = dump; }
-void cpu_model_set_sel_dump(cpu_model *s, uint8_t *sel) { s->sel_dump = sel; }
-void cpu_model_set_route_dump(cpu_model *s, int64_t *ids) { s->route_dump = ids; }
+void cpu_model_set_choice_dump(cpu_model *s, uint8_t *sel, int64_t *ids, int max_tokens) {
+  s->sel_dump = sel, s->route_dump = ids, s->dump_max = max_tokens;
+}
 
 /* ---- the DSA indexer ---------------------------------------------------------------- */
 /* Fill sel[i][0..T) for the n queries: 1 where query i may attend. */
@@ -238,7 +240,8 @@ static void moe(cpu_model *s, int64_t L, const model_layer *ly, const float *xn,
   int64_t *idx = mj_xmalloc((size_t)(n * K) * sizeof *idx);
   ref_matmul(&ly->router, xn, n, logits, th); /* fp32 router logits */
   for (int64_t t = 0; t < n; t++) ref_route(logits + t * E, &ly->router_bias, c, idx + t * K, w + t * K);
-  if (s->route_dump) memcpy(s->route_dump + L * K, idx + (n - 1) * K, (size_t)K * sizeof *idx);
+  for (int64_t t = 0; s->route_dump && t < n && t < s->dump_max; t++)
+    memcpy(s->route_dump + (L * s->dump_max + t) * K, idx + t * K, (size_t)K * sizeof *idx);
   memset(out, 0, (size_t)(n * H) * sizeof *out);
   /* Experts in ascending order, each on the tokens that chose it (the
    * reference's loop order, so the sums add up in the same order). */
@@ -290,7 +293,8 @@ int cpu_forward(cpu_model *s, const int32_t *tokens, int64_t n, int64_t pos, flo
     const model_layer *ly = &m->layers[L];
     for (int64_t i = 0; i < n; i++) ref_rmsnorm(x + i * H, &ly->input_norm, c->rms_norm_eps, H, xn + i * H);
     attention(s, L, xn, n, pos, sel, y);
-    if (s->sel_dump && ly->has_indexer) memcpy(s->sel_dump, sel + (n - 1) * T, (size_t)T);
+    for (int64_t t = 0; s->sel_dump && ly->has_indexer && t < n && t < s->dump_max; t++)
+      memcpy(s->sel_dump + t * s->p.max_ctx, sel + t * T, (size_t)T);
     for (int64_t i = 0; i < n * H; i++) x[i] += y[i];
     for (int64_t i = 0; i < n; i++) ref_rmsnorm(x + i * H, &ly->post_norm, c->rms_norm_eps, H, xn + i * H);
     if (ly->sparse) moe(s, L, ly, xn, n, y);

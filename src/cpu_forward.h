@@ -41,12 +41,11 @@ int64_t cpu_model_len(const cpu_model *s);
 /* For diagnosis: if set, the next cpu_forward writes each layer's output
  * (the residual stream) to dump[layer][token][hidden]. */
 void cpu_model_set_dump(cpu_model *s, float *dump);
-/* For diagnosis: if set, every later cpu_forward leaves in sel[0..pos+1)
- * the last token's DSA mask (1 = may attend) of the last layer that ran
- * its own indexer. */
-void cpu_model_set_sel_dump(cpu_model *s, uint8_t *sel);
-/* For diagnosis: if set, every later cpu_forward leaves in ids[layer][k]
- * the last token's routed experts of each MoE layer (topk per layer). */
-void cpu_model_set_route_dump(cpu_model *s, int64_t *ids);
+/* For diagnosis, the discrete choices of every later call, for its first
+ * max_tokens tokens: sel (may be NULL) [token][max_ctx] receives each
+ * token's DSA mask (1 = may attend, positions 0..pos) from the last layer
+ * that ran its own indexer; ids (may be NULL) [layer][token][topk] the
+ * routed experts of each MoE layer. */
+void cpu_model_set_choice_dump(cpu_model *s, uint8_t *sel, int64_t *ids, int max_tokens);
 
 #endif

@@ -79,13 +79,17 @@ static int gpu_prefill(gpu_model *g, const int32_t *t, int n, int slot, float *l
   return rc;
 }
 
-/* Did the GPU's selection of the last step (row 0) equal the CPU's mask? */
-static int sel_differs(gpu_model *g, const uint8_t *mask, int vis, mj_err *err) {
+enum { DUMP = 64, CTX = 256 }; /* tokens the CPU's choice dumps hold; its cache */
+
+/* How far the GPU's DSA selection of the last step's row `row` differs
+ * from the CPU's mask (token `crow` of the CPU's last call). */
+static int sel_differs(gpu_model *g, int row, const uint8_t *masks, int crow, int vis, mj_err *err) {
   int K = (int)M->cfg.index_topk, n = 0;
   if (vis <= K) return 0;
+  const uint8_t *mask = masks + (size_t)crow * CTX;
   int32_t *idx = mj_xmalloc((size_t)K * 4);
   uint8_t *mine = mj_xcalloc((size_t)vis, 1);
-  if (gpu_read_sel(g, 0, idx, err) == 0)
+  if (gpu_read_sel(g, row, idx, err) == 0)
     for (int i = 0; i < K; i++)
       if (idx[i] >= 0 && idx[i] < vis) mine[idx[i]] = 1;
   for (int t = 0; t < vis; t++) n += mine[t] != mask[t];
@@ -93,8 +97,9 @@ static int sel_differs(gpu_model *g, const uint8_t *mask, int vis, mj_err *err) 
   return n;
 }
 
-/* Did the GPU's routing of row 0 (every MoE layer) differ from the CPU's? */
-static int route_differs(gpu_model *g, const int64_t *cpu_ids, mj_err *err) {
+/* How many experts of the last step's row `row` (every MoE layer) differ
+ * from the CPU's choices for token `crow` of its last call. */
+static int route_differs(gpu_model *g, int row, const int64_t *cpu_ids, int crow, mj_err *err) {
   int L = gpu_layers(g), K = (int)M->cfg.num_experts_per_tok, max = gpu_max_rows(g), n = 0;
   int32_t *ids = mj_xmalloc((size_t)L * max * K * 4);
   if (gpu_read_routing(g, ids, err) == 0)
@@ -102,7 +107,8 @@ static int route_differs(gpu_model *g, const int64_t *cpu_ids, mj_err *err) {
       if (!gpu_layer_sparse(g, l)) continue;
       for (int a = 0; a < K; a++) {
         bool found = false;
-        for (int b = 0; b < K; b++) found |= ids[(size_t)l * max * K + b] == cpu_ids[l * K + a];
+        for (int b = 0; b < K; b++)
+          found |= ids[((size_t)l * max + row) * K + b] == cpu_ids[((size_t)l * DUMP + crow) * K + a];
         n += !found;
       }
     }
@@ -124,18 +130,31 @@ static void single(void) {
   int32_t prompt[NP];
   for (int i = 0; i < NP; i++) prompt[i] = rtok(V);
   float *lc = mj_xmalloc((size_t)V * 4), *lg = mj_xmalloc((size_t)V * 4), *le = mj_xmalloc((size_t)V * 4);
-  uint8_t *mask = mj_xcalloc(256, 1);
-  int64_t *route = mj_xcalloc((size_t)M->cfg.num_hidden_layers * M->cfg.num_experts_per_tok, sizeof *route);
-  cpu_model_set_sel_dump(c, mask);
-  cpu_model_set_route_dump(c, route);
+  uint8_t *mask = mj_xcalloc((size_t)DUMP * CTX, 1);
+  int64_t *route = mj_xcalloc((size_t)M->cfg.num_hidden_layers * DUMP * M->cfg.num_experts_per_tok, sizeof *route);
+  cpu_model_set_choice_dump(c, mask, route, DUMP);
   T_CHECK(cpu_forward(c, prompt, NP, 0, lc, false, &err) == 0);
-  T_CHECK(gpu_prefill(g, prompt, NP, 0, lg, &err) == 0);
   T_CHECK(gpu_prefill(ge, prompt, NP, 0, le, &err) == 0);
-  double e0 = rel(lg, lc, V), worst = e0;
-  printf("prefill %d tokens: rel err %.2e\n", NP, e0);
-  T_CHECK(e0 <= 2e-2);
+  T_CHECK(gpu_prefill(g, prompt, NP, 0, lg, &err) == 0); /* last: its choices stay readable */
+  /* A flipped choice in the last row moves its logits far; one in an
+   * earlier row reaches them only diluted, through that row's cache
+   * entries (reported; the bound holds in every run so far). */
+  int pflips = 0;
+  bool last_flip = false;
+  for (int r = 0; r < NP; r++) {
+    bool f = (dsa && sel_differs(g, r, mask, r, r + 1, &err)) || route_differs(g, r, route, r, &err);
+    pflips += f;
+    last_flip |= f && r == NP - 1;
+  }
+  double e0 = rel(lg, lc, V), worst = 0;
+  printf("prefill %d tokens: rel err %.2e; rows with a flipped choice: %d%s\n", NP, e0, pflips,
+         last_flip ? " (the last row's)" : "");
+  if (!last_flip) {
+    T_CHECK(e0 <= 2e-2);
+    worst = e0;
+  }
   int agree = 0, agree_nt = 0, eager_same = 1, sel_steps = 0, route_steps = 0, bad_choice = 0, clean = 0;
-  bool same = true, same_nt = true, tainted = false;
+  bool same = true, same_nt = true, tainted = last_flip;
   for (int st = 0; st < NS; st++) {
     int32_t tok = sample_argmax(lc, V), pos = NP + st, slot = 0, gtok, etok;
     /* The GPU's own greedy choice for this position against the CPU's:
@@ -157,7 +176,7 @@ static void single(void) {
       break;
     }
     double e = rel(lg, lc, V);
-    int nd = dsa ? sel_differs(g, mask, pos + 1, &err) : 0, nr = route_differs(g, route, &err);
+    int nd = dsa ? sel_differs(g, 0, mask, 0, pos + 1, &err) : 0, nr = route_differs(g, 0, route, 0, &err);
     printf("  step %2d pos %d: rel err %.2e%s%s\n", st, pos, e, nd ? "  (the DSA selection differs)" : "",
            nr ? "  (an expert choice differs)" : "");
     sel_steps += nd > 0, route_steps += nr > 0;
@@ -227,27 +246,35 @@ static void test_batched(void) {
   float *lc[4], *lg = mj_xmalloc((size_t)4 * V * 4), *tmp = mj_xmalloc((size_t)V * 4);
   for (int q = 0; q < 4; q++) lc[q] = mj_xmalloc((size_t)V * 4);
   double worst = 0;
+  int rows_max = 0, route_flips = 0;
+  bool tainted[4] = {false, false, false, false};
+  int64_t *route = mj_xcalloc((size_t)M->cfg.num_hidden_layers * DUMP * M->cfg.num_experts_per_tok, sizeof *route);
   for (int q = 0; q < 3; q++) {
     int32_t pr[64];
     for (int i = 0; i < plen[q]; i++) pr[i] = rtok(V);
+    cpu_model_set_choice_dump(c[q], NULL, route, DUMP);
     T_CHECK(cpu_forward(c[q], pr, plen[q], 0, lc[q], false, &err) == 0);
     T_CHECK(gpu_prefill(g, pr, plen[q], slot_of[q], tmp, &err) == 0);
+    tainted[q] = route_differs(g, plen[q] - 1, route, plen[q] - 1, &err) > 0;
+    route_flips += tainted[q];
     double e = rel(tmp, lc[q], V);
-    worst = e > worst ? e : worst;
-    T_CHECK(e <= 2e-2);
+    if (!tainted[q]) {
+      worst = e > worst ? e : worst;
+      T_CHECK(e <= 2e-2);
+    }
     len[q] = plen[q];
   }
-  int rows_max = 0, route_flips = 0;
-  bool tainted[4] = {false, false, false, false};
-  int64_t *route = mj_xcalloc((size_t)M->cfg.num_hidden_layers * M->cfg.num_experts_per_tok, sizeof *route);
   for (int st = 0; st < 12; st++) {
     if (st == 5) live[1] = false; /* sequence 1 finishes */
     if (st == 7) {                /* sequence 3 joins slot 1 */
       int32_t pr[16];
       for (int i = 0; i < plen[3]; i++) pr[i] = rtok(V);
+      cpu_model_set_choice_dump(c[3], NULL, route, DUMP);
       T_CHECK(cpu_forward(c[3], pr, plen[3], 0, lc[3], false, &err) == 0);
       T_CHECK(gpu_prefill(g, pr, plen[3], slot_of[3], tmp, &err) == 0);
-      T_CHECK(rel(tmp, lc[3], V) <= 2e-2);
+      tainted[3] = route_differs(g, plen[3] - 1, route, plen[3] - 1, &err) > 0;
+      route_flips += tainted[3];
+      if (!tainted[3]) T_CHECK(rel(tmp, lc[3], V) <= 2e-2);
       len[3] = plen[3], live[3] = true;
     }
     int32_t tok[4], slot[4], pos[4], out[4], who[4];
@@ -265,14 +292,14 @@ static void test_batched(void) {
     T_CHECK(gpu_read_routing(g, ids, &err) == 0);
     for (int i = 0; i < n; i++) {
       int q = who[i];
-      cpu_model_set_route_dump(c[q], route);
+      cpu_model_set_choice_dump(c[q], NULL, route, DUMP);
       T_CHECK(cpu_forward(c[q], &tok[i], 1, len[q], lc[q], false, &err) == 0);
       len[q]++;
       int flips = 0;
       for (int l = 0; l < L; l++)
         for (int a = 0; a < K && gpu_layer_sparse(g, l); a++) {
           bool found = false;
-          for (int b = 0; b < K; b++) found |= ids[((size_t)l * max + i) * K + b] == route[l * K + a];
+          for (int b = 0; b < K; b++) found |= ids[((size_t)l * max + i) * K + b] == route[(size_t)l * DUMP * K + a];
           flips += !found;
         }
       double e = rel(lg + (size_t)i * V, lc[q], V);
