@@ -82,7 +82,7 @@ void moe_plan_default(const ref_moe_cfg *c, int bcap, moe_plan *p) {
   p->gu = (moe_tile){.rows = 2, .threads = 256, .chain = 8, .gx = 0};
   p->dn = (moe_tile){.rows = 4, .threads = 256, .chain = 8, .gx = 0};
   if (bcap == 1) {
-    /* Measured on the H200 (bench/results/2026-12-02-moe-b1-tiles.md):
+    /* Measured on the H200 (bench/results/2026-12-02-moe-2.md):
      * registers capped for 2-3 blocks per SM beat the default tiles by
      * 15% (gate_up 47.0 -> 39.9 us, down 25.1 -> 22.0 us). */
     p->gu = (moe_tile){.rows = 4, .threads = 256, .chain = 8, .gx = 0, .minb = 2};
@@ -97,6 +97,16 @@ void moe_plan_default(const ref_moe_cfg *c, int bcap, moe_plan *p) {
     p->gu = (moe_tile){.rows = 16, .threads = 256, .chain = 8, .gx = 0, .mma = 4};
     p->dn = (moe_tile){.rows = 16, .threads = 256, .chain = 8, .gx = 0, .mma = 4};
   }
+  /* Measured on the H200 (bench/results/2026-12-02-moe-2.md): at bucket 8
+   * the FMA gate_up with registers capped for 2 blocks per SM (264.6 us)
+   * beats the tensor cores (275.8 us), and the down kernel likes 8 chunks
+   * per load batch (133.3 us against 138.4 us); at bucket 64 the capped
+   * registers help gate_up a little (1030.6 us against 1036.5 us). */
+  if (bcap == 8) {
+    p->gu = (moe_tile){.rows = 4, .threads = 256, .chain = 8, .gx = 0, .minb = 2};
+    p->dn.mma = 8;
+  }
+  if (bcap == 64) p->gu.minb = 2;
   p->router_tb = bcap < 8 ? bcap : 8;
   /* MOEJIT_MOE_PATH=fma|mma forces one path for every bucket (diagnosis). */
   const char *force = getenv("MOEJIT_MOE_PATH");
