@@ -1,27 +1,7 @@
 #!/bin/sh
 # cli.sh: the moejit command line: help, version, exit codes and the exact
 # one-line errors for bad flags and arguments.
-set -u
-fail=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-# expect STATUS "STDERR" CMD...: run CMD, check its status and its stderr.
-expect() {
-  want_status=$1 want_err=$2
-  shift 2
-  "$@" > "$tmp/out" 2> "$tmp/err"
-  status=$?
-  got_err=$(cat "$tmp/err")
-  if [ "$status" -ne "$want_status" ] || [ "$got_err" != "$want_err" ]; then
-    echo "FAIL: $*"
-    echo "  status $status (want $want_status)"
-    echo "  stderr: $got_err"
-    echo "  want:   $want_err"
-    fail=1
-  else
-    echo "ok   $*"
-  fi
-}
+. "$srcdir/tests/lib.sh"
 expect 0 "" $MOEJIT help
 grep -q "compile" "$tmp/out" || { echo "FAIL: help lists no compile"; fail=1; }
 expect 0 "" $MOEJIT help exit

@@ -6,18 +6,13 @@
 #  2. Four `moejit generate` first runs at once on one empty MOEJIT_DATA_DIR:
 #     all succeed, and the folder ends with one valid built-in model and no
 #     temporary copies.
-#  3. Four `moejit compile -o` at once on one cache folder (the issue asks
-#     for `moejit warmup`, which does not exist yet; compile -o goes through
-#     the same front door, jit_get): all succeed, every entry verifies, the
-#     counters add up, and no temporary file is left.
+#  3. Four `moejit compile -o` at once on one cache folder: all succeed,
+#     every entry verifies, the counters add up, no temporary file is left.
+#  4. Four `moejit warmup` of one model at once on one cache folder: all
+#     succeed, the entries verify, and assert-warm then finds every kernel.
 # The cache's own faults (full disk, unwritable folder, SIGKILL mid-store)
 # are in tests/test_cache.c.
-set -u
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok   $1"; }
-bad() { echo "FAIL $1"; fail=1; }
+. "$srcdir/tests/lib.sh"
 
 # ---- 1. truncated while in use --------------------------------------------------------
 $MOEJIT mkmodel --preset tiny --seed 2 --out "$tmp/m" -q || { echo "FAIL mkmodel"; exit 1; }
@@ -85,5 +80,25 @@ misses=$(awk '/^misses/ {print $2}' "$tmp/stats")
 [ $((hits + misses)) -eq 8 ] && ok "counters add up: $hits disk hits + $misses misses = 8 requests" ||
   bad "counters: $(cat "$tmp/stats")"
 stray=$(find "$tmp/cache" -name '*.tmp.*' | wc -l)
+[ "$stray" -eq 0 ] && ok "no temporary files left" || bad "$stray temporary files left"
+
+# ---- 4. concurrent warm-ups of one cache folder ------------------------------------------------
+# Four `moejit warmup` of the same model and sizes at once (the built-in
+# model section 2 wrote): every run succeeds, the entries verify, and a
+# fifth run under assert-warm finds every kernel (0 compiles).
+m="$tmp/data/default-medium-nvfp4-s1"
+for k in 1 2 3 4; do
+  MOEJIT_CACHE=on MOEJIT_CACHE_DIR="$tmp/wcache" $MOEJIT warmup -m "$m" --arch sm_90a --batches 1 > "$tmp/w$k.out" 2> "$tmp/w$k.err" &
+  eval "wpid$k=$!"
+done
+allok=1
+for k in 1 2 3 4; do eval "wait \$wpid$k" || { allok=0; echo "  warmup $k: $(cat "$tmp/w$k.err")"; }; done
+[ $allok = 1 ] && ok "4 concurrent warm-ups of one cache succeed" || bad "concurrent warmup"
+$MOEJIT cache verify --dir "$tmp/wcache" > "$tmp/wverify" 2>&1 && grep -q "^[0-9]* entries checked, 0 bad" "$tmp/wverify" &&
+  ok "the warmed cache verifies: $(head -1 "$tmp/wverify")" || bad "warmed cache verify: $(cat "$tmp/wverify")"
+MOEJIT_CACHE=assert-warm MOEJIT_CACHE_DIR="$tmp/wcache" $MOEJIT warmup -m "$m" --arch sm_90a --batches 1 > "$tmp/w5.out" 2>&1 &&
+  grep -q " 0 compiled, " "$tmp/w5.out" && ok "then assert-warm: $(sed 's/.*batch sizes 1: //' "$tmp/w5.out")" ||
+  bad "assert-warm after concurrent warm-ups: $(cat "$tmp/w5.out")"
+stray=$(find "$tmp/wcache" -name '*.tmp.*' | wc -l)
 [ "$stray" -eq 0 ] && ok "no temporary files left" || bad "$stray temporary files left"
 exit $fail

@@ -4,12 +4,7 @@
 # identical; --json is one record; greedy ignores the seed; the built-in
 # model is written to the data folder on first use; bad flags and a broken
 # tokenizer.json give one line and status 1.
-set -u
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok   $1"; }
-bad() { echo "FAIL $1"; fail=1; }
+. "$srcdir/tests/lib.sh"
 $MOEJIT mkmodel --preset tiny --seed 5 --out "$tmp/m" -q || { echo "FAIL mkmodel"; exit 1; }
 
 $MOEJIT generate -m "$tmp/m" -p "hello world" -n 12 --seed 3 > "$tmp/a.out" 2> "$tmp/a.err" || bad "generate exit status"
@@ -34,21 +29,14 @@ grep -q '"prompt_tokens":' "$tmp/c" && ok "chat prompt from stdin" || bad "chat:
 MOEJIT_DATA_DIR="$tmp/data" $MOEJIT generate -p "hi" -n 3 --seed 1 -q > /dev/null 2>&1 && [ -f "$tmp/data/default-medium-nvfp4-s1/config.json" ] && ok "built-in model" || bad "built-in model"
 
 # errors: one line, status 1
-expect1() {
-  want=$1
-  shift
-  "$@" > /dev/null 2> "$tmp/err"
-  status=$?
-  if [ "$status" -eq 1 ] && [ "$(cat "$tmp/err")" = "$want" ]; then ok "$want"; else bad "status $status: $(cat "$tmp/err") (want: $want)"; fi
-}
-expect1 "moejit: moejit generate: -p TEXT is required (-p - reads stdin)" $MOEJIT generate -m "$tmp/m"
-expect1 "moejit: moejit generate: --temp expects a number, not 'hot'" $MOEJIT generate -m "$tmp/m" -p x --temp hot
-expect1 "moejit: moejit generate: --backend must be auto, cpu or cuda, not 'tpu'" $MOEJIT generate -m "$tmp/m" -p x --backend tpu
-expect1 "moejit: moejit generate: --graph-batches wants ascending sizes in 1..1024, not '4,2'" $MOEJIT generate -m "$tmp/m" -p x --graph-batches 4,2
+expect 1 "moejit: moejit generate: -p TEXT is required (-p - reads stdin)" $MOEJIT generate -m "$tmp/m"
+expect 1 "moejit: moejit generate: --temp expects a number, not 'hot'" $MOEJIT generate -m "$tmp/m" -p x --temp hot
+expect 1 "moejit: moejit generate: --backend must be auto, cpu or cuda, not 'tpu'" $MOEJIT generate -m "$tmp/m" -p x --backend tpu
+expect 1 "moejit: moejit generate: --graph-batches wants ascending sizes in 1..1024, not '4,2'" $MOEJIT generate -m "$tmp/m" -p x --graph-batches 4,2
 # the tiny model is narrower than the GPU MoE kernels: cuda refuses it with the reason, on any machine
-expect1 "moejit: $tmp/m: the GPU MoE kernels need hidden_size and moe_intermediate_size multiples of 1024 (this model: 64, 32); use --backend cpu" $MOEJIT generate -m "$tmp/m" -p x --backend cuda
-expect1 "moejit: moejit generate: --system and --no-think go with --chat" $MOEJIT generate -m "$tmp/m" -p x --system y
-expect1 "moejit: moejit generate: unknown option '--temperature' (see moejit generate --help)" $MOEJIT generate -m "$tmp/m" -p x --temperature 1
+expect 1 "moejit: $tmp/m: the GPU MoE kernels need hidden_size and moe_intermediate_size multiples of 1024 (this model: 64, 32); use --backend cpu" $MOEJIT generate -m "$tmp/m" -p x --backend cuda
+expect 1 "moejit: moejit generate: --system and --no-think go with --chat" $MOEJIT generate -m "$tmp/m" -p x --system y
+expect 1 "moejit: moejit generate: unknown option '--temperature' (see moejit generate --help)" $MOEJIT generate -m "$tmp/m" -p x --temperature 1
 cp -r "$tmp/m" "$tmp/broken"
 printf '{"model": {"type": "BPE", ' > "$tmp/broken/tokenizer.json"
 "$MOEJIT" generate -m "$tmp/broken" -p x > /dev/null 2> "$tmp/err"

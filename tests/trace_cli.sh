@@ -3,27 +3,7 @@
 # a synthetic trace is deterministic for a seed and checks clean with the
 # summary it should have; bad flags and a malformed trace are refused with
 # one exact line and status 1.
-set -u
-fail=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-# expect STATUS "STDERR" CMD...: run CMD, check its status and its stderr.
-expect() {
-  want_status=$1 want_err=$2
-  shift 2
-  "$@" > "$tmp/out" 2> "$tmp/err"
-  status=$?
-  got_err=$(cat "$tmp/err")
-  if [ "$status" -ne "$want_status" ] || [ "$got_err" != "$want_err" ]; then
-    echo "FAIL: $*"
-    echo "  status $status (want $want_status)"
-    echo "  stderr: $got_err"
-    echo "  want:   $want_err"
-    fail=1
-  else
-    echo "ok   $*"
-  fi
-}
+. "$srcdir/tests/lib.sh"
 # has TEXT: the last command's stdout holds the line TEXT.
 has() {
   grep -qxF -- "$1" "$tmp/out" || { echo "FAIL: output lacks '$1':"; sed 's/^/    /' "$tmp/out"; fail=1; }

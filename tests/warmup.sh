@@ -5,12 +5,7 @@
 # MOEJIT_CACHE=assert-warm compiles nothing and succeeds, which is the proof
 # that a warmed cache serves those steps with zero compiles; a size that was
 # not warmed fails assert-warm with one line.  Bad flags: one line, status 1.
-set -u
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok   $1"; }
-bad() { echo "FAIL $1"; fail=1; }
+. "$srcdir/tests/lib.sh"
 $MOEJIT mkmodel --preset medium --nvfp4 --seed 2 --out "$tmp/m" -q || { echo "FAIL mkmodel"; exit 1; }
 export MOEJIT_CACHE_DIR="$tmp/cache"
 
@@ -37,15 +32,8 @@ MOEJIT_CACHE=assert-warm $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 8 > 
 st=$?
 if [ $st -eq 7 ] && [ "$(wc -l < "$tmp/e3")" -eq 1 ]; then ok "a cold size fails assert-warm: $(cat "$tmp/e3")"; else bad "assert-warm on a cold size: status $st: $(cat "$tmp/e3")"; fi
 
-expect1() {
-  want=$1
-  shift
-  "$@" > /dev/null 2> "$tmp/err"
-  status=$?
-  if [ "$status" -eq 1 ] && [ "$(cat "$tmp/err")" = "$want" ]; then ok "$want"; else bad "status $status: $(cat "$tmp/err") (want: $want)"; fi
-}
-expect1 "moejit: moejit warmup: name the model: -m DIR or --synthetic glm5" $MOEJIT warmup --arch sm_90a
-expect1 "moejit: moejit warmup: --batches sizes must be 1..1024 (got 0)" $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 0
-expect1 "moejit: moejit warmup: --arch wants a target such as sm_90a, not 'h200'" $MOEJIT warmup -m "$tmp/m" --arch h200
-expect1 "moejit: moejit warmup: -j must be 1..256" $MOEJIT warmup -m "$tmp/m" --arch sm_90a -j 0
+expect 1 "moejit: moejit warmup: name the model: -m DIR or --synthetic glm5" $MOEJIT warmup --arch sm_90a
+expect 1 "moejit: moejit warmup: --batches sizes must be 1..1024 (got 0)" $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 0
+expect 1 "moejit: moejit warmup: --arch wants a target such as sm_90a, not 'h200'" $MOEJIT warmup -m "$tmp/m" --arch h200
+expect 1 "moejit: moejit warmup: -j must be 1..256" $MOEJIT warmup -m "$tmp/m" --arch sm_90a -j 0
 exit $fail
