@@ -84,8 +84,11 @@ int bench_decode(int argc, char **argv, mj_err *err) {
       return mj_fail(err, MJ_EUSAGE, "moejit bench decode: --batch sizes must be 1..1024 (got %lld)", (long long)batches[i]);
     bmax = batches[i] > bmax ? batches[i] : bmax;
   }
-  if (ctx < 1 || steps < 1 || reps < 1 || layers < 1 || dense < 0 || dense > layers)
-    return mj_fail(err, MJ_EUSAGE, "moejit bench decode: --ctx, --steps, --reps, --layers >= 1 and 0 <= --dense <= --layers");
+  if (ctx < 1 || ctx > 1 << 20 || steps < 1 || steps > 100000 || reps < 1 || reps > 100000 || layers < 1 ||
+      layers > 1000 || dense < 0 || dense > layers)
+    return mj_fail(err, MJ_EUSAGE,
+                   "moejit bench decode: --ctx 1..1048576, --steps and --reps 1..100000, --layers 1..1000, "
+                   "0 <= --dense <= --layers");
   if (!dir && strcmp(synth, "glm5") != 0)
     return mj_fail(err, MJ_EUSAGE, "moejit bench decode: --synthetic knows only glm5 (or give -m DIR)");
   if ((rc = cu_init(err))) return rc;
@@ -101,6 +104,7 @@ int bench_decode(int argc, char **argv, mj_err *err) {
   o.max_rows = (int)bmax;
   model *m = NULL;
   gpu_model *g = NULL;
+  gpu_prof *profs = NULL;
   mj_arena a;
   mj_arena_init(&a, 4096);
   double t0 = mj_now_ms();
@@ -122,13 +126,16 @@ int bench_decode(int argc, char **argv, mj_err *err) {
     for (int i = 0; i < B; i++) r[B + i] = i, r[2 * B + i] = (int32_t)ctx;
     bool graph;
     int np = gpu_padded(g, B, &graph);
-    if ((rc = gpu_set_rows(g, r, r + B, r + 2 * B, B, err)) || (rc = gpu_enqueue(g, np, gpu_stream(g), NULL, err)) ||
-        (rc = gpu_read_tokens(g, 1, r, err)))
-      goto out;
-    CU_CHECK_GOTO(err, cu.cuProfilerStart(), cuda_fail);
-    if ((rc = gpu_enqueue(g, np, gpu_stream(g), NULL, err)) || (rc = gpu_read_tokens(g, 1, r, err))) goto out;
-    CU_CHECK_GOTO(err, cu.cuProfilerStop(), cuda_fail);
+    if (!(rc = gpu_set_rows(g, r, r + B, r + 2 * B, B, err)) && !(rc = gpu_enqueue(g, np, gpu_stream(g), NULL, err)) &&
+        !(rc = gpu_read_tokens(g, 1, r, err))) {
+      CUresult cr = cu.cuProfilerStart();
+      if (cr != CUDA_SUCCESS) rc = cu_fail(err, cr, "cuProfilerStart", __FILE__, __LINE__);
+      if (!rc && !(rc = gpu_enqueue(g, np, gpu_stream(g), NULL, err)) && !(rc = gpu_read_tokens(g, 1, r, err)) &&
+          (cr = cu.cuProfilerStop()) != CUDA_SUCCESS)
+        rc = cu_fail(err, cr, "cuProfilerStop", __FILE__, __LINE__);
+    }
     free(r);
+    if (rc) goto out;
     printf("profiled region: one eager step of %d rows\n", np);
     rc = 0;
     goto out;
@@ -144,7 +151,7 @@ int bench_decode(int argc, char **argv, mj_err *err) {
   printf("| batch | step us (graph) | tok/s | step us (eager) | ops us (events) | GB moved | GB/s | %% of copy | experts/layer | check |\n");
   printf("|---|---|---|---|---|---|---|---|---|---|\n");
 
-  gpu_prof *profs = mj_xcalloc((size_t)nb, sizeof *profs);
+  profs = mj_xcalloc((size_t)nb, sizeof *profs);
   uint64_t rng = (uint64_t)seed * 2654435761u + 12345;
   for (int bi = 0; bi < nb; bi++) {
     int B = (int)batches[bi];
@@ -197,7 +204,6 @@ int bench_decode(int argc, char **argv, mj_err *err) {
            p->bytes_attn / 1e9, p->bytes_dense / 1e9, p->bytes_router / 1e9, p->bytes_experts / 1e9,
            p->bytes_head / 1e9, p->bytes_kv / 1e9);
   }
-  free(profs);
   {
     cache_stats st;
     jit_stats(&st);
@@ -208,10 +214,8 @@ int bench_decode(int argc, char **argv, mj_err *err) {
            (unsigned long long)st.v[CACHE_STAT_mem_hits], c.graphs, c.capture_ms);
   }
   rc = 0;
-  goto out;
-cuda_fail:
-  rc = MJ_ECUDA;
 out:
+  free(profs);
   gpu_model_destroy(g);
   if (m) model_free(m);
   mj_arena_free(&a);

@@ -61,7 +61,7 @@ struct gpu_model {
       stash;
   bool any_indexer;
   moe_bufs mb;
-  moe_bucket buckets[32];
+  moe_bucket buckets[64];
   int nbuckets;
   CUstream s;
   CUgraphExec graph[GPU_MAX_GRAPHS];
@@ -146,8 +146,15 @@ static size_t carve_acts(gpu_model *g, CUdeviceptr base) {
   g->h = take(base, &off, B * g->mlp_max * 2);
   g->logits = take(base, &off, B * d->vocab * 4);
   g->tok_out = take(base, &off, B * 4);
-  g->attn_scr = take(base, &off, gop_mla_attend_scratch(d, g->bmax));
-  g->dsa_scr = take(base, &off, gop_dsa_select_scratch(d, g->bmax));
+  /* The scratch sizes are not monotone in the rows (the attention's split
+   * plan changes with them): take the largest over every row count. */
+  size_t att = 0, dsa = 0;
+  for (int b = 1; b <= g->bmax; b++) {
+    size_t a1 = gop_mla_attend_scratch(d, b), a2 = gop_dsa_select_scratch(d, b);
+    att = a1 > att ? a1 : att, dsa = a2 > dsa ? a2 : dsa;
+  }
+  g->attn_scr = take(base, &off, att);
+  g->dsa_scr = take(base, &off, dsa);
   g->stash = take(base, &off, (size_t)g->n_layers * B * g->mc.topk * 4);
   moe_plan p;
   moe_plan_default(&g->mc, g->bmax, &p);
@@ -249,6 +256,9 @@ static int setup(gpu_model *g, const model_config *c, int sh_inter, const gpu_op
   CUresult r = cu.cuMemcpyHtoD(g->inv_freq, inv, (size_t)d->rope / 2 * 4);
   free(inv);
   CU_CHECK(err, r);
+  /* The memset and copies above ran on the legacy stream, which g->s (a
+   * non-blocking stream) does not wait for. */
+  CU_CHECK(err, cu.cuCtxSynchronize());
   return 0;
 }
 
@@ -383,10 +393,14 @@ int gpu_model_create(const model *m, const gpu_opts *o, gpu_model **out, mj_err 
   double t0 = mj_now_ms();
   if ((rc = setup(g, &m->cfg, gpu_bf16_shared_inter(m), o, err))) goto fail;
   upload u = {0};
-  CU_CHECK_GOTO(err, cu.cuMemAllocHost((void **)&u.stage, STAGE_BYTES), cuda_fail);
+  CUresult hr = cu.cuMemAllocHost((void **)&u.stage, STAGE_BYTES);
+  if (hr != CUDA_SUCCESS) {
+    rc = cu_fail(err, hr, "cuMemAllocHost", __FILE__, __LINE__);
+    goto fail;
+  }
   const model_config *c = &m->cfg;
   int64_t cols[] = {c->hidden_size, c->intermediate_size, c->moe_intermediate_size, c->q_lora_rank, c->kv_lora_rank,
-                    c->num_attention_heads * c->v_head_dim}, maxc = 1;
+                    c->num_attention_heads * c->v_head_dim, g->sh_inter}, maxc = 1;
   for (size_t i = 0; i < MJ_ARRAY_LEN(cols); i++) maxc = cols[i] > maxc ? cols[i] : maxc;
   u.row = mj_xmalloc((size_t)maxc * 4);
   mj_progress_begin(&u.prog, "upload", (double)g->wbytes, o->quiet);
@@ -397,12 +411,12 @@ int gpu_model_create(const model *m, const gpu_opts *o, gpu_model **out, mj_err 
   mj_progress_end(&u.prog);
   cu.cuMemFreeHost(u.stage);
   free(u.row);
+  /* Pageable copies may still be in flight on the legacy stream. */
+  if (!rc && cu.cuCtxSynchronize() != CUDA_SUCCESS) rc = mj_fail(err, MJ_ECUDA, "gpu: upload did not complete");
   if (rc) goto fail;
   g->cnt.upload_ms = mj_now_ms() - t0;
   *out = g;
   return 0;
-cuda_fail:
-  rc = MJ_ECUDA;
 fail:
   gpu_model_destroy(g);
   return rc;
@@ -466,12 +480,16 @@ static int synth_experts(gpu_model *g, uint64_t seed, mj_err *err) {
         continue;
       }
       int p = e % NPOOL;
-      CU_CHECK(err, cu.cuMemcpyDtoD(l->moe.gate_up + (size_t)e * gub, l->moe.gate_up + (size_t)p * gub, gub));
-      CU_CHECK(err, cu.cuMemcpyDtoD(l->moe.down + (size_t)e * dnb, l->moe.down + (size_t)p * dnb, dnb));
-      CU_CHECK(err, cu.cuMemcpyDtoD(l->moe.gscale + (size_t)e * 16, l->moe.gscale + (size_t)p * 16, 16));
+      CUresult r = cu.cuMemcpyDtoD(l->moe.gate_up + (size_t)e * gub, l->moe.gate_up + (size_t)p * gub, gub);
+      if (r == CUDA_SUCCESS) r = cu.cuMemcpyDtoD(l->moe.down + (size_t)e * dnb, l->moe.down + (size_t)p * dnb, dnb);
+      if (r == CUDA_SUCCESS) r = cu.cuMemcpyDtoD(l->moe.gscale + (size_t)e * 16, l->moe.gscale + (size_t)p * 16, 16);
+      if (r != CUDA_SUCCESS) rc = cu_fail(err, r, "cuMemcpyDtoD", __FILE__, __LINE__);
     }
     for (int p = 0; p < NPOOL; p++)
       for (int t = 0; t < 6; t++) free(buf[p][t]);
+    /* The copies above ran on the legacy stream: the other layers' copies
+     * (on g->s) must see them finished. */
+    if (!rc) CU_CHECK(err, cu.cuCtxSynchronize());
   }
   return rc;
 }
@@ -517,7 +535,7 @@ int gpu_model_synthetic(const model_config *cfg, uint64_t seed, const gpu_opts *
   }
   TRY(synth_experts(g, seed, err));
 #undef TRY
-  CU_CHECK_GOTO(err, cu.cuStreamSynchronize(g->s), cuda_fail);
+  CU_CHECK_GOTO(err, cu.cuCtxSynchronize(), cuda_fail);
   g->cnt.upload_ms = mj_now_ms() - t0;
   *out = g;
   return 0;
@@ -707,6 +725,7 @@ int gpu_set_rows(gpu_model *g, const int32_t *token, const int32_t *slot, const 
   if (n < 1 || n > g->bmax) return mj_fail(err, MJ_EINPUT, "gpu: %d rows in a step; 1..%d fit", n, g->bmax);
   bool graph;
   int np = gpu_padded(g, n, &graph), B = g->bmax;
+  CU_CHECK(err, cu.cuStreamSynchronize(g->s)); /* the last copy from hrows is done */
   for (int i = 0; i < n; i++) {
     if (token[i] < 0 || token[i] >= d->vocab)
       return mj_fail(err, MJ_EINPUT, "gpu: token id %d is outside the vocabulary (0..%d)", token[i], d->vocab - 1);
@@ -715,7 +734,10 @@ int gpu_set_rows(gpu_model *g, const int32_t *token, const int32_t *slot, const 
     if (pos[i] < 0 || pos[i] >= d->max_ctx)
       return mj_fail(err, MJ_EINPUT, "gpu: position %d exceeds the context of %d", pos[i], d->max_ctx);
   }
-  for (int i = 0; i < np; i++) {
+  (void)np;
+  /* Every row the largest graph could read: the rows past n are padding
+   * (token 0 in the spare slot at position 0), never stale memory. */
+  for (int i = 0; i < B; i++) {
     bool real = i < n;
     g->hrows[i] = real ? token[i] : 0;
     g->hrows[B + i] = real ? slot[i] : g->o.slots; /* the spare slot */
@@ -747,6 +769,7 @@ int gpu_step(gpu_model *g, const int32_t *token, const int32_t *slot, const int3
 }
 
 int gpu_read_tokens(gpu_model *g, int n, int32_t *out, mj_err *err) {
+  if (n < 1 || n > g->bmax) return mj_fail(err, MJ_EINPUT, "gpu: %d rows outside 1..%d", n, g->bmax);
   CU_CHECK(err, cu.cuMemcpyDtoHAsync(g->hrows + 3 * g->bmax, g->tok_out, (size_t)n * 4, g->s));
   CU_CHECK(err, cu.cuStreamSynchronize(g->s));
   memcpy(out, g->hrows + 3 * g->bmax, (size_t)n * 4);
@@ -754,6 +777,7 @@ int gpu_read_tokens(gpu_model *g, int n, int32_t *out, mj_err *err) {
 }
 
 int gpu_read_sel(gpu_model *g, int row, int32_t *out, mj_err *err) {
+  if (row < 0 || row >= g->bmax) return mj_fail(err, MJ_EINPUT, "gpu: row %d outside 0..%d", row, g->bmax - 1);
   CU_CHECK(err, cu.cuStreamSynchronize(g->s));
   CU_CHECK(err, cu.cuMemcpyDtoH(out, g->sel + (size_t)row * g->d.idx_topk * 4, (size_t)g->d.idx_topk * 4));
   return 0;
@@ -857,7 +881,12 @@ int gpu_profile_step(gpu_model *g, int np, gpu_prof *prof, mj_err *err) {
     const int32_t *pos = g->hrows + 2 * B, *slot = g->hrows + B;
     size_t H = (size_t)d->hidden;
     int32_t *ids = mj_xmalloc((size_t)g->n_layers * B * K * 4);
-    CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(ids, g->stash, (size_t)g->n_layers * B * K * 4), out);
+    CUresult cr = cu.cuMemcpyDtoH(ids, g->stash, (size_t)g->n_layers * B * K * 4);
+    if (cr != CUDA_SUCCESS) {
+      free(ids);
+      cu_fail(err, cr, "cuMemcpyDtoH", __FILE__, __LINE__);
+      goto out;
+    }
     bool *seen = mj_xmalloc((size_t)g->mc.n_experts);
     double eb = (double)(moe_gate_up_bytes(&g->mc) + moe_down_bytes(&g->mc));
     for (int i = 0; i < g->n_layers; i++) {

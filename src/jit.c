@@ -72,6 +72,9 @@ static struct {
  * shard_k modulo shard_n (kept apart from J, which jit_shutdown clears). */
 static int shard_k, shard_n = 1;
 static uint64_t shard_skipped;
+static bool compile_only;
+
+void jit_set_compile_only(bool on) { compile_only = on; }
 
 void jit_set_shard(int k, int n) {
   shard_k = k, shard_n = n > 1 ? n : 1;
@@ -432,7 +435,7 @@ static int jit_init(mj_err *err) {
   int r = cache_open(NULL, &J.cache, err);
   if (r) return r;
   mj_err e = {0};
-  if (cu_init(&e) == 0) {
+  if (!compile_only && cu_init(&e) == 0) {
     J.have_gpu = true;
     snprintf(J.dev_arch, sizeof J.dev_arch, "%s", cu_dev()->arch);
   }

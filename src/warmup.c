@@ -50,9 +50,16 @@ static int trace_batches(const char *path, int *out, int max, mj_err *err) {
   int rc = trace_read(path, &t, err), n = 0;
   if (rc) return -rc;
   for (int64_t i = 0; i < t->nsteps; i++) {
-    int b = t->steps[i].captured > 0 ? t->steps[i].captured : t->steps[i].rows, j = 0;
+    /* The size the step's kernels were specialised on: its captured size,
+     * or an eager step's bucket (rows padded as gpu_padded does). */
+    const trace_step *st = &t->steps[i];
+    int b = st->captured > 0 ? st->captured : st->nmoe > 0 ? st->moe[0].bucket : st->rows, j = 0;
     while (j < n && out[j] != b) j++;
-    if (j == n && n < max) out[n++] = b;
+    if (j == n && n == max) {
+      trace_free(t);
+      return -mj_fail(err, MJ_EINPUT, "%s: more than %d distinct batch sizes; warm at most %d at a time", path, max, max);
+    }
+    if (j == n) out[n++] = b;
   }
   trace_free(t);
   if (n == 0) return -mj_fail(err, MJ_EINPUT, "%s: the trace has no steps", path);
@@ -90,7 +97,7 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
     int64_t v[64];
     nb = mj_parse_i64_list(batches_s, v, 64);
     if (nb <= 0)
-      return mj_fail(err, MJ_EUSAGE, "moejit warmup: --batches wants sizes like 1,2,4,8, not '%s'", batches_s);
+      return mj_fail(err, MJ_EUSAGE, "moejit warmup: --batches wants at most 64 sizes like 1,2,4,8, not '%s'", batches_s);
     for (int i = 0; i < nb; i++) {
       if (v[i] < 1 || v[i] > 1024)
         return mj_fail(err, MJ_EUSAGE, "moejit warmup: --batches sizes must be 1..1024 (got %lld)", (long long)v[i]);
@@ -146,6 +153,7 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
       pid_t pid = fork();
       if (pid == 0) {
         close(p[0]);
+        jit_set_compile_only(true); /* the parent may have opened the driver */
         jit_set_shard(k, (int)jobs);
         mj_err ce = {0};
         int crc = gpu_warm(&cfg, sh, &o, target, batches, nb, NULL, NULL, &ce);
@@ -161,17 +169,23 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
       if (pid < 0) {
         close(p[0]);
         rc = mj_fail(err, MJ_EIO, "moejit warmup: fork: %s", strerror(errno));
-        goto out;
+        jobs = k; /* reap the ones started */
+        break;
       }
       pids[k] = pid, fds[k] = p[0];
     }
+    int bad = 0;
     for (int k = 0; k < jobs; k++) {
       uint64_t r[2] = {0, 0};
       if (read(fds[k], r, sizeof r) == (ssize_t)sizeof r) child_compiles += r[0], child_failures += r[1];
       close(fds[k]);
-      int status;
-      waitpid(pids[k], &status, 0);
+      int status = 0;
+      if (waitpid(pids[k], &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) bad++;
     }
+    if (rc) goto out;
+    /* A child that failed leaves its share to the parent's pass below,
+     * which compiles what is missing (and fails with the reason). */
+    if (bad && !quiet) mj_warn("moejit warmup: %d of %lld compile processes failed; the rest is compiled here", bad, (long long)jobs);
   }
   /* The parent's pass: with -j, every kernel should now be on disk. */
   wctx w = {batches, isatty(2) != 0, quiet};

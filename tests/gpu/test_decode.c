@@ -3,20 +3,29 @@
  * transformers by tests/test_fidelity.c).
  *
  * The model is mkmodel's `medium` preset with NVFP4 experts (the smallest
- * widths the GPU MoE kernels take), a "shared" indexer layer (FSF) and a
- * DSA top-k of 40, so prompts past 40 tokens exercise the indexer's
- * selection.  Prompts are fresh random tokens each run (the seed is
- * printed).  Cases:
+ * widths the GPU MoE kernels take) and a "shared" indexer layer (FSF), once
+ * with an index_topk the test never reaches and once with 40, so prompts
+ * past 40 tokens exercise the indexer's selection.  Prompts are fresh
+ * random tokens each run (the seed is printed).  Cases:
  *   one sequence: a 56-token prompt, then 32 decode steps fed the CPU's
- *     greedy tokens; at every step the GPU's logits are within 2e-2
- *     relative error of the CPU's, and for the first 16 steps the GPU's own
- *     greedy draw (sampled on the device) equals the CPU's argmax;
+ *     greedy tokens;
  *   batched decode: three sequences of different lengths in one step, one
  *     finishing and a new one joining its slot, each row checked against
  *     its own CPU forward;
  *   graphs against eager: the same steps with --no-graphs give the same
- *     tokens and bitwise-equal logits.
- * and a cache too large for the device fails with the bytes needed and free.
+ *     tokens and bitwise-equal logits;
+ *   a cache too large for the device fails with the bytes needed and free.
+ * The GPU computes with bf16 activations, so its logits differ from the
+ * f32 reference by ~0.5%; but the router's and the indexer's top-k are
+ * discrete, and a near tie can flip (random weights make near ties
+ * common): that step's logits then move by 10-50% and the sequence caches
+ * a different history.  So both sides' choices are read back for every
+ * row (routing of every MoE layer; the DSA selection of the last layer
+ * that runs its own indexer: a flip only in an earlier indexer layer's
+ * selection is not seen) and the bounds apply until the first flip: every
+ * logit within 2e-2 relative error, every greedy choice equal or a near
+ * tie (the CPU's logits of the two within 4e-2 of their rms); and flips of
+ * a shared history happen at most in half the steps.
  * Rows of one step are padded to a captured size, so batches of 3 run the
  * size-4 graph with one padding row that must not disturb the others. */
 #include <math.h>
@@ -89,7 +98,9 @@ static int sel_differs(gpu_model *g, int row, const uint8_t *masks, int crow, in
   const uint8_t *mask = masks + (size_t)crow * CTX;
   int32_t *idx = mj_xmalloc((size_t)K * 4);
   uint8_t *mine = mj_xcalloc((size_t)vis, 1);
-  if (gpu_read_sel(g, row, idx, err) == 0)
+  int rc = gpu_read_sel(g, row, idx, err);
+  T_CHECK(rc == 0);
+  if (rc == 0)
     for (int i = 0; i < K; i++)
       if (idx[i] >= 0 && idx[i] < vis) mine[idx[i]] = 1;
   for (int t = 0; t < vis; t++) n += mine[t] != mask[t];
@@ -101,8 +112,10 @@ static int sel_differs(gpu_model *g, int row, const uint8_t *masks, int crow, in
  * from the CPU's choices for token `crow` of its last call. */
 static int route_differs(gpu_model *g, int row, const int64_t *cpu_ids, int crow, mj_err *err) {
   int L = gpu_layers(g), K = (int)M->cfg.num_experts_per_tok, max = gpu_max_rows(g), n = 0;
-  int32_t *ids = mj_xmalloc((size_t)L * max * K * 4);
-  if (gpu_read_routing(g, ids, err) == 0)
+  int32_t *ids = mj_xcalloc((size_t)L * max * K, 4);
+  int rc = gpu_read_routing(g, ids, err);
+  T_CHECK(rc == 0);
+  if (rc == 0)
     for (int l = 0; l < L; l++) {
       if (!gpu_layer_sparse(g, l)) continue;
       for (int a = 0; a < K; a++) {
@@ -136,25 +149,19 @@ static void single(void) {
   T_CHECK(cpu_forward(c, prompt, NP, 0, lc, false, &err) == 0);
   T_CHECK(gpu_prefill(ge, prompt, NP, 0, le, &err) == 0);
   T_CHECK(gpu_prefill(g, prompt, NP, 0, lg, &err) == 0); /* last: its choices stay readable */
-  /* A flipped choice in the last row moves its logits far; one in an
-   * earlier row reaches them only diluted, through that row's cache
-   * entries (reported; the bound holds in every run so far). */
+  /* Every prompt row writes the cache the later ones read: a flipped
+   * choice in any of them gives the two sides different histories. */
   int pflips = 0;
-  bool last_flip = false;
-  for (int r = 0; r < NP; r++) {
-    bool f = (dsa && sel_differs(g, r, mask, r, r + 1, &err)) || route_differs(g, r, route, r, &err);
-    pflips += f;
-    last_flip |= f && r == NP - 1;
-  }
+  for (int r = 0; r < NP; r++)
+    pflips += (dsa && sel_differs(g, r, mask, r, r + 1, &err)) || route_differs(g, r, route, r, &err);
   double e0 = rel(lg, lc, V), worst = 0;
-  printf("prefill %d tokens: rel err %.2e; rows with a flipped choice: %d%s\n", NP, e0, pflips,
-         last_flip ? " (the last row's)" : "");
-  if (!last_flip) {
+  printf("prefill %d tokens: rel err %.2e; rows with a flipped choice: %d\n", NP, e0, pflips);
+  if (!pflips) {
     T_CHECK(e0 <= 2e-2);
     worst = e0;
   }
   int agree = 0, agree_nt = 0, eager_same = 1, sel_steps = 0, route_steps = 0, bad_choice = 0, clean = 0;
-  bool same = true, same_nt = true, tainted = last_flip;
+  bool same = true, same_nt = true, tainted = pflips > 0;
   for (int st = 0; st < NS; st++) {
     int32_t tok = sample_argmax(lc, V), pos = NP + st, slot = 0, gtok, etok;
     /* The GPU's own greedy choice for this position against the CPU's:
@@ -179,7 +186,7 @@ static void single(void) {
     int nd = dsa ? sel_differs(g, 0, mask, 0, pos + 1, &err) : 0, nr = route_differs(g, 0, route, 0, &err);
     printf("  step %2d pos %d: rel err %.2e%s%s\n", st, pos, e, nd ? "  (the DSA selection differs)" : "",
            nr ? "  (an expert choice differs)" : "");
-    sel_steps += nd > 0, route_steps += nr > 0;
+    if (!tainted) sel_steps += nd > 0, route_steps += nr > 0; /* flips of a shared history only */
     /* A flipped choice changes what this step writes to the cache, so later
      * steps start from another history: they are reported, not bounded. */
     tainted |= nd || nr;
@@ -255,7 +262,7 @@ static void test_batched(void) {
     cpu_model_set_choice_dump(c[q], NULL, route, DUMP);
     T_CHECK(cpu_forward(c[q], pr, plen[q], 0, lc[q], false, &err) == 0);
     T_CHECK(gpu_prefill(g, pr, plen[q], slot_of[q], tmp, &err) == 0);
-    tainted[q] = route_differs(g, plen[q] - 1, route, plen[q] - 1, &err) > 0;
+    for (int r = 0; r < plen[q]; r++) tainted[q] |= route_differs(g, r, route, r, &err) > 0;
     route_flips += tainted[q];
     double e = rel(tmp, lc[q], V);
     if (!tainted[q]) {
@@ -272,7 +279,7 @@ static void test_batched(void) {
       cpu_model_set_choice_dump(c[3], NULL, route, DUMP);
       T_CHECK(cpu_forward(c[3], pr, plen[3], 0, lc[3], false, &err) == 0);
       T_CHECK(gpu_prefill(g, pr, plen[3], slot_of[3], tmp, &err) == 0);
-      tainted[3] = route_differs(g, plen[3] - 1, route, plen[3] - 1, &err) > 0;
+      for (int r = 0; r < plen[3]; r++) tainted[3] |= route_differs(g, r, route, r, &err) > 0;
       route_flips += tainted[3];
       if (!tainted[3]) T_CHECK(rel(tmp, lc[3], V) <= 2e-2);
       len[3] = plen[3], live[3] = true;
@@ -288,7 +295,7 @@ static void test_batched(void) {
       break;
     }
     int L = gpu_layers(g), K = (int)M->cfg.num_experts_per_tok, max = gpu_max_rows(g);
-    int32_t *ids = mj_xmalloc((size_t)L * max * K * 4);
+    int32_t *ids = mj_xcalloc((size_t)L * max * K, 4);
     T_CHECK(gpu_read_routing(g, ids, &err) == 0);
     for (int i = 0; i < n; i++) {
       int q = who[i];
@@ -305,7 +312,7 @@ static void test_batched(void) {
       double e = rel(lg + (size_t)i * V, lc[q], V);
       printf("  step %2d row %d (sequence %d, pos %d): rel err %.2e%s\n", st, i, q, pos[i], e,
              flips ? "  (an expert choice differs)" : "");
-      route_flips += flips > 0;
+      if (!tainted[q]) route_flips += flips > 0;
       if (flips) tainted[q] = true; /* its cache now holds a different history */
       if (!tainted[q]) {
         worst = e > worst ? e : worst;
