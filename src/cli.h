@@ -70,7 +70,8 @@
     "  --json            {\"ids\":[...]} (and \"pieces\" with --pieces)\n"         \
     "  TEXT              the text, or - to read it from stdin\n") \
   X(generate, "generate text from a GLM-5-format model (streams tokens, reports speed)", \
-    "moejit generate [-m DIR] -p TEXT|- [-n N] [--chat] [--system TEXT] [--no-think]\n" \
+    "moejit generate [-m DIR] (-p TEXT|- | --prompts FILE [--parallel P]) [-n N] [--chat]\n" \
+    "                [--system TEXT] [--no-think]\n" \
     "                [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n" \
     "                [--seed S] [--backend auto|cpu|cuda] [--graph-batches 1,2,4,..] [--no-graphs]\n" \
     "                [--threads T] [--ctx N] [--trace FILE.jsonl] [--json] [-q]\n" \
@@ -78,6 +79,9 @@
     "               without it, a built-in synthetic model written to the data folder\n" \
     "               (MOEJIT_DATA_DIR, else $XDG_DATA_HOME/moejit) on first use\n" \
     "  -p TEXT      the prompt; -p - reads it from stdin\n"                   \
+    "  --prompts F  one prompt per line of F (- : stdin), decoded together, P at a time\n" \
+    "               (--parallel, default 4): a finished sequence's slot takes the next\n" \
+    "               prompt at once; the texts are printed in order (or a JSON line each)\n" \
     "  -n N         generate at most N tokens (default 64); stops early on an eos id\n" \
     "  --chat       format as a GLM-5 chat: [gMASK]<sop><|system|>..<|user|>..<|assistant|>\n" \
     "  --no-think   with --chat: answer without the thinking block\n"       \
@@ -171,5 +175,25 @@ typedef int (*bench_launch_fn)(void *ctx, int i, CUstream s, mj_err *err);
 int bench_time_graph(bench_launch_fn launch, void *ctx, int n, int reps, double *us, mj_err *err);
 int bench_moe(int argc, char **argv, mj_err *err);
 int bench_decode(int argc, char **argv, mj_err *err);
+
+/* `moejit generate --prompts FILE` (src/generate_many.c): the options
+ * cmd_generate parsed, and the model and tokenizer it loaded. */
+#include "chat.h"
+#include "gpu_model.h"
+#include "sample.h"
+#include "tokenizer.h"
+typedef struct gen_many_opts {
+  const char *prompts_path; /* one prompt per line; "-": stdin */
+  int parallel;             /* sequences live at once */
+  int64_t n_predict, ctx;
+  bool chat, no_think, as_json, quiet;
+  const char *system;
+  sample_params sp;         /* seed: of prompt 0; prompt k uses seed + k */
+  bool gpu;                 /* else the CPU */
+  gpu_opts go;
+  int threads;
+} gen_many_opts;
+int generate_many(const gen_many_opts *o, const model *m, tok_tokenizer *tok, const chat_format *cf, bool have_chat,
+                  mj_err *err);
 
 #endif

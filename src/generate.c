@@ -178,6 +178,21 @@ static int run(gen_backend *b, const int32_t *tokens, int64_t n, int64_t pos, in
   return 0;
 }
 
+/* --backend: cuda, cpu, or auto (the GPU when there is one and the model
+ * fits its kernels; otherwise the CPU, saying why unless quiet). */
+static bool pick_gpu(const char *backend, const model *m, bool quiet) {
+  if (strcmp(backend, "auto") != 0) return strcmp(backend, "cuda") == 0;
+  mj_err e = {0};
+  bool gpu = cu_init(&e) == 0;
+  mj_err_clear(&e);
+  if (gpu && gpu_model_supports(m, &e)) {
+    gpu = false;
+    if (!quiet) fprintf(stderr, "moejit: running on the CPU: %s\n", e.msg);
+    mj_err_clear(&e);
+  }
+  return gpu;
+}
+
 static char *read_prompt(const char *p, size_t *len, mj_err *err) {
   if (strcmp(p, "-") != 0) {
     *len = strlen(p);
@@ -189,8 +204,9 @@ static char *read_prompt(const char *p, size_t *len, mj_err *err) {
 }
 
 int cmd_generate(int argc, char **argv, mj_err *err) {
-  const char *dir = NULL, *prompt = NULL, *system = NULL, *backend = "auto", *graph_s = NULL, *trace_path = NULL;
-  int64_t n_predict = 64, top_k = 0, seed = -1, threads = 0, ctx = 0;
+  const char *dir = NULL, *prompt = NULL, *system = NULL, *backend = "auto", *graph_s = NULL, *trace_path = NULL,
+             *prompts_path = NULL;
+  int64_t n_predict = 64, top_k = 0, seed = -1, threads = 0, ctx = 0, parallel = 4;
   double temp = 0.8, top_p = 0.95, min_p = 0.05, rep = 1.0;
   bool chat = false, no_think = false, as_json = false, quiet = false, no_graphs = false;
   cli_opt opts[] = {
@@ -204,10 +220,16 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
       {"threads", 't', CLI_INT, &threads}, {"ctx", 'c', CLI_INT, &ctx},
       {"quiet", 'q', CLI_FLAG, &quiet},    {"graph-batches", 0, CLI_STR, &graph_s},
       {"no-graphs", 0, CLI_FLAG, &no_graphs}, {"trace", 0, CLI_STR, &trace_path},
+      {"prompts", 0, CLI_STR, &prompts_path}, {"parallel", 0, CLI_INT, &parallel},
   };
   int r = cli_parse("generate", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (r) return r < 0 ? 0 : r;
-  if (!prompt) return mj_fail(err, MJ_EUSAGE, "moejit generate: -p TEXT is required (-p - reads stdin)");
+  if (!prompt && !prompts_path)
+    return mj_fail(err, MJ_EUSAGE, "moejit generate: -p TEXT is required (-p - reads stdin; --prompts FILE for many)");
+  if (prompt && prompts_path) return mj_fail(err, MJ_EUSAGE, "moejit generate: give -p or --prompts, not both");
+  if (parallel < 1 || parallel > 64) return mj_fail(err, MJ_EUSAGE, "moejit generate: --parallel must be 1..64");
+  if (prompts_path && trace_path)
+    return mj_fail(err, MJ_EUSAGE, "moejit generate: --trace records a single prompt's run (not --prompts)");
   if (n_predict < 0 || n_predict > 1 << 20) return mj_fail(err, MJ_EUSAGE, "moejit generate: -n must be 0..1048576");
   if (threads < 0 || threads > CLI_MAX_THREADS || ctx < 0)
     return mj_fail(err, MJ_EUSAGE, "moejit generate: --threads must be 0 (all cores) to %d, --ctx 0 (as needed) or more",
@@ -241,9 +263,9 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
     if ((r = default_model(defdir, sizeof defdir, quiet || as_json, err))) return r;
     dir = defdir;
   }
-  size_t plen;
-  char *ptext = read_prompt(prompt, &plen, err);
-  if (!ptext) return MJ_EIO;
+  size_t plen = 0;
+  char *ptext = NULL;
+  if (prompt && !(ptext = read_prompt(prompt, &plen, err))) return MJ_EIO;
 
   model *m = NULL;
   tok_tokenizer *tok = NULL;
@@ -258,8 +280,22 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
   if ((r = tok_load(tpath, &tok, err))) goto out;
   chat_format cf;
   bool have_chat = chat_format_init(&cf, tok, NULL) == 0;
+  if (chat && !have_chat && (r = chat_format_init(&cf, tok, err))) goto out;
+  if (prompts_path) {
+    gen_many_opts mo = {.prompts_path = prompts_path, .parallel = (int)parallel, .n_predict = n_predict, .ctx = ctx,
+                        .chat = chat, .no_think = no_think, .as_json = as_json, .quiet = quiet, .system = system,
+                        .go = go, .threads = (int)(threads > 0 ? threads : sysconf(_SC_NPROCESSORS_ONLN))};
+    mo.sp = sample_defaults();
+    mo.sp.temperature = (float)temp, mo.sp.top_k = (int32_t)top_k, mo.sp.top_p = (float)top_p;
+    mo.sp.min_p = (float)min_p, mo.sp.repeat_penalty = (float)rep;
+    mo.sp.seed = seed >= 0 ? (uint64_t)seed : (uint64_t)mj_now_ns();
+    mo.go.quiet = quiet || as_json;
+    mo.go.sampling = (gop_sampling){(float)temp, (int)top_k, (float)top_p, (float)min_p, mo.sp.seed};
+    mo.gpu = pick_gpu(backend, m, quiet || as_json);
+    r = generate_many(&mo, m, tok, &cf, have_chat, err);
+    goto out;
+  }
   if (chat) {
-    if (!have_chat && (r = chat_format_init(&cf, tok, err))) goto out;
     chat_msg msgs[2];
     size_t nm = 0;
     if (system) msgs[nm++] = (chat_msg){CHAT_SYSTEM, system, strlen(system)};
@@ -280,16 +316,7 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
                 (long long)n_predict, (long long)(cp.max_ctx < c->max_position_embeddings ? cp.max_ctx : c->max_position_embeddings));
     goto out;
   }
-  bool gpu = strcmp(backend, "cuda") == 0;
-  if (!strcmp(backend, "auto")) {
-    /* The GPU when there is one and the model fits its kernels. */
-    mj_err e2 = {0};
-    gpu = cu_init(&e2) == 0;
-    if (gpu && gpu_model_supports(m, &e2)) {
-      gpu = false;
-      if (!quiet && !as_json) fprintf(stderr, "moejit: running on the CPU: %s\n", e2.msg);
-    }
-  }
+  bool gpu = pick_gpu(backend, m, quiet || as_json);
   if (trace_path && !gpu) {
     r = mj_fail(err, MJ_EUSAGE, "moejit generate: --trace records the GPU's MoE shapes; this run is on the CPU");
     goto out;

@@ -28,13 +28,34 @@ grep -q '"prompt_tokens":' "$tmp/c" && ok "chat prompt from stdin" || bad "chat:
 # the built-in model, written on first use
 MOEJIT_DATA_DIR="$tmp/data" $MOEJIT generate -p "hi" -n 3 --seed 1 -q > /dev/null 2>&1 && [ -f "$tmp/data/default-medium-nvfp4-s1/config.json" ] && ok "built-in model" || bad "built-in model"
 
+# many prompts, continuously batched (2 live at a time, 5 prompts, a blank
+# line skipped): each prompt's greedy tokens equal its single-prompt run
+printf 'hello world\nthe quick brown fox\n\nabc\nlonger prompt with several words in it\nx\n' > "$tmp/prompts.txt"
+$MOEJIT generate -m "$tmp/m" --prompts "$tmp/prompts.txt" --parallel 2 --temp 0 -n 6 --json > "$tmp/many" 2> "$tmp/many.err" ||
+  bad "--prompts: $(cat "$tmp/many.err")"
+k=0
+allsame=1
+while IFS= read -r line; do
+  [ -n "$line" ] || continue
+  single=$($MOEJIT generate -m "$tmp/m" -p "$line" --temp 0 -n 6 --json 2>/dev/null | sed 's/.*"tokens":\(\[[^]]*\]\).*/\1/')
+  batched=$(grep "^{\"index\":$k," "$tmp/many" | sed 's/.*"tokens":\(\[[^]]*\]\).*/\1/')
+  [ -n "$single" ] && [ "$single" = "$batched" ] || { allsame=0; echo "  prompt $k: single $single, batched $batched"; }
+  k=$((k + 1))
+done < "$tmp/prompts.txt"
+[ $k -eq 5 ] && [ "$(wc -l < "$tmp/many")" -eq 5 ] && [ $allsame = 1 ] &&
+  ok "--prompts --parallel 2: 5 prompts, each as its single run" || bad "--prompts: $(cat "$tmp/many")"
+printf '\n\n' > "$tmp/empty.txt"
+
 # errors: one line, status 1
-expect 1 "moejit: moejit generate: -p TEXT is required (-p - reads stdin)" $MOEJIT generate -m "$tmp/m"
+expect 1 "moejit: moejit generate: -p TEXT is required (-p - reads stdin; --prompts FILE for many)" $MOEJIT generate -m "$tmp/m"
 expect 1 "moejit: moejit generate: --temp expects a number, not 'hot'" $MOEJIT generate -m "$tmp/m" -p x --temp hot
 expect 1 "moejit: moejit generate: --backend must be auto, cpu or cuda, not 'tpu'" $MOEJIT generate -m "$tmp/m" -p x --backend tpu
 expect 1 "moejit: moejit generate: --graph-batches wants ascending sizes in 1..1024, not '4,2'" $MOEJIT generate -m "$tmp/m" -p x --graph-batches 4,2
 # the tiny model is narrower than the GPU MoE kernels: cuda refuses it with the reason, on any machine
 expect 1 "moejit: $tmp/m: the GPU MoE kernels need hidden_size and moe_intermediate_size multiples of 1024 (this model: 64, 32); use --backend cpu" $MOEJIT generate -m "$tmp/m" -p x --backend cuda
+expect 1 "moejit: moejit generate: give -p or --prompts, not both" $MOEJIT generate -m "$tmp/m" -p x --prompts "$tmp/prompts.txt"
+expect 1 "moejit: moejit generate: --parallel must be 1..64" $MOEJIT generate -m "$tmp/m" --prompts "$tmp/prompts.txt" --parallel 0
+expect 1 "moejit: $tmp/empty.txt: no prompts (one per line)" $MOEJIT generate -m "$tmp/m" --prompts "$tmp/empty.txt"
 expect 1 "moejit: moejit generate: --system and --no-think go with --chat" $MOEJIT generate -m "$tmp/m" -p x --system y
 expect 1 "moejit: moejit generate: unknown option '--temperature' (see moejit generate --help)" $MOEJIT generate -m "$tmp/m" -p x --temperature 1
 cp -r "$tmp/m" "$tmp/broken"
