@@ -103,7 +103,8 @@
   X(info, "load and validate a GLM-5 checkpoint folder and summarise it",     \
     "moejit info -m DIR [--json]\n"                                          \
     "  checks config.json, hf_quant_config.json and every safetensors header,\n" \
-    "  then prints layers, widths, experts, quantisation and bytes\n")       \
+    "  then prints layers, widths, experts, quantisation, bytes, and whether\n" \
+    "  the GPU decode engine takes the model (and why not)\n")             \
   X(mkmodel, "write a synthetic GLM-5 checkpoint (Hugging Face / ModelOpt layout)", \
     "moejit mkmodel --out DIR [--preset tiny|small|medium|glm5] [--layers N]\n"     \
     "       [--dense-layers N] [--experts E] [--experts-per-tok K]\n"        \

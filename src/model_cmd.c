@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "gpu_model.h"
 #include "cpu_forward.h"
 #include "mkmodel.h"
 #include "model.h"
@@ -29,19 +30,22 @@ int cmd_info(int argc, char **argv, mj_err *err) {
   int64_t nsparse = 0, nfull = 0;
   for (int64_t L = 0; L < c->num_hidden_layers; L++) nsparse += c->layer_sparse[L], nfull += c->layer_indexer_full[L];
   double gbs = (double)m->bytes_total / (m->load_ms * 1e6);
+  /* Whether the GPU decode engine's kernels take this model (no GPU needed). */
+  mj_err ge = {0};
+  bool gpu_ok = gpu_model_supports(m, &ge) == 0;
   if (as_json) {
     printf("{\"layers\":%lld,\"dense_layers\":%lld,\"moe_layers\":%lld,\"hidden_size\":%lld,\"vocab_size\":%lld,"
            "\"heads\":%lld,\"n_routed_experts\":%lld,\"num_experts_per_tok\":%lld,\"n_shared_experts\":%lld,"
            "\"index_topk\":%lld,\"indexer_full_layers\":%lld,\"quant_algo\":%s%s%s,\"nvfp4_linears\":%zu,"
            "\"plain_linears\":%zu,\"files\":%d,\"tensors\":%zu,\"skipped_tensors\":%zu,\"bytes\":%llu,"
-           "\"bytes_bf16\":%llu,\"bytes_f32\":%llu,\"bytes_nvfp4\":%llu,\"load_ms\":%.3f}\n",
+           "\"bytes_bf16\":%llu,\"bytes_f32\":%llu,\"bytes_nvfp4\":%llu,\"load_ms\":%.3f,\"gpu_backend\":%s}\n",
            (long long)c->num_hidden_layers, (long long)(c->num_hidden_layers - nsparse), (long long)nsparse,
            (long long)c->hidden_size, (long long)c->vocab_size, (long long)c->num_attention_heads,
            (long long)c->n_routed_experts, (long long)c->num_experts_per_tok, (long long)c->n_shared_experts,
            (long long)c->index_topk, (long long)nfull, c->quant_algo ? "\"" : "", c->quant_algo ? c->quant_algo : "null",
            c->quant_algo ? "\"" : "", m->n_nvfp4_linears, m->n_plain_linears, m->st.nfiles, m->n_tensors,
            m->n_skipped, (unsigned long long)m->bytes_total, (unsigned long long)m->bytes_bf16,
-           (unsigned long long)m->bytes_f32, (unsigned long long)m->bytes_nvfp4, m->load_ms);
+           (unsigned long long)m->bytes_f32, (unsigned long long)m->bytes_nvfp4, m->load_ms, gpu_ok ? "true" : "false");
   } else {
     char b1[32], b2[32], b3[32], b4[32];
     printf("model      %s\n", dir);
@@ -70,7 +74,10 @@ int cmd_info(int argc, char **argv, mj_err *err) {
            mj_fmt_bytes((double)m->bytes_bf16, b2, sizeof b2), mj_fmt_bytes((double)m->bytes_f32, b3, sizeof b3),
            mj_fmt_bytes((double)m->bytes_nvfp4, b4, sizeof b4));
     printf("load       %.2f ms (%.1f GB/s)\n", m->load_ms, gbs);
+    if (gpu_ok) printf("gpu        the GPU decode engine takes this model\n");
+    else printf("gpu        the GPU decode engine does not take it: %s\n", strchr(ge.msg, ':') ? strchr(ge.msg, ':') + 2 : ge.msg);
   }
+  mj_err_clear(&ge);
   model_free(m);
   return 0;
 }

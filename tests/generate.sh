@@ -6,6 +6,8 @@
 # tokenizer.json give one line and status 1.
 . "$srcdir/tests/lib.sh"
 $MOEJIT mkmodel --preset tiny --seed 5 --out "$tmp/m" -q || { echo "FAIL mkmodel"; exit 1; }
+$MOEJIT info -m "$tmp/m" | grep -q "^gpu        the GPU decode engine does not take it: the GPU MoE kernels need hidden_size" &&
+  ok "info: the tiny model is too narrow for the GPU engine" || bad "info: $($MOEJIT info -m "$tmp/m" | tail -1)"
 
 $MOEJIT generate -m "$tmp/m" -p "hello world" -n 12 --seed 3 > "$tmp/a.out" 2> "$tmp/a.err" || bad "generate exit status"
 grep -q "^moejit: prompt [0-9]* tokens in .* tok/s), generated [0-9]* tokens in .* tok/s), stop: " "$tmp/a.err" && ok "speed line" || bad "speed line: $(cat "$tmp/a.err")"

@@ -8,6 +8,8 @@
 . "$srcdir/tests/lib.sh"
 $MOEJIT mkmodel --preset medium --nvfp4 --seed 2 --out "$tmp/m" -q || { echo "FAIL mkmodel"; exit 1; }
 export MOEJIT_CACHE_DIR="$tmp/cache"
+$MOEJIT info -m "$tmp/m" | grep -q "^gpu        the GPU decode engine takes this model" &&
+  ok "info: the GPU engine takes the medium model" || bad "info: $($MOEJIT info -m "$tmp/m" | tail -1)"
 
 MOEJIT_CACHE=on $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 1,2 -j 2 > "$tmp/w1" 2> "$tmp/e1"
 st=$?
