@@ -116,25 +116,9 @@ int bench_moe(int argc, char **argv, mj_err *err) {
   size_t router_bytes = (size_t)E * H * 2;
 
   /* Host weights: NPOOL random experts, reused round-robin. */
-  uint8_t *codes[NPOOL][3], *scales[NPOOL][3];
-  ref_nvfp4 *T = mj_xcalloc((size_t)(E + 1) * 3, sizeof *T);
-  for (int p = 0; p < NPOOL; p++)
-    for (int t = 0; t < 3; t++) {
-      int n = t == 2 ? (int)H : (int)I, k = t == 2 ? (int)I : (int)H;
-      codes[p][t] = mj_xmalloc((size_t)n * k / 2);
-      scales[p][t] = mj_xmalloc((size_t)n * k / 16);
-      for (size_t i = 0; i < (size_t)n * k / 2; i++) codes[p][t][i] = (uint8_t)rnd();
-      /* e4m3 0x20..0x37: 2^-3 .. ~1.9, so sums stay O(1) with s2 below */
-      for (size_t i = 0; i < (size_t)n * k / 16; i++) scales[p][t][i] = (uint8_t)(0x20 + rnd() % 24);
-    }
-  for (int e = 0; e <= E; e++)
-    for (int t = 0; t < 3; t++) {
-      int p = e % NPOOL, n = t == 2 ? (int)H : (int)I, k = t == 2 ? (int)I : (int)H;
-      T[e * 3 + t] = (ref_nvfp4){codes[p][t], scales[p][t], 0.25f / sqrtf((float)k) * (1.0f + (float)e / 512.0f), n, k};
-    }
-  ref_nvfp4 *G = mj_xcalloc((size_t)E + 1, sizeof *G), *U = mj_xcalloc((size_t)E + 1, sizeof *U),
-            *D = mj_xcalloc((size_t)E + 1, sizeof *D);
-  for (int e = 0; e <= E; e++) G[e] = T[e * 3], U[e] = T[e * 3 + 1], D[e] = T[e * 3 + 2];
+  moe_random R;
+  moe_random_make(&R, &cfg, NPOOL, rng);
+  const ref_nvfp4 *G = R.gate, *U = R.up, *D = R.down;
   bf16 *router = mj_xmalloc(router_bytes);
   float *bias = mj_xmalloc((size_t)E * 4);
   for (size_t i = 0; i < (size_t)E * H; i++) router[i] = dt_f32_to_bf16(((float)(rnd() % 2001) - 1000.0f) / 1000.0f / sqrtf((float)H) * 3.0f);
@@ -150,22 +134,11 @@ int bench_moe(int argc, char **argv, mj_err *err) {
   for (int c = 0; c < ncopies; c++) {
     if ((rc = moe_weights_alloc(&W[c], &cfg, err))) goto out;
     if (c == 0) {
-      for (int e = 0; e <= E; e++) {
-        if (e < NPOOL || e == E) {
-          if ((rc = moe_weights_set_expert(&W[0], &cfg, e, &G[e], &U[e], &D[e], err))) goto out;
-        } else {
-          CU_CHECK_GOTO(err, cu.cuMemcpyDtoD(W[0].gate_up + e * gub, W[0].gate_up + (e % NPOOL) * gub, gub), fail);
-          CU_CHECK_GOTO(err, cu.cuMemcpyDtoD(W[0].down + e * dnb, W[0].down + (e % NPOOL) * dnb, dnb), fail);
-          float gs[4] = {G[e].s2, U[e].s2, D[e].s2, 0};
-          CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(W[0].gscale + (size_t)e * 16, gs, 16), fail);
-        }
-      }
+      if ((rc = moe_weights_set_all(&W[0], &cfg, G, U, D, err))) goto out;
       CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(W[0].router, router, router_bytes), fail);
       CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(W[0].bias, bias, (size_t)E * 4), fail);
     } else {
-      CU_CHECK_GOTO(err, cu.cuMemcpyDtoD(W[c].gate_up, W[0].gate_up, (E + 1) * gub), fail);
-      CU_CHECK_GOTO(err, cu.cuMemcpyDtoD(W[c].down, W[0].down, (E + 1) * dnb), fail);
-      CU_CHECK_GOTO(err, cu.cuMemcpyDtoD(W[c].gscale, W[0].gscale, (size_t)(E + 1) * 16), fail);
+      if ((rc = moe_weights_copy_experts(&W[c], &W[0], &cfg, NULL, err))) goto out;
       CU_CHECK_GOTO(err, cu.cuMemcpyDtoD(W[c].router, W[0].router, router_bytes), fail);
       CU_CHECK_GOTO(err, cu.cuMemcpyDtoD(W[c].bias, W[0].bias, (size_t)E * 4), fail);
     }
@@ -315,8 +288,7 @@ out:
     if (xs[s]) cu.cuMemFree(xs[s]);
     free(xh[s]);
   }
-  for (int p = 0; p < NPOOL; p++)
-    for (int t = 0; t < 3; t++) free(codes[p][t]), free(scales[p][t]);
-  free(T), free(G), free(U), free(D), free(router), free(bias);
+  moe_random_free(&R);
+  free(router), free(bias);
   return rc;
 }

@@ -440,56 +440,24 @@ static int fill_w(gpu_model *g, CUdeviceptr p, size_t rows, size_t cols, uint64_
   return fill(p, rows * cols, false, (*seed)++, -a, a, g->s, err);
 }
 
-#define NPOOL 3
-
-/* NPOOL random experts (codes random, e4m3 scales 2^-3..~1.9) repacked
- * into layer 0's slots 0..NPOOL-1 and the shared slot, then copied to
- * every other slot; other layers copy layer 0's experts. */
+/* The first MoE layer's experts from moe_random (three distinct experts
+ * repeated over the 257 slots), every other MoE layer a device copy. */
 static int synth_experts(gpu_model *g, uint64_t seed, mj_err *err) {
   const ref_moe_cfg *c = &g->mc;
   gpu_layer *first = NULL;
-  size_t gub = moe_gate_up_bytes(c), dnb = moe_down_bytes(c);
   int rc = 0;
   for (int i = 0; i < g->n_layers && !rc; i++) {
     gpu_layer *l = &g->L[i];
     if (!l->sparse) continue;
     if (first) {
-      CU_CHECK(err, cu.cuMemcpyDtoDAsync(l->moe.gate_up, first->moe.gate_up, (c->n_experts + 1) * gub, g->s));
-      CU_CHECK(err, cu.cuMemcpyDtoDAsync(l->moe.down, first->moe.down, (c->n_experts + 1) * dnb, g->s));
-      CU_CHECK(err, cu.cuMemcpyDtoDAsync(l->moe.gscale, first->moe.gscale, (c->n_experts + 1) * 16, g->s));
+      rc = moe_weights_copy_experts(&l->moe, &first->moe, c, g->s, err);
       continue;
     }
     first = l;
-    uint64_t st = seed * 0x9e3779b97f4a7c15ull + 1;
-    uint8_t *buf[NPOOL][6];
-    ref_nvfp4 T[NPOOL][3];
-    for (int p = 0; p < NPOOL; p++)
-      for (int t = 0; t < 3; t++) {
-        int n = t == 2 ? c->hidden : c->inter, k = t == 2 ? c->inter : c->hidden;
-        buf[p][2 * t] = mj_xmalloc((size_t)n * k / 2);
-        buf[p][2 * t + 1] = mj_xmalloc((size_t)n * k / 16);
-        for (size_t j = 0; j < (size_t)n * k / 2; j++) st = st * 6364136223846793005ull + 1, buf[p][2 * t][j] = (uint8_t)(st >> 33);
-        for (size_t j = 0; j < (size_t)n * k / 16; j++)
-          st = st * 6364136223846793005ull + 1, buf[p][2 * t + 1][j] = (uint8_t)(0x20 + (st >> 33) % 24);
-        T[p][t] = (ref_nvfp4){buf[p][2 * t], buf[p][2 * t + 1], 0.25f / sqrtf((float)k), n, k};
-      }
-    for (int e = 0; e <= c->n_experts && !rc; e++) {
-      if (e < NPOOL || e == c->n_experts) {
-        int p = e % NPOOL;
-        rc = moe_weights_set_expert(&l->moe, c, e, &T[p][0], &T[p][1], &T[p][2], err);
-        continue;
-      }
-      int p = e % NPOOL;
-      CUresult r = cu.cuMemcpyDtoD(l->moe.gate_up + (size_t)e * gub, l->moe.gate_up + (size_t)p * gub, gub);
-      if (r == CUDA_SUCCESS) r = cu.cuMemcpyDtoD(l->moe.down + (size_t)e * dnb, l->moe.down + (size_t)p * dnb, dnb);
-      if (r == CUDA_SUCCESS) r = cu.cuMemcpyDtoD(l->moe.gscale + (size_t)e * 16, l->moe.gscale + (size_t)p * 16, 16);
-      if (r != CUDA_SUCCESS) rc = cu_fail(err, r, "cuMemcpyDtoD", __FILE__, __LINE__);
-    }
-    for (int p = 0; p < NPOOL; p++)
-      for (int t = 0; t < 6; t++) free(buf[p][t]);
-    /* The copies above ran on the legacy stream: the other layers' copies
-     * (on g->s) must see them finished. */
-    if (!rc) CU_CHECK(err, cu.cuCtxSynchronize());
+    moe_random r;
+    moe_random_make(&r, c, 3, seed);
+    rc = moe_weights_set_all(&l->moe, c, r.gate, r.up, r.down, err);
+    moe_random_free(&r);
   }
   return rc;
 }

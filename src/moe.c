@@ -8,6 +8,7 @@
  * bf16x2 values (moe_record_value below is that decode in C, and the
  * repack round-trip test checks it against the checkpoint's values).
  * Repacking happens once, on the host, when weights are loaded. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -280,6 +281,69 @@ int moe_weights_set_expert(const moe_weights *w, const ref_moe_cfg *c, int e, co
 out:
   free(buf);
   return rc;
+}
+
+int moe_weights_set_all(const moe_weights *w, const ref_moe_cfg *c, const ref_nvfp4 *gate, const ref_nvfp4 *up,
+                        const ref_nvfp4 *down, mj_err *err) {
+  size_t gub = moe_gate_up_bytes(c), dnb = moe_down_bytes(c);
+  for (int e = 0; e <= c->n_experts; e++) {
+    int same = 0;
+    while (same < e && !(gate[same].w == gate[e].w && gate[same].s == gate[e].s && up[same].w == up[e].w &&
+                         up[same].s == up[e].s && down[same].w == down[e].w && down[same].s == down[e].s))
+      same++;
+    if (same == e) {
+      int rc = moe_weights_set_expert(w, c, e, &gate[e], &up[e], &down[e], err);
+      if (rc) return rc;
+      continue;
+    }
+    float gs[4] = {gate[e].s2, up[e].s2, down[e].s2, 0.0f};
+    CU_CHECK(err, cu.cuMemcpyDtoD(w->gate_up + (size_t)e * gub, w->gate_up + (size_t)same * gub, gub));
+    CU_CHECK(err, cu.cuMemcpyDtoD(w->down + (size_t)e * dnb, w->down + (size_t)same * dnb, dnb));
+    CU_CHECK(err, cu.cuMemcpyHtoD(w->gscale + (size_t)e * 16, gs, 16));
+  }
+  CU_CHECK(err, cu.cuCtxSynchronize());
+  return 0;
+}
+
+int moe_weights_copy_experts(const moe_weights *dst, const moe_weights *src, const ref_moe_cfg *c, CUstream s,
+                             mj_err *err) {
+  size_t n = (size_t)c->n_experts + 1;
+  CU_CHECK(err, cu.cuMemcpyDtoDAsync(dst->gate_up, src->gate_up, n * moe_gate_up_bytes(c), s));
+  CU_CHECK(err, cu.cuMemcpyDtoDAsync(dst->down, src->down, n * moe_down_bytes(c), s));
+  CU_CHECK(err, cu.cuMemcpyDtoDAsync(dst->gscale, src->gscale, n * 16, s));
+  return 0;
+}
+
+void moe_random_make(moe_random *r, const ref_moe_cfg *c, int npool, uint64_t seed) {
+  memset(r, 0, sizeof *r);
+  r->npool = npool < 1 ? 1 : npool > MOE_RANDOM_POOL ? MOE_RANDOM_POOL : npool;
+  uint64_t st = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (int p = 0; p < r->npool; p++)
+    for (int t = 0; t < 3; t++) {
+      size_t nk = (size_t)c->hidden * c->inter;
+      uint8_t *codes = r->buf[p][2 * t] = mj_xmalloc(nk / 2), *scales = r->buf[p][2 * t + 1] = mj_xmalloc(nk / 16);
+      for (size_t j = 0; j < nk / 2; j++) st = st * 6364136223846793005ull + 1442695040888963407ull, codes[j] = (uint8_t)(st >> 33);
+      for (size_t j = 0; j < nk / 16; j++)
+        st = st * 6364136223846793005ull + 1442695040888963407ull, scales[j] = (uint8_t)(0x20 + (st >> 33) % 24);
+    }
+  int E = c->n_experts, H = c->hidden, I = c->inter;
+  r->gate = mj_xcalloc((size_t)E + 1, sizeof *r->gate);
+  r->up = mj_xcalloc((size_t)E + 1, sizeof *r->up);
+  r->down = mj_xcalloc((size_t)E + 1, sizeof *r->down);
+  for (int e = 0; e <= E; e++) {
+    uint8_t *const *b = r->buf[e % r->npool];
+    float f = 0.25f * (1.0f + (float)e / 512.0f);
+    r->gate[e] = (ref_nvfp4){b[0], b[1], f / sqrtf((float)H), I, H};
+    r->up[e] = (ref_nvfp4){b[2], b[3], f / sqrtf((float)H), I, H};
+    r->down[e] = (ref_nvfp4){b[4], b[5], f / sqrtf((float)I), H, I};
+  }
+}
+
+void moe_random_free(moe_random *r) {
+  for (int p = 0; p < MOE_RANDOM_POOL; p++)
+    for (int t = 0; t < 6; t++) free(r->buf[p][t]);
+  free(r->gate), free(r->up), free(r->down);
+  memset(r, 0, sizeof *r);
 }
 
 size_t moe_bufs_carve(moe_bufs *b, const moe_plan *p, CUdeviceptr base) {

@@ -115,6 +115,32 @@ void moe_weights_free(moe_weights *w);
 int moe_weights_set_expert(const moe_weights *w, const ref_moe_cfg *c, int e, const ref_nvfp4 *gate,
                            const ref_nvfp4 *up, const ref_nvfp4 *down, mj_err *err);
 
+/* Set every expert (and the shared one, index n_experts) from the
+ * checkpoint-format tensors gate/up/down [E + 1]: an expert whose three
+ * tensors are those of an earlier one (the same code and scale pointers)
+ * becomes a device copy of it with its own global scales, every other is
+ * repacked.  Waits for the copies (they run on the legacy stream). */
+int moe_weights_set_all(const moe_weights *w, const ref_moe_cfg *c, const ref_nvfp4 *gate, const ref_nvfp4 *up,
+                        const ref_nvfp4 *down, mj_err *err);
+/* Copy src's experts and global scales to dst (the router stays). */
+int moe_weights_copy_experts(const moe_weights *dst, const moe_weights *src, const ref_moe_cfg *c, CUstream s,
+                             mj_err *err);
+
+/* Random experts for benchmarks and replays (quantising gigabytes of floats
+ * on the host would take minutes and changes no timing): npool distinct
+ * experts of random codes and e4m3 block scales 2^-3..~1.9; expert e (and
+ * the shared one, e = E) uses pool entry e % npool with its own global
+ * scales 0.25 (1 + e/512) / sqrt(k), so a wrong expert id still shows.
+ * Deterministic for a seed. */
+#define MOE_RANDOM_POOL 8
+typedef struct moe_random {
+  int npool;
+  uint8_t *buf[MOE_RANDOM_POOL][6]; /* codes, scales of gate, up, down */
+  ref_nvfp4 *gate, *up, *down;      /* [E + 1] */
+} moe_random;
+void moe_random_make(moe_random *r, const ref_moe_cfg *c, int npool, uint64_t seed);
+void moe_random_free(moe_random *r);
+
 typedef struct moe_bufs {
   CUdeviceptr x;            /* bf16 [bcap, hidden] input */
   CUdeviceptr out;          /* bf16 [bcap, hidden] output */

@@ -72,7 +72,7 @@ static int check_widths(const char *file, const trace_file *t, const ref_moe_cfg
 }
 
 /* ---- weights ------------------------------------------------------------------------------ */
-#define NPOOL 3      /* distinct random experts, repeated over the E + 1 (as bench_moe) */
+#define NPOOL 3      /* distinct random experts, repeated over the E + 1 (moe_random) */
 #define MAXCOPIES 8
 
 /* One MoE layer's weights on the device, in `ncopies` copies so graph
@@ -83,15 +83,19 @@ typedef struct rweights {
   moe_weights w[MAXCOPIES];
   int ncopies;
   ref_nvfp4 *G, *U, *D;    /* [E + 1], the shared expert last */
-  uint8_t *pool[NPOOL][6]; /* synthetic: codes and scales of gate, up, down */
+  moe_random pool;         /* synthetic: their storage */
+  uint8_t *zero[4];        /* -m without an NVFP4 shared expert: its zero slot */
   model *m;
 } rweights;
 
 static void rweights_free(rweights *W) {
   for (int c = 0; c < MAXCOPIES; c++) moe_weights_free(&W->w[c]);
-  for (int p = 0; p < NPOOL; p++)
-    for (int t = 0; t < 6; t++) free(W->pool[p][t]);
-  free(W->G), free(W->U), free(W->D);
+  if (W->pool.gate) {
+    moe_random_free(&W->pool); /* owns G, U, D */
+  } else {
+    free(W->G), free(W->U), free(W->D);
+  }
+  for (int i = 0; i < 4; i++) free(W->zero[i]);
   if (W->m) model_free(W->m);
   memset(W, 0, sizeof *W);
 }
@@ -112,25 +116,14 @@ static int rweights_make(rweights *W, const ropts *o, const bf16 *router, const 
     if ((rc = moe_weights_alloc(&W->w[cp], c, err))) return rc;
     moe_weights *w = &W->w[cp];
     if (cp > 0) {
-      CU_CHECK(err, cu.cuMemcpyDtoD(w->gate_up, W->w[0].gate_up, (E + 1) * gub));
-      CU_CHECK(err, cu.cuMemcpyDtoD(w->down, W->w[0].down, (E + 1) * dnb));
-      CU_CHECK(err, cu.cuMemcpyDtoD(w->gscale, W->w[0].gscale, (size_t)(E + 1) * 16));
+      if ((rc = moe_weights_copy_experts(w, &W->w[0], c, NULL, err))) return rc;
       CU_CHECK(err, cu.cuMemcpyDtoD(w->router, W->w[0].router, rb));
       CU_CHECK(err, cu.cuMemcpyDtoD(w->bias, W->w[0].bias, (size_t)E * 4));
       mj_progress_add(&pg, (double)(E + 1) * (gub + dnb));
       continue;
     }
-    for (int e = 0; e <= E; e++) {
-      if (W->m || e < NPOOL || e == E) {
-        if ((rc = moe_weights_set_expert(w, c, e, &W->G[e], &W->U[e], &W->D[e], err))) return rc;
-      } else {
-        CU_CHECK(err, cu.cuMemcpyDtoD(w->gate_up + e * gub, w->gate_up + (e % NPOOL) * gub, gub));
-        CU_CHECK(err, cu.cuMemcpyDtoD(w->down + e * dnb, w->down + (e % NPOOL) * dnb, dnb));
-        float gs[4] = {W->G[e].s2, W->U[e].s2, W->D[e].s2, 0};
-        CU_CHECK(err, cu.cuMemcpyHtoD(w->gscale + (size_t)e * 16, gs, 16));
-      }
-      mj_progress_add(&pg, (double)(gub + dnb));
-    }
+    if ((rc = moe_weights_set_all(w, c, W->G, W->U, W->D, err))) return rc;
+    mj_progress_add(&pg, (double)(E + 1) * (gub + dnb));
     CU_CHECK(err, cu.cuMemcpyHtoD(w->router, router, rb));
     CU_CHECK(err, cu.cuMemcpyHtoD(w->bias, bias, (size_t)E * 4));
   }
@@ -145,24 +138,9 @@ static int rweights_make(rweights *W, const ropts *o, const bf16 *router, const 
  * 5 GB of floats on the host would take minutes, and changes no timing). */
 static int rweights_synthetic(rweights *W, const ropts *o, uint64_t *rng, mj_err *err) {
   const ref_moe_cfg *c = &W->cfg;
-  int E = c->n_experts, H = c->hidden, I = c->inter;
-  W->G = mj_xcalloc((size_t)E + 1, sizeof *W->G), W->U = mj_xcalloc((size_t)E + 1, sizeof *W->U);
-  W->D = mj_xcalloc((size_t)E + 1, sizeof *W->D);
-  for (int p = 0; p < NPOOL; p++)
-    for (int t = 0; t < 3; t++) {
-      int n = t == 2 ? H : I, k = t == 2 ? I : H;
-      uint8_t *cd = W->pool[p][2 * t] = mj_xmalloc((size_t)n * k / 2);
-      uint8_t *sc = W->pool[p][2 * t + 1] = mj_xmalloc((size_t)n * k / 16);
-      for (size_t i = 0; i < (size_t)n * k / 2; i++) cd[i] = (uint8_t)replay_rnd(rng);
-      for (size_t i = 0; i < (size_t)n * k / 16; i++) sc[i] = (uint8_t)(0x20 + replay_rnd(rng) % 24); /* e4m3 2^-3..~1.9 */
-    }
-  for (int e = 0; e <= E; e++) {
-    int p = e % NPOOL;
-    float s = 0.25f * (1.0f + (float)e / 512.0f);
-    W->G[e] = (ref_nvfp4){W->pool[p][0], W->pool[p][1], s / sqrtf((float)H), I, H};
-    W->U[e] = (ref_nvfp4){W->pool[p][2], W->pool[p][3], s / sqrtf((float)H), I, H};
-    W->D[e] = (ref_nvfp4){W->pool[p][4], W->pool[p][5], s / sqrtf((float)I), H, I};
-  }
+  int E = c->n_experts, H = c->hidden;
+  moe_random_make(&W->pool, c, NPOOL, replay_rnd(rng));
+  W->G = W->pool.gate, W->U = W->pool.up, W->D = W->pool.down;
   bf16 *router = mj_xmalloc((size_t)E * H * 2);
   float *bias = mj_xmalloc((size_t)E * 4);
   for (size_t i = 0; i < (size_t)E * H; i++)
@@ -192,13 +170,13 @@ static int rweights_model(rweights *W, const ropts *o, mj_err *err) {
      * shared slot zero, which streams the same bytes; so does replay. */
     mj_warn("%s: the shared expert is not an NVFP4 expert of the routed width; its slot is zero, as in the "
             "decode engine (which runs it as a dense MLP)", o->dir);
-    W->pool[0][0] = mj_xcalloc((size_t)I * H / 2, 1), W->pool[0][1] = mj_xcalloc((size_t)I * H / 16, 1);
-    W->pool[0][2] = mj_xcalloc((size_t)H * I / 2, 1), W->pool[0][3] = mj_xcalloc((size_t)H * I / 16, 1);
-    W->G[E] = W->U[E] = (ref_nvfp4){W->pool[0][0], W->pool[0][1], 0.0f, I, H};
-    W->D[E] = (ref_nvfp4){W->pool[0][2], W->pool[0][3], 0.0f, H, I};
+    W->zero[0] = mj_xcalloc((size_t)I * H / 2, 1), W->zero[1] = mj_xcalloc((size_t)I * H / 16, 1);
+    W->zero[2] = mj_xcalloc((size_t)H * I / 2, 1), W->zero[3] = mj_xcalloc((size_t)H * I / 16, 1);
+    W->G[E] = W->U[E] = (ref_nvfp4){W->zero[0], W->zero[1], 0.0f, I, H};
+    W->D[E] = (ref_nvfp4){W->zero[2], W->zero[3], 0.0f, H, I};
   }
   for (int e = 0; e <= E; e++) {
-    if (e == E && W->pool[0][0]) break;
+    if (e == E && W->zero[0]) break;
     const model_mlp *x = e < E ? &L->experts[e] : sh;
     if (x->gate.fmt != MODEL_W_NVFP4 || x->up.fmt != MODEL_W_NVFP4 || x->down.fmt != MODEL_W_NVFP4)
       return mj_fail(err, MJ_EINPUT, "%s: replay needs NVFP4 experts (%s is %s)", x->gate.name, x->gate.name,

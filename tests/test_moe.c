@@ -218,6 +218,33 @@ static void test_plan_paths(void) {
   }
 }
 
+/* The random experts of benchmarks and replays: deterministic for a seed,
+ * valid e4m3 scales (no NaN), expert e on pool entry e % npool with its own
+ * global scales, so moe_weights_set_all copies what it may and a wrong id
+ * still changes the output. */
+static void test_random_experts(void) {
+  ref_moe_cfg c = {.hidden = 1024, .inter = 1024, .n_experts = 32, .topk = 4, .n_group = 1, .topk_group = 1,
+                   .norm_topk_prob = true, .scaling = 2.5f};
+  moe_random a, b, d;
+  moe_random_make(&a, &c, 3, 7);
+  moe_random_make(&b, &c, 3, 7);
+  moe_random_make(&d, &c, 3, 8);
+  size_t nk = (size_t)c.hidden * c.inter;
+  T_CHECK(memcmp(a.buf[2][4], b.buf[2][4], nk / 2) == 0);
+  T_CHECK(memcmp(a.buf[0][0], d.buf[0][0], nk / 2) != 0);
+  bool scales_ok = true;
+  for (int p = 0; p < 3; p++)
+    for (int t = 0; t < 3; t++)
+      for (size_t j = 0; j < nk / 16; j++) scales_ok &= a.buf[p][2 * t + 1][j] >= 0x20 && a.buf[p][2 * t + 1][j] < 0x38;
+  T_CHECK(scales_ok);
+  for (int e = 0; e <= c.n_experts; e++) {
+    T_CHECK(a.gate[e].w == a.buf[e % 3][0] && a.down[e].s == a.buf[e % 3][5]);
+    T_CHECK(a.gate[e].n == c.inter && a.gate[e].k == c.hidden && a.down[e].n == c.hidden && a.down[e].k == c.inter);
+    if (e) T_CHECK(a.gate[e].s2 > a.gate[e - 1].s2);
+  }
+  moe_random_free(&a), moe_random_free(&b), moe_random_free(&d);
+}
+
 int main(void) {
   T_RUN(test_quantize);
   T_RUN(test_repack_roundtrip);
@@ -227,5 +254,6 @@ int main(void) {
   T_RUN(test_plan);
   T_RUN(test_mma_prescale);
   T_RUN(test_plan_paths);
+  T_RUN(test_random_experts);
   return t_status();
 }
