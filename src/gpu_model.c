@@ -691,8 +691,7 @@ int gpu_graph_launch(gpu_model *g, int np, CUstream s, mj_err *err) {
 int gpu_set_rows(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, mj_err *err) {
   const gop_dims *d = &g->d;
   if (n < 1 || n > g->bmax) return mj_fail(err, MJ_EINPUT, "gpu: %d rows in a step; 1..%d fit", n, g->bmax);
-  bool graph;
-  int np = gpu_padded(g, n, &graph), B = g->bmax;
+  int B = g->bmax;
   CU_CHECK(err, cu.cuStreamSynchronize(g->s)); /* the last copy from hrows is done */
   for (int i = 0; i < n; i++) {
     if (token[i] < 0 || token[i] >= d->vocab)
@@ -702,7 +701,6 @@ int gpu_set_rows(gpu_model *g, const int32_t *token, const int32_t *slot, const 
     if (pos[i] < 0 || pos[i] >= d->max_ctx)
       return mj_fail(err, MJ_EINPUT, "gpu: position %d exceeds the context of %d", pos[i], d->max_ctx);
   }
-  (void)np;
   /* Every row the largest graph could read: the rows past n are padding
    * (token 0 in the spare slot at position 0), never stale memory. */
   for (int i = 0; i < B; i++) {
@@ -723,11 +721,8 @@ int gpu_step(gpu_model *g, const int32_t *token, const int32_t *slot, const int3
   int np = gpu_padded(g, n, &graph);
   rc = graph ? gpu_graph_launch(g, np, g->s, err) : gpu_enqueue(g, np, g->s, NULL, err);
   if (rc) return rc;
-  int32_t *hout = g->hrows + 3 * g->bmax;
-  CU_CHECK(err, cu.cuMemcpyDtoHAsync(hout, g->tok_out, (size_t)n * 4, g->s));
   if (logits) CU_CHECK(err, cu.cuMemcpyDtoHAsync(logits, g->logits, (size_t)n * g->d.vocab * 4, g->s));
-  CU_CHECK(err, cu.cuStreamSynchronize(g->s));
-  memcpy(out, hout, (size_t)n * 4);
+  if ((rc = gpu_read_tokens(g, n, out, err))) return rc;
   g->cnt.steps++;
   g->cnt.rows += (uint64_t)n;
   g->cnt.padded_rows += (uint64_t)(np - n);

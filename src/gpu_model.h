@@ -125,9 +125,7 @@ struct gpu_prof {
   /* weights the step touched (bytes), counted while profiling */
   double bytes_attn, bytes_dense, bytes_experts, bytes_router, bytes_head, bytes_kv;
   double experts_touched; /* distinct routed experts summed over MoE layers (+ shared) */
-  /* internal */
-  void *ev;
-  int nev;
+  void *ev; /* internal: the event table while profiling */
 };
 int gpu_profile_step(gpu_model *g, int np, gpu_prof *prof, mj_err *err);
 const gop_dims *gpu_dims(const gpu_model *g);
