@@ -18,78 +18,8 @@
 #include <time.h>
 
 #include "moe.h"
+#include "moe_layer.h"
 #include "t.h"
-
-static uint64_t rng;
-static float frand(void) { /* uniform in [-1, 1) */
-  rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-  return (float)((rng >> 40) & 0xFFFFFF) / 8388608.0f - 1.0f;
-}
-
-/* A host-side layer: NPOOL distinct weight sets, expert e uses set e % NPOOL
- * with global scales multiplied by its own factor. */
-#define NPOOL 5
-typedef struct layer {
-  ref_moe_cfg cfg;
-  int npool;
-  uint8_t *codes[NPOOL][3], *scales[NPOOL][3];
-  float s2[NPOOL][3];
-  ref_nvfp4 *gate, *up, *down; /* [E + 1] */
-  bf16 *router;
-  float *bias;
-} layer;
-
-static void quant(int n, int k, float amp, uint8_t **codes, uint8_t **scales, float *s2) {
-  float *W = malloc((size_t)n * k * sizeof *W);
-  for (size_t i = 0; i < (size_t)n * k; i++) W[i] = frand() * amp * (1.0f + (float)(i % 97 == 0) * 3.0f);
-  *codes = malloc((size_t)n * k / 2);
-  *scales = malloc((size_t)n * k / 16);
-  ref_nvfp4_quantize(W, n, k, *codes, *scales, s2);
-  free(W);
-}
-
-static void layer_make(layer *L, const ref_moe_cfg *c, int npool) {
-  L->cfg = *c;
-  L->npool = npool;
-  int H = c->hidden, I = c->inter, E = c->n_experts;
-  /* amplitudes keep activations O(1): gate/up ~ 1/sqrt(H), down ~ 1/sqrt(I) */
-  for (int p = 0; p < npool; p++) {
-    quant(I, H, 1.7f / sqrtf((float)H), &L->codes[p][0], &L->scales[p][0], &L->s2[p][0]);
-    quant(I, H, 1.7f / sqrtf((float)H), &L->codes[p][1], &L->scales[p][1], &L->s2[p][1]);
-    quant(H, I, 1.7f / sqrtf((float)I), &L->codes[p][2], &L->scales[p][2], &L->s2[p][2]);
-  }
-  L->gate = malloc((size_t)(E + 1) * sizeof *L->gate);
-  L->up = malloc((size_t)(E + 1) * sizeof *L->up);
-  L->down = malloc((size_t)(E + 1) * sizeof *L->down);
-  for (int e = 0; e <= E; e++) {
-    int p = e % npool;
-    float f = 1.0f + (float)e / 64.0f;
-    L->gate[e] = (ref_nvfp4){L->codes[p][0], L->scales[p][0], L->s2[p][0] * f, I, H};
-    L->up[e] = (ref_nvfp4){L->codes[p][1], L->scales[p][1], L->s2[p][1] / f, I, H};
-    L->down[e] = (ref_nvfp4){L->codes[p][2], L->scales[p][2], L->s2[p][2] * f, H, I};
-  }
-  L->router = malloc((size_t)E * H * 2);
-  L->bias = malloc((size_t)E * 4);
-  for (size_t i = 0; i < (size_t)E * H; i++) L->router[i] = dt_f32_to_bf16(frand() * 1.7f / sqrtf((float)H));
-  for (int e = 0; e < E; e++) L->bias[e] = frand() * 0.05f;
-}
-
-static void layer_free(layer *L) {
-  for (int p = 0; p < L->npool; p++)
-    for (int t = 0; t < 3; t++) free(L->codes[p][t]), free(L->scales[p][t]);
-  free(L->gate), free(L->up), free(L->down), free(L->router), free(L->bias);
-}
-
-/* Upload: expert e's bytes are repacked once per pool set and copied. */
-static int layer_upload(const layer *L, moe_weights *w, mj_err *err) {
-  const ref_moe_cfg *c = &L->cfg;
-  int rc = moe_weights_alloc(w, c, err);
-  for (int e = 0; e <= c->n_experts && !rc; e++)
-    rc = moe_weights_set_expert(w, c, e, &L->gate[e], &L->up[e], &L->down[e], err);
-  if (!rc) rc = cu.cuMemcpyHtoD(w->router, L->router, (size_t)c->n_experts * c->hidden * 2) ? MJ_ECUDA : 0;
-  if (!rc) rc = cu.cuMemcpyHtoD(w->bias, L->bias, (size_t)c->n_experts * 4) ? MJ_ECUDA : 0;
-  return rc;
-}
 
 /* Which expert path a case runs: the plan's, or forced. */
 enum { PATH_PLAN, PATH_FMA, PATH_MMA };
@@ -211,20 +141,19 @@ static void test_reduced(void) {
                    .norm_topk_prob = true, .scaling = 2.5f};
   layer L;
   layer_make(&L, &c, NPOOL);
-  moe_weights w;
+  moe_weights *w = &L.w;
   mj_err err = {0};
-  T_EQ_INT(layer_upload(&L, &w, &err), 0);
+  T_EQ_INT(layer_upload(&L, &err), 0);
   static const int batches[] = {1, 2, 3, 5, 8, 16, 33, 64, 128};
-  for (size_t i = 0; i < MJ_ARRAY_LEN(batches); i++) run_batch(&L, &w, batches[i], bucket(batches[i]), 1 << 30);
-  run_batch(&L, &w, 3, 128, 1 << 30); /* a small batch in a large bucket */
+  for (size_t i = 0; i < MJ_ARRAY_LEN(batches); i++) run_batch(&L, w, batches[i], bucket(batches[i]), 1 << 30);
+  run_batch(&L, w, 3, 128, 1 << 30); /* a small batch in a large bucket */
   /* Both expert paths at every MT: the plan takes the tensor cores from
    * bucket 4, so force the FMA path above and the MMA path below that. */
-  run_case(&L, &w, 1, 1, 1 << 30, PATH_MMA, 0);
-  run_case(&L, &w, 2, 2, 1 << 30, PATH_MMA, 0);
-  run_case(&L, &w, 33, 64, 1 << 30, PATH_FMA, 0);
-  run_case(&L, &w, 64, 64, 1 << 30, PATH_MMA, 8);
-  run_case(&L, &w, 128, 128, 1 << 30, PATH_MMA, 3);
-  moe_weights_free(&w);
+  run_case(&L, w, 1, 1, 1 << 30, PATH_MMA, 0);
+  run_case(&L, w, 2, 2, 1 << 30, PATH_MMA, 0);
+  run_case(&L, w, 33, 64, 1 << 30, PATH_FMA, 0);
+  run_case(&L, w, 64, 64, 1 << 30, PATH_MMA, 8);
+  run_case(&L, w, 128, 128, 1 << 30, PATH_MMA, 3);
   layer_free(&L);
 }
 
@@ -233,12 +162,11 @@ static void test_grouped(void) {
                    .norm_topk_prob = true, .scaling = 1.5f};
   layer L;
   layer_make(&L, &c, NPOOL);
-  moe_weights w;
+  moe_weights *w = &L.w;
   mj_err err = {0};
-  T_EQ_INT(layer_upload(&L, &w, &err), 0);
-  run_batch(&L, &w, 5, 8, 1 << 30);
-  run_batch(&L, &w, 33, 64, 1 << 30);
-  moe_weights_free(&w);
+  T_EQ_INT(layer_upload(&L, &err), 0);
+  run_batch(&L, w, 5, 8, 1 << 30);
+  run_batch(&L, w, 33, 64, 1 << 30);
   layer_free(&L);
 }
 
@@ -247,18 +175,18 @@ static void test_full_width(void) {
                    .norm_topk_prob = true, .scaling = 2.5f};
   layer L;
   layer_make(&L, &c, NPOOL);
-  moe_weights w;
+  moe_weights *w = &L.w;
   mj_err err = {0};
-  if (layer_upload(&L, &w, &err)) {
+  if (layer_upload(&L, &err)) {
     mj_err_print(&err, stderr);
     T_CHECK(!"upload failed");
+    layer_free(&L);
     return;
   }
-  run_batch(&L, &w, 1, 1, 1);
-  run_batch(&L, &w, 8, 8, 3);
-  run_batch(&L, &w, 64, 64, 3);
-  run_case(&L, &w, 8, 8, 3, PATH_FMA, 0); /* the path the plan used before the tensor cores */
-  moe_weights_free(&w);
+  run_batch(&L, w, 1, 1, 1);
+  run_batch(&L, w, 8, 8, 3);
+  run_batch(&L, w, 64, 64, 3);
+  run_case(&L, w, 8, 8, 3, PATH_FMA, 0); /* the path the plan used before the tensor cores */
   layer_free(&L);
 }
 

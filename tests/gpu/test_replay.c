@@ -15,70 +15,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "moe_layer.h"
 #include "replay.h"
 #include "t.h"
-
-static uint64_t rng;
-static float frand(void) { /* uniform in [-1, 1) */
-  rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-  return (float)((rng >> 40) & 0xFFFFFF) / 8388608.0f - 1.0f;
-}
-
-#define NPOOL 3
-typedef struct layer {
-  ref_moe_cfg cfg;
-  uint8_t *codes[NPOOL][3], *scales[NPOOL][3];
-  float s2[NPOOL][3];
-  ref_nvfp4 *gate, *up, *down; /* [E + 1] */
-  moe_weights w;
-} layer;
-
-static void quant(int n, int k, float amp, uint8_t **codes, uint8_t **scales, float *s2) {
-  float *W = malloc((size_t)n * k * sizeof *W);
-  for (size_t i = 0; i < (size_t)n * k; i++) W[i] = frand() * amp;
-  *codes = malloc((size_t)n * k / 2);
-  *scales = malloc((size_t)n * k / 16);
-  ref_nvfp4_quantize(W, n, k, *codes, *scales, s2);
-  free(W);
-}
-
-static int layer_make(layer *L, const ref_moe_cfg *c, mj_err *err) {
-  memset(L, 0, sizeof *L);
-  L->cfg = *c;
-  int H = c->hidden, I = c->inter, E = c->n_experts;
-  for (int p = 0; p < NPOOL; p++) {
-    quant(I, H, 1.7f / sqrtf((float)H), &L->codes[p][0], &L->scales[p][0], &L->s2[p][0]);
-    quant(I, H, 1.7f / sqrtf((float)H), &L->codes[p][1], &L->scales[p][1], &L->s2[p][1]);
-    quant(H, I, 1.7f / sqrtf((float)I), &L->codes[p][2], &L->scales[p][2], &L->s2[p][2]);
-  }
-  L->gate = malloc((size_t)(E + 1) * sizeof *L->gate);
-  L->up = malloc((size_t)(E + 1) * sizeof *L->up);
-  L->down = malloc((size_t)(E + 1) * sizeof *L->down);
-  for (int e = 0; e <= E; e++) {
-    int p = e % NPOOL;
-    float f = 1.0f + (float)e / 64.0f; /* each expert its own scales: a wrong id shows */
-    L->gate[e] = (ref_nvfp4){L->codes[p][0], L->scales[p][0], L->s2[p][0] * f, I, H};
-    L->up[e] = (ref_nvfp4){L->codes[p][1], L->scales[p][1], L->s2[p][1] / f, I, H};
-    L->down[e] = (ref_nvfp4){L->codes[p][2], L->scales[p][2], L->s2[p][2] * f, H, I};
-  }
-  int rc = moe_weights_alloc(&L->w, c, err);
-  for (int e = 0; e <= E && !rc; e++) rc = moe_weights_set_expert(&L->w, c, e, &L->gate[e], &L->up[e], &L->down[e], err);
-  bf16 *router = malloc((size_t)E * H * 2);
-  float *bias = malloc((size_t)E * 4);
-  for (size_t i = 0; i < (size_t)E * H; i++) router[i] = dt_f32_to_bf16(frand() * 1.7f / sqrtf((float)H));
-  for (int e = 0; e < E; e++) bias[e] = frand() * 0.05f;
-  if (!rc && cu.cuMemcpyHtoD(L->w.router, router, (size_t)E * H * 2)) rc = MJ_ECUDA;
-  if (!rc && cu.cuMemcpyHtoD(L->w.bias, bias, (size_t)E * 4)) rc = MJ_ECUDA;
-  free(router), free(bias);
-  return rc;
-}
-
-static void layer_free(layer *L) {
-  for (int p = 0; p < NPOOL; p++)
-    for (int t = 0; t < 3; t++) free(L->codes[p][t]), free(L->scales[p][t]);
-  free(L->gate), free(L->up), free(L->down);
-  moe_weights_free(&L->w);
-}
 
 static bf16 *random_x(int B, int H) {
   bf16 *x = malloc((size_t)B * H * 2);
@@ -193,7 +132,8 @@ static void test_replay_tables(void) {
                    .norm_topk_prob = true, .scaling = 2.5f};
   layer L;
   mj_err err = {0};
-  if (layer_make(&L, &c, &err)) {
+  layer_make(&L, &c, 3);
+  if (layer_upload(&L, &err)) {
     mj_err_print(&err, stderr);
     T_CHECK(!"upload failed");
     layer_free(&L);
