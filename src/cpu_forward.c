@@ -36,6 +36,8 @@ struct cpu_model {
   uint8_t *sel_dump;   /* [token][max_ctx]: DSA masks of the last full-indexer layer */
   int64_t *route_dump; /* [layer][token][topk]: the experts chosen */
   int dump_max;        /* tokens the dumps hold */
+  const int32_t *force_sel, *force_ids; /* cpu_model_force_choices, for the next call */
+  int force_max;
 };
 
 static float *xalloc_f(size_t n) {
@@ -83,11 +85,14 @@ void cpu_model_set_dump(cpu_model *s, float *dump) { s->dump = dump; }
 void cpu_model_set_choice_dump(cpu_model *s, uint8_t *sel, int64_t *ids, int max_tokens) {
   s->sel_dump = sel, s->route_dump = ids, s->dump_max = max_tokens;
 }
+void cpu_model_force_choices(cpu_model *s, const int32_t *sel, const int32_t *ids, int max_tokens) {
+  s->force_sel = sel, s->force_ids = ids, s->force_max = max_tokens;
+}
 
 /* ---- the DSA indexer ---------------------------------------------------------------- */
 /* Fill sel[i][0..T) for the n queries: 1 where query i may attend. */
-static void indexer(cpu_model *s, const model_layer *ly, layer_cache *lc, const float *xn, const float *qr,
-                    int64_t n, int64_t pos, uint8_t *sel, int64_t T) {
+static void indexer(cpu_model *s, int64_t L, const model_layer *ly, layer_cache *lc, const float *xn,
+                    const float *qr, int64_t n, int64_t pos, uint8_t *sel, int64_t T) {
   const model_config *c = &s->m->cfg;
   int64_t nh = c->index_n_heads, hd = c->index_head_dim, dr = c->qk_rope_head_dim;
   int th = s->p.threads;
@@ -128,6 +133,16 @@ static void indexer(cpu_model *s, const model_layer *ly, layer_cache *lc, const 
     }
     ref_topk(score, vis, c->index_topk, top);
     for (int64_t t = 0; t < c->index_topk; t++) si[top[t]] = 1;
+  }
+  for (int64_t t = 0; s->sel_dump && t < n && t < s->dump_max; t++) /* our own choice, then a forced one */
+    memcpy(s->sel_dump + t * s->p.max_ctx, sel + t * T, (size_t)T);
+  for (int64_t i = 0; s->force_sel && i < n && i < s->force_max; i++) {
+    int64_t vis = pos + i + 1;
+    if (vis <= c->index_topk) continue;
+    const int32_t *f = s->force_sel + (L * s->force_max + i) * c->index_topk;
+    memset(sel + i * T, 0, (size_t)T);
+    for (int64_t t = 0; t < c->index_topk; t++)
+      if (f[t] >= 0 && f[t] < vis) sel[i * T + f[t]] = 1;
   }
   free(q), free(k), free(w), free(score), free(top);
 }
@@ -187,7 +202,7 @@ static void attention(cpu_model *s, int64_t L, const float *xn, int64_t n, int64
     memcpy(kr, ckv + i * (r + dr) + r, (size_t)dr * sizeof *kr);
     ref_rope_interleaved(kr, dr, pos + i, s->inv_freq);
   }
-  if (ly->has_indexer) indexer(s, ly, lc, xn, qa, n, pos, sel, T);
+  if (ly->has_indexer) indexer(s, L, ly, lc, xn, qa, n, pos, sel, T);
 
   float scale = 1.0f / sqrtf((float)dq);
   float *o = xalloc_f((size_t)(n * nh * dv)), *p = xalloc_f((size_t)T);
@@ -242,6 +257,10 @@ static void moe(cpu_model *s, int64_t L, const model_layer *ly, const float *xn,
   for (int64_t t = 0; t < n; t++) ref_route(logits + t * E, &ly->router_bias, c, idx + t * K, w + t * K);
   for (int64_t t = 0; s->route_dump && t < n && t < s->dump_max; t++)
     memcpy(s->route_dump + (L * s->dump_max + t) * K, idx + t * K, (size_t)K * sizeof *idx);
+  for (int64_t t = 0; s->force_ids && t < n && t < s->force_max; t++) {
+    for (int64_t k = 0; k < K; k++) idx[t * K + k] = s->force_ids[(L * s->force_max + t) * K + k];
+    ref_route_weights(logits + t * E, c, idx + t * K, w + t * K);
+  }
   memset(out, 0, (size_t)(n * H) * sizeof *out);
   /* Experts in ascending order, each on the tokens that chose it (the
    * reference's loop order, so the sums add up in the same order). */
@@ -293,8 +312,6 @@ int cpu_forward(cpu_model *s, const int32_t *tokens, int64_t n, int64_t pos, flo
     const model_layer *ly = &m->layers[L];
     for (int64_t i = 0; i < n; i++) ref_rmsnorm(x + i * H, &ly->input_norm, c->rms_norm_eps, H, xn + i * H);
     attention(s, L, xn, n, pos, sel, y);
-    for (int64_t t = 0; s->sel_dump && ly->has_indexer && t < n && t < s->dump_max; t++)
-      memcpy(s->sel_dump + t * s->p.max_ctx, sel + t * T, (size_t)T);
     for (int64_t i = 0; i < n * H; i++) x[i] += y[i];
     for (int64_t i = 0; i < n; i++) ref_rmsnorm(x + i * H, &ly->post_norm, c->rms_norm_eps, H, xn + i * H);
     if (ly->sparse) moe(s, L, ly, xn, n, y);
@@ -310,5 +327,6 @@ int cpu_forward(cpu_model *s, const int32_t *tokens, int64_t n, int64_t pos, flo
   }
   free(x), free(xn), free(y), free(sel);
   s->dump = NULL;
+  s->force_sel = s->force_ids = NULL; /* one call only */
   return 0;
 }

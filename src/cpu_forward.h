@@ -47,5 +47,15 @@ void cpu_model_set_dump(cpu_model *s, float *dump);
  * that ran its own indexer; ids (may be NULL) [layer][token][topk] the
  * routed experts of each MoE layer. */
 void cpu_model_set_choice_dump(cpu_model *s, uint8_t *sel, int64_t *ids, int max_tokens);
+/* For fidelity tests: the next cpu_forward takes these discrete choices
+ * for its first max_tokens tokens instead of its own (which the choice dump
+ * still records), so that two engines whose near-tie choices differ can be
+ * compared on one history.  sel (may be NULL) [layer][max_tokens][index_topk]
+ * holds the cache positions each layer that runs its own indexer attends to
+ * (used when more than index_topk are visible; entries outside 0..pos are
+ * ignored); ids (may be NULL) [layer][max_tokens][topk] the routed experts
+ * of each MoE layer, weighted from this model's own router logits.  The
+ * layouts are gpu_read_sel's and gpu_read_routing's. */
+void cpu_model_force_choices(cpu_model *s, const int32_t *sel, const int32_t *ids, int max_tokens);
 
 #endif

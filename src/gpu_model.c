@@ -58,7 +58,7 @@ struct gpu_model {
   gop_rows rows;
   int32_t *hrows;       /* pinned [3][bmax], then [bmax] sampled ids */
   CUdeviceptr x, y, xn, xs, P, qa, iw, Q, qlat, iq, sel, olat, o_attn, gu, h, logits, tok_out, attn_scr, dsa_scr,
-      stash;
+      stash, sel_stash; /* with trace: routing [layer][bmax][topk], DSA selections [layer][bmax][idx_topk] */
   bool any_indexer;
   moe_bufs mb;
   moe_bucket buckets[64];
@@ -156,6 +156,7 @@ static size_t carve_acts(gpu_model *g, CUdeviceptr base) {
   g->attn_scr = take(base, &off, att);
   g->dsa_scr = take(base, &off, dsa);
   g->stash = take(base, &off, (size_t)g->n_layers * B * g->mc.topk * 4);
+  if (g->o.trace && g->any_indexer) g->sel_stash = take(base, &off, (size_t)g->n_layers * B * d->idx_topk * 4);
   moe_plan p;
   moe_plan_default(&g->mc, g->bmax, &p);
   CUdeviceptr mb = take(base, &off, moe_bufs_carve(&g->mb, &p, 0));
@@ -614,6 +615,9 @@ int gpu_enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err) {
     if (l->indexer) {
       OP("dsa.select", gop_dsa_select(d, g->iq, g->iw, l->cache, g->rows, g->sel, g->dsa_scr, np, s, err));
       sel = g->sel;
+      if (g->sel_stash) /* this layer's selection, for gpu_read_sel */
+        CU_CHECK(err, cu.cuMemcpyDtoDAsync(g->sel_stash + (size_t)i * g->bmax * d->idx_topk * 4, g->sel,
+                                           (size_t)np * d->idx_topk * 4, s));
     }
     OP("attn.attend", gop_mla_attend(d, g->qlat, l->cache, g->rows, sel, scale, g->olat, g->attn_scr, np, s, err));
     OP("attn.v_out", gop_mla_vout(d, g->olat, l->kv_b, g->o_attn, np, s, err));
@@ -739,12 +743,18 @@ int gpu_read_tokens(gpu_model *g, int n, int32_t *out, mj_err *err) {
   return 0;
 }
 
-int gpu_read_sel(gpu_model *g, int row, int32_t *out, mj_err *err) {
+int gpu_read_sel(gpu_model *g, int layer, int row, int32_t *out, mj_err *err) {
   if (row < 0 || row >= g->bmax) return mj_fail(err, MJ_EINPUT, "gpu: row %d outside 0..%d", row, g->bmax - 1);
+  if (layer < 0 || layer >= g->n_layers || !g->L[layer].indexer)
+    return mj_fail(err, MJ_EINPUT, "gpu: layer %d does not run its own DSA indexer", layer);
+  if (!g->sel_stash) return mj_fail(err, MJ_EINPUT, "gpu: the DSA selections are kept only with opts.trace");
+  size_t n = (size_t)g->d.idx_topk * 4;
   CU_CHECK(err, cu.cuStreamSynchronize(g->s));
-  CU_CHECK(err, cu.cuMemcpyDtoH(out, g->sel + (size_t)row * g->d.idx_topk * 4, (size_t)g->d.idx_topk * 4));
+  CU_CHECK(err, cu.cuMemcpyDtoH(out, g->sel_stash + ((size_t)layer * g->bmax + row) * n, n));
   return 0;
 }
+
+bool gpu_layer_indexer(const gpu_model *g, int layer) { return g->L[layer].indexer; }
 
 int gpu_read_routing(gpu_model *g, int32_t *out, mj_err *err) {
   CU_CHECK(err, cu.cuStreamSynchronize(g->s));

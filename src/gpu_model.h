@@ -39,7 +39,7 @@ typedef struct gpu_opts {
   int max_rows;                   /* rows per step at most (0: the largest captured size, at least 64) */
   gop_sampling sampling;
   bool quiet;                     /* no progress bar or summary line */
-  bool trace;                     /* keep each MoE layer's routing for gpu_read_routing */
+  bool trace;                     /* keep each layer's routing and DSA selection (gpu_read_routing, _sel) */
 } gpu_opts;
 
 void gpu_opts_default(gpu_opts *o);
@@ -91,10 +91,11 @@ void gpu_counters_get(const gpu_model *g, gpu_counters *c);
 int gpu_fill_cache(gpu_model *g, uint64_t seed, mj_err *err);
 /* Put rows on the device (as gpu_step does) without running anything. */
 int gpu_set_rows(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, mj_err *err);
-/* For diagnosis: the DSA selection (idx_topk token positions) the last
- * step left for row `row`, from the last layer that ran its own indexer;
+/* With opts.trace: the DSA selection (idx_topk token positions) the last
+ * step's layer `layer` (one that runs its own indexer) made for row `row`;
  * meaningful only for a row whose pos + 1 > idx_topk. */
-int gpu_read_sel(gpu_model *g, int row, int32_t *out, mj_err *err);
+int gpu_read_sel(gpu_model *g, int layer, int row, int32_t *out, mj_err *err);
+bool gpu_layer_indexer(const gpu_model *g, int layer);
 /* With opts.trace: every layer's routing of the last step, out[layer][row
  * < max rows][topk] expert ids (MoE layers only; padding rows included). */
 int gpu_read_routing(gpu_model *g, int32_t *out, mj_err *err);

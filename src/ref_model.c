@@ -174,11 +174,16 @@ void ref_route(const float *logits, const model_vec *bias, const model_config *c
       if (!keep[e / per]) choice[e] = -INFINITY;
   }
   ref_topk(choice, E, K, idx);
+  ref_route_weights(logits, c, idx, w);
+  free(s), free(choice), free(gs), free(gi);
+}
+
+void ref_route_weights(const float *logits, const model_config *c, const int64_t *idx, float *w) {
+  int64_t K = c->num_experts_per_tok;
   float sum = 0;
-  for (int64_t k = 0; k < K; k++) sum += (w[k] = s[idx[k]]);
+  for (int64_t k = 0; k < K; k++) sum += (w[k] = ref_sigmoid(logits[idx[k]]));
   for (int64_t k = 0; k < K; k++) {
     if (c->norm_topk_prob) w[k] /= sum + 1e-20f;
     w[k] *= (float)c->routed_scaling_factor;
   }
-  free(s), free(choice), free(gs), free(gi);
 }

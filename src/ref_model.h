@@ -47,5 +47,7 @@ void ref_topk(const float *v, int64_t n, int64_t k, int64_t *idx);
  * those experts, divided by their sum (+1e-20) when norm_topk_prob, times
  * routed_scaling_factor.  idx and w hold num_experts_per_tok entries. */
 void ref_route(const float *logits, const model_vec *bias, const model_config *c, int64_t *idx, float *w);
+/* The weights ref_route gives the experts idx[0..num_experts_per_tok). */
+void ref_route_weights(const float *logits, const model_config *c, const int64_t *idx, float *w);
 
 #endif

@@ -287,6 +287,77 @@ static void test_dsa_selection(void) {
   model_free(dense), model_free(sparse);
 }
 
+/* cpu_model_force_choices (for comparing engines whose near-tie choices
+ * differ): forcing the model's own routing changes nothing; a changed
+ * expert set or DSA selection changes exactly the rows it is given to and
+ * what they feed; the forcing lasts one call, while the dump still shows
+ * the model's own choices. */
+static void test_forced_choices(void) {
+  mkmodel_spec s;
+  mkmodel_preset("tiny", &s);
+  s.layers = 3, s.dense_layers = 1, s.idx_topk = 8, s.indexer_types = "FSF", s.seed = 17, s.nvfp4 = true;
+  model *m = load(mk("force", &s));
+  enum { N = 20, D = 32 };
+  int64_t V = m->cfg.vocab_size, L = m->cfg.num_hidden_layers, K = m->cfg.num_experts_per_tok;
+  int64_t E = m->cfg.n_routed_experts, KS = m->cfg.index_topk;
+  int32_t tok[N + 1];
+  prompt(tok, N + 1, V);
+  cpu_params p = {.max_ctx = 64};
+  cpu_model *a, *b;
+  mj_err err = {0};
+  T_CHECK(cpu_model_create(m, &p, &a, &err) == 0 && cpu_model_create(m, &p, &b, &err) == 0);
+  float *la = malloc((size_t)(N * V) * 4), *lb = malloc((size_t)(N * V) * 4);
+  int64_t *own = calloc((size_t)(L * D * K), sizeof *own), *own2 = calloc((size_t)(L * D * K), sizeof *own2);
+  int32_t *ids = calloc((size_t)(L * N * K), 4), *sel = calloc((size_t)(L * N * KS), 4);
+  cpu_model_set_choice_dump(a, NULL, own, D);
+  T_CHECK(cpu_forward(a, tok, N, 0, la, true, &err) == 0);
+  /* 1. The model's own routing, forced: the same logits, bit for bit. */
+  for (int64_t l = 0; l < L; l++)
+    for (int64_t t = 0; t < N; t++)
+      for (int64_t k = 0; k < K; k++) ids[(l * N + t) * K + k] = (int32_t)own[(l * D + t) * K + k];
+  cpu_model_force_choices(b, NULL, ids, N);
+  T_CHECK(cpu_forward(b, tok, N, 0, lb, true, &err) == 0);
+  T_CHECK(memcmp(la, lb, (size_t)(N * V) * 4) == 0);
+  /* 2. Token 5 of the last layer takes one other expert: rows 0-4 keep
+   * their logits, row 5 moves, and the dump still holds the own choice. */
+  int64_t last = L - 1, *r5 = own + (last * D + 5) * K;
+  int32_t other = 0;
+  for (bool used = true; used; other++) {
+    used = false;
+    for (int64_t k = 0; k < K; k++) used |= r5[k] == other;
+    if (!used) break;
+  }
+  T_CHECK(other < E);
+  ids[(last * N + 5) * K + K - 1] = other;
+  cpu_model_set_choice_dump(b, NULL, own2, D);
+  cpu_model_force_choices(b, NULL, ids, N);
+  T_CHECK(cpu_forward(b, tok, N, 0, lb, true, &err) == 0);
+  T_CHECK(memcmp(la, lb, (size_t)(5 * V) * 4) == 0);
+  T_CHECK(rel_err(lb + 5 * V, la + 5 * V, V) > 1e-4);
+  T_CHECK(memcmp(own, own2, (size_t)(L * D * K) * sizeof *own) == 0);
+  /* 3. The forcing lasts one call: the next step of b equals a's. */
+  float *na = malloc((size_t)V * 4), *nb = malloc((size_t)V * 4);
+  T_CHECK(cpu_forward(b, tok, N, 0, lb, true, &err) == 0); /* rewind b to a's history */
+  T_CHECK(cpu_forward(a, tok + N, 1, N, na, false, &err) == 0);
+  T_CHECK(cpu_forward(b, tok + N, 1, N, nb, false, &err) == 0);
+  T_CHECK(memcmp(na, nb, (size_t)V * 4) == 0);
+  /* 4. A DSA selection of the first index_topk positions on every indexer
+   * layer: rows that see at most index_topk keys keep their logits, the
+   * later ones move; out-of-range entries are ignored. */
+  for (int64_t i = 0; i < L * N * KS; i++) sel[i] = (int32_t)(i % KS);
+  sel[(0 * N + N - 1) * KS] = -1, sel[(0 * N + N - 1) * KS + 1] = 1000; /* ignored */
+  cpu_model_force_choices(b, sel, NULL, N);
+  T_CHECK(cpu_forward(b, tok, N, 0, lb, true, &err) == 0);
+  T_CHECK(memcmp(la, lb, (size_t)(KS * V) * 4) == 0);
+  int moved = 0;
+  for (int64_t i = KS; i < N; i++) moved += rel_err(lb + i * V, la + i * V, V) > 1e-4;
+  T_CHECK(moved >= (N - KS) / 2);
+  T_CHECK(isfinite(lb[(N - 1) * V]));
+  cpu_model_destroy(a), cpu_model_destroy(b);
+  free(la), free(lb), free(na), free(nb), free(own), free(own2), free(ids), free(sel);
+  model_free(m);
+}
+
 static void test_mkmodel_deterministic(void) {
   mkmodel_spec s;
   mkmodel_preset("tiny", &s);
@@ -381,6 +452,7 @@ int main(void) {
   T_RUN(test_decode_equals_prefill);
   T_RUN(test_absorbed_equals_expanded);
   T_RUN(test_dsa_selection);
+  T_RUN(test_forced_choices);
   T_RUN(test_mkmodel_deterministic);
   T_RUN(test_tokenizer_json);
   T_RUN(test_forward_errors);
