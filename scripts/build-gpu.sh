@@ -27,4 +27,15 @@ cp tests/gpu/gputest "$stage/tests/gpu/"
 cp bench/bench_cache "$stage/bench/"
 strip "$stage/moejit" "$stage/tests/gpu/gputest" "$stage/bench/bench_cache"
 tar -czf "$out/bin.tgz" -C "$stage" .
+# The MoE expert kernels moe_plan_default picks at buckets 1, 8 and 64
+# (src/moe.c), as cubins for the GPU host's cuobjdump (gpu-run.sh sass).
+mkdir -p "$out/sass"
+t="-D THREADS=256 -D CHAIN=8"
+gu="-D MODE=0 -D K=6144 -D N=2048" dn="-D MODE=1 -D K=2048 -D N=6144"
+./moejit compile moe_expert.k $gu $t -D MT=1 -D ROWS=4 -D MINB=2 -o "$out/sass/b1_gate_up.cubin"
+./moejit compile moe_expert.k $dn $t -D MT=1 -D ROWS=4 -D MINB=3 -o "$out/sass/b1_down.cubin"
+./moejit compile moe_expert.k $gu $t -D MT=2 -D ROWS=4 -D MINB=2 -o "$out/sass/b8_gate_up.cubin"
+./moejit compile moe_expert.k $dn $t -D MT=2 -D ROWS=16 -D MMA=1 -D KJ=8 -o "$out/sass/b8_down.cubin"
+./moejit compile moe_expert.k $gu $t -D MT=4 -D ROWS=16 -D MMA=1 -D KJ=4 -D MINB=2 -o "$out/sass/b64_gate_up.cubin"
+./moejit compile moe_expert.k $dn $t -D MT=4 -D ROWS=16 -D MMA=1 -D KJ=4 -o "$out/sass/b64_down.cubin"
 echo "build-gpu.sh: $(du -h "$out/bin.tgz" | cut -f1) in $out/bin.tgz"

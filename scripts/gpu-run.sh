@@ -7,6 +7,10 @@
 #   decode-warm   the same again on the now-warm cache (zero compiles)
 #   ncu           the kernel-time sum of one eager decode step (Nsight Compute)
 #   generate      moejit generate with the built-in model, GPU then CPU
+#   many          generate --prompts --parallel 4 on the GPU against each
+#                 prompt run alone on the GPU and on the CPU (tokens compared)
+#   sass          SASS of the cubins in build-gpu/sass/ (scripts/build-gpu.sh
+#                 makes them: the MoE expert kernels the plan picks), opcodes counted
 #   moe           moejit bench moe with the tile sweep
 #   moe-warm      moe again, warm
 #   replay        synthetic traces replayed with --verify (batch 1, 8, 32), and --steps
@@ -23,7 +27,7 @@ for phase in "$@"; do
   case $phase in
     tests)
       for t in ${GPU_TESTS:-gemv rmsnorm moe dense mla attn decode replay}; do
-        timeout 300 /tmp/mj/tests/gpu/gputest "$t" > "$OUT/test-$t.log" 2>&1
+        timeout ${TEST_TIMEOUT:-300} /tmp/mj/tests/gpu/gputest "$t" > "$OUT/test-$t.log" 2>&1
         echo "$t rc=$? $(tail -1 "$OUT/test-$t.log")"
       done > "$log" ;;
     decode) timeout 400 moejit bench decode ${DECODE_ARGS:-} > "$log" 2>&1 ;;
@@ -47,6 +51,37 @@ for phase in "$@"; do
       for b in auto cpu; do
         timeout 120 moejit generate -p "The quick brown fox" -n 32 --temp 0 --backend $b --json > "$OUT/gen-$b.json" 2>> "$log"
         sed 's/"text":"[^"]*",//' "$OUT/gen-$b.json" >> "$log"
+      done ;;
+    many)
+      # continuous batching on the GPU: 7 prompts, 4 live at a time; each
+      # text compared with the same prompt run alone (GPU, then CPU)
+      export MOEJIT_DATA_DIR=$OUT/data
+      printf 'The quick brown fox\nhello\nOnce upon a time\n\nabc def ghi\nIn the beginning there was\nx\nlonger prompt with several words in it\n' > "$OUT/prompts.txt"
+      timeout 120 moejit generate --prompts "$OUT/prompts.txt" --parallel 4 -n 24 --temp 0 --backend cuda --json \
+        > "$OUT/many.jsonl" 2>> "$log"; echo "many --parallel 4: rc=$?" >> "$log"
+      i=0; same_gpu=0; same_cpu=0; n=0
+      while IFS= read -r p; do
+        [ -n "$p" ] || continue
+        i=$((i + 1)); n=$((n + 1))
+        many=$(sed -n "${i}p" "$OUT/many.jsonl" | sed 's/.*"tokens":\(\[[^]]*\]\).*/\1/')
+        for b in cuda cpu; do
+          one=$(timeout 60 moejit generate -p "$p" -n 24 --temp 0 --backend $b --json 2>> "$log" | sed 's/.*"tokens":\(\[[^]]*\]\).*/\1/')
+          if [ "$one" = "$many" ]; then
+            [ $b = cuda ] && same_gpu=$((same_gpu + 1)) || same_cpu=$((same_cpu + 1))
+          else
+            echo "prompt $i ($b alone differs): [$one] vs [$many]" >> "$log"
+          fi
+        done
+      done < "$OUT/prompts.txt"
+      echo "many: $n prompts; batched tokens = alone on GPU for $same_gpu, = alone on CPU for $same_cpu" >> "$log"
+      moejit generate --prompts "$OUT/prompts.txt" --parallel 4 -n 24 --temp 0 --backend cuda 2>&1 >/dev/null | tail -3 >> "$log" ;;
+    sass)
+      for f in build-gpu/sass/*.cubin; do
+        n=$(basename "$f" .cubin)
+        cuobjdump -sass "$f" > "$OUT/$n.sass" 2>> "$log"
+        # opcode (first word after the address comment), without modifiers
+        awk '/^ +\/\*[0-9a-f]+\*\/ / { op = $2; if (op ~ /^@/) op = $3; sub(/;$/, "", op); split(op, a, "."); c[a[1]]++; n++ }
+          END { printf "%-12s %5d:", f, n; for (k in c) if (c[k] * 50 >= n) printf " %s %d", k, c[k]; printf "\n" }' f="$n" "$OUT/$n.sass" >> "$log"
       done ;;
     moe) timeout 400 moejit bench moe ${MOE_ARGS:-} > "$log" 2>&1 ;;
     moe-warm) timeout 300 moejit bench moe ${MOE_ARGS:-} > "$log" 2>&1 ;;
