@@ -30,7 +30,7 @@
   X(cuMemcpyDtoD) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)                   \
   X(cuMemcpyDtoDAsync) X(cuMemsetD8) X(cuMemsetD32) X(cuMemsetD8Async)        \
   X(cuMemsetD32Async) X(cuStreamCreate) X(cuStreamDestroy)                    \
-  X(cuStreamSynchronize) X(cuStreamBeginCapture) X(cuStreamEndCapture)        \
+  X(cuStreamSynchronize) X(cuStreamWaitEvent) X(cuStreamBeginCapture) X(cuStreamEndCapture)        \
   X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy)                \
   X(cuGraphDestroy) X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize)   \
   X(cuEventElapsedTime) X(cuEventDestroy) X(cuGetErrorString)                 \

@@ -33,6 +33,7 @@ typedef struct gpu_layer {
   CUdeviceptr w_gu, w_down; /* dense: bf16 [2I][H], [H][I] */
   moe_weights moe;          /* sparse */
   CUdeviceptr sh_gu, sh_down; /* a bf16 shared expert, run as a dense MLP beside the NVFP4 slots */
+  bool no_fp4_shared;         /* the MoE's shared slot is empty (bf16 or no shared expert): skipped */
   gop_cache cache;
 } gpu_layer;
 
@@ -64,6 +65,7 @@ struct gpu_model {
   moe_bucket buckets[64];
   int nbuckets;
   CUstream s;
+  moe_side side; /* the shared expert's gate_up beside the routing (moe_forward_overlap) */
   CUgraphExec graph[GPU_MAX_GRAPHS];
   gpu_counters cnt;
 };
@@ -242,9 +244,11 @@ static int setup(gpu_model *g, const model_config *c, int sh_inter, const gpu_op
   setup_dims(g, c, sh_inter, o);
   const gop_dims *d = &g->d;
   CU_CHECK(err, cu.cuStreamCreate(&g->s, CU_STREAM_NON_BLOCKING));
+  int rc = moe_side_create(&g->side, err);
+  if (rc) return rc;
   CU_CHECK(err, cu.cuMemAllocHost((void **)&g->hrows, (size_t)g->bmax * 4 * 4));
   g->wbytes = carve_weights(g, 0);
-  int rc = cu_alloc(&g->wbase, g->wbytes, "model weights", err);
+  rc = cu_alloc(&g->wbase, g->wbytes, "model weights", err);
   if (rc) return rc;
   carve_weights(g, g->wbase);
   g->abytes = carve_acts(g, 0);
@@ -349,7 +353,8 @@ static int upload_layer(gpu_model *g, upload *u, const model_layer *ml, gpu_laye
   double eb = (double)(moe_gate_up_bytes(mc) + moe_down_bytes(mc));
   for (int e = 0; e <= mc->n_experts; e++) {
     const model_mlp *x = e < mc->n_experts ? &ml->experts[e] : &ml->shared;
-    if (e == mc->n_experts && (!x->gate.w || l->sh_gu)) { /* none in the slot: a zero one adds nothing */
+    if (e == mc->n_experts && (!x->gate.w || l->sh_gu)) { /* none in the slot: skipped, and zeros */
+      l->no_fp4_shared = true;
       CU_CHECK(err, cu.cuMemsetD8(l->moe.gate_up + (size_t)e * moe_gate_up_bytes(mc), 0, moe_gate_up_bytes(mc)));
       CU_CHECK(err, cu.cuMemsetD8(l->moe.down + (size_t)e * moe_down_bytes(mc), 0, moe_down_bytes(mc)));
       CU_CHECK(err, cu.cuMemsetD8(l->moe.gscale + (size_t)e * 16, 0, 16));
@@ -523,6 +528,7 @@ void gpu_model_destroy(gpu_model *g) {
   if (g->wbase) cu.cuMemFree(g->wbase);
   if (g->abase) cu.cuMemFree(g->abase);
   if (g->hrows) cu.cuMemFreeHost(g->hrows);
+  moe_side_destroy(&g->side);
   if (g->s) cu.cuStreamDestroy(g->s);
   free(g->L);
   free(g);
@@ -624,15 +630,41 @@ int gpu_enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err) {
     OP("attn.o_proj", gop_gemv(l->o, g->o_attn, g->y, np, H, d->heads * d->v, s, err));
     OP("norm", gop_add_rmsnorm(g->x, g->y, false, l->post_norm, d->rms_eps, g->xn, np, H, s, err));
     if (l->sparse) {
-      if (l->sh_gu) { /* the bf16 shared expert, added to x at once (its norm output is dropped) */
-        OP("moe.shared", gop_gemv(l->sh_gu, g->xn, g->gu, np, 2 * g->sh_inter, H, s, err));
-        OP("moe.shared", gop_silu_mul(g->gu, g->h, np, g->sh_inter, s, err));
-        OP("moe.shared", gop_gemv(l->sh_down, g->h, g->y, np, H, g->sh_inter, s, err));
-        OP("moe.shared", gop_add_rmsnorm(g->x, g->y, false, l->post_norm, d->rms_eps, g->xs, np, H, s, err));
+      /* A bf16 shared expert, added to x at once (its norm output is
+       * dropped): on the side stream, beside the routing and the routed
+       * experts (which read xn, not x); joined after them.  Timed alone
+       * on s when profiling. */
+      bool side = l->sh_gu && !prof && !gop_is_dry();
+      CUstream ss = side ? g->side.s : s;
+      if (side) {
+        CU_CHECK(err, cu.cuEventRecord(g->side.fork, s));
+        CU_CHECK(err, cu.cuStreamWaitEvent(ss, g->side.fork, 0));
       }
+      if (l->sh_gu) {
+        OP("moe.shared", gop_gemv(l->sh_gu, g->xn, g->gu, np, 2 * g->sh_inter, H, ss, err));
+        OP("moe.shared", gop_silu_mul(g->gu, g->h, np, g->sh_inter, ss, err));
+        OP("moe.shared", gop_gemv(l->sh_down, g->h, g->y, np, H, g->sh_inter, ss, err));
+        OP("moe.shared", gop_add_rmsnorm(g->x, g->y, false, l->post_norm, d->rms_eps, g->xs, np, H, ss, err));
+      }
+      if (side) CU_CHECK(err, cu.cuEventRecord(g->side.join, ss));
       if (!mb && (rc = bucket(g, np, &mb, err))) return rc;
-      for (int k = 0; k < MOE_NK && !gop_is_dry(); k++)
-        OP(moe_op_names[k], moe_launch(&mb->k, &mb->plan, &l->moe, &g->mb, g->xn, np, (moe_kernel_id)k, s, err));
+      /* Without an NVFP4 shared expert its slot is skipped, and the y
+       * rows of its pairs (0..np-1), which routed pairs of smaller
+       * batches may have used, are zeroed for the combine. */
+      int first = l->no_fp4_shared, nslots = moe_slots(&mb->plan) - first;
+      if (l->no_fp4_shared && !gop_is_dry())
+        CU_CHECK(err, cu.cuMemsetD32Async(g->mb.y, 0, (size_t)np * H, s));
+      if (gop_is_dry()) {
+      } else if (!prof) {
+        rc = moe_forward_overlap(&mb->k, &mb->plan, &l->moe, &g->mb, g->xn, np, !l->no_fp4_shared, s, &g->side, err);
+        if (rc) return rc;
+      } else /* one op at a time, each timed */
+        for (int k = 0; k < MOE_NK; k++)
+          OP(moe_op_names[k], k == MOE_K_gate_up || k == MOE_K_down
+                                  ? moe_launch_slots(&mb->k, &mb->plan, &l->moe, &g->mb, g->xn, np, (moe_kernel_id)k,
+                                                     first, nslots, s, err)
+                                  : moe_launch(&mb->k, &mb->plan, &l->moe, &g->mb, g->xn, np, (moe_kernel_id)k, s, err));
+      if (side) CU_CHECK(err, cu.cuStreamWaitEvent(s, g->side.join, 0));
       if (prof || g->o.trace) /* which experts this layer chose: bytes, traces */
         CU_CHECK(err, cu.cuMemcpyDtoDAsync(g->stash + (size_t)i * g->bmax * g->mc.topk * 4, g->mb.tok_expert,
                                            (size_t)np * g->mc.topk * 4, s));
@@ -884,8 +916,8 @@ int gpu_profile_step(gpu_model *g, int np, gpu_prof *prof, mj_err *err) {
           int x = ids[((size_t)i * B + r) * K + k];
           if (x >= 0 && x < g->mc.n_experts && !seen[x]) seen[x] = true, n++;
         }
-      prof->experts_touched += n + 1;
-      prof->bytes_experts += (n + 1) * eb + 3.0 * g->sh_inter * H * 2;
+      prof->experts_touched += n + (l->sh_gu || !l->no_fp4_shared); /* the shared one, either format */
+      prof->bytes_experts += (n + !l->no_fp4_shared) * eb + 3.0 * g->sh_inter * H * 2;
     }
     prof->bytes_head = (double)d->vocab * H * 2;
     free(ids), free(seen);

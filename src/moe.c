@@ -395,14 +395,7 @@ int moe_launch(const moe_kernels *k, const moe_plan *p, const moe_weights *w, co
     return launch2(k->fn[which], 1, 1, 1024, s, a, err);
   }
   case MOE_K_gate_up:
-  case MOE_K_down: {
-    int mode = which == MOE_K_down;
-    const moe_tile *t = mode ? &p->dn : &p->gu;
-    CUdeviceptr W = mode ? w->down : w->gate_up, in = mode ? b->h : x;
-    void *a[] = {&W, (void *)&w->gscale, &in, (void *)&b->slot_expert, (void *)&b->slot_count,
-                 (void *)&b->slot_off, (void *)&b->pair_token, (void *)&b->pair_weight, (void *)&b->h, (void *)&b->y};
-    return launch2(k->fn[which], expert_gx(p, mode), slots, (unsigned)t->threads, s, a, err);
-  }
+  case MOE_K_down: return moe_launch_slots(k, p, w, b, x_in, B, which, 0, (int)slots, s, err);
   case MOE_K_combine: {
     void *a[] = {(void *)&b->y, (void *)&b->tok_pair, (void *)&b->out};
     return launch2(k->fn[which], (unsigned)(c->hidden / 1024), (unsigned)B, 256, s, a, err);
@@ -410,6 +403,58 @@ int moe_launch(const moe_kernels *k, const moe_plan *p, const moe_weights *w, co
   case MOE_NK: break;
   }
   return mj_fail(err, MJ_EINTERNAL, "moe: no kernel %d", (int)which);
+}
+
+int moe_launch_slots(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
+                     CUdeviceptr x_in, int B, moe_kernel_id which, int first, int n, CUstream s, mj_err *err) {
+  if (which != MOE_K_gate_up && which != MOE_K_down)
+    return mj_fail(err, MJ_EINTERNAL, "moe: kernel %d has no slots", (int)which);
+  if (B < 1 || B > p->bcap) return mj_fail(err, MJ_EINPUT, "moe: batch %d outside 1..%d", B, p->bcap);
+  if (first < 0 || n < 0 || first + n > moe_slots(p))
+    return mj_fail(err, MJ_EINTERNAL, "moe: slots %d..%d outside 0..%d", first, first + n - 1, moe_slots(p) - 1);
+  if (n == 0) return 0;
+  int mode = which == MOE_K_down, nexp = p->cfg.n_experts;
+  const moe_tile *t = mode ? &p->dn : &p->gu;
+  CUdeviceptr W = mode ? w->down : w->gate_up, in = mode ? b->h : x_in;
+  void *a[] = {&W, (void *)&w->gscale, &in, (void *)&b->slot_expert, (void *)&b->slot_count,
+               (void *)&b->slot_off, (void *)&b->pair_token, (void *)&b->pair_weight, (void *)&b->h, (void *)&b->y,
+               &B, &nexp, &first};
+  return launch2(k->fn[which], expert_gx(p, mode), (unsigned)n, (unsigned)t->threads, s, a, err);
+}
+
+int moe_side_create(moe_side *side, mj_err *err) {
+  memset(side, 0, sizeof *side);
+  CU_CHECK(err, cu.cuStreamCreate(&side->s, CU_STREAM_NON_BLOCKING));
+  CU_CHECK(err, cu.cuEventCreate(&side->fork, CU_EVENT_DISABLE_TIMING));
+  CU_CHECK(err, cu.cuEventCreate(&side->join, CU_EVENT_DISABLE_TIMING));
+  return 0;
+}
+
+void moe_side_destroy(moe_side *side) {
+  if (side->fork) cu.cuEventDestroy(side->fork);
+  if (side->join) cu.cuEventDestroy(side->join);
+  if (side->s) cu.cuStreamDestroy(side->s);
+  memset(side, 0, sizeof *side);
+}
+
+int moe_forward_overlap(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
+                        CUdeviceptr x_in, int B, bool shared, CUstream s, const moe_side *side, mj_err *err) {
+  int slots = moe_slots(p), rc;
+  if (shared) {
+    CU_CHECK(err, cu.cuEventRecord(side->fork, s));
+    CU_CHECK(err, cu.cuStreamWaitEvent(side->s, side->fork, 0));
+    if ((rc = moe_launch_slots(k, p, w, b, x_in, B, MOE_K_gate_up, 0, 1, side->s, err)) ||
+        (rc = moe_launch_slots(k, p, w, b, x_in, B, MOE_K_down, 0, 1, side->s, err)))
+      return rc;
+    CU_CHECK(err, cu.cuEventRecord(side->join, side->s));
+  }
+  if ((rc = moe_launch(k, p, w, b, x_in, B, MOE_K_router, s, err)) ||
+      (rc = moe_launch(k, p, w, b, x_in, B, MOE_K_route, s, err)) ||
+      (rc = moe_launch_slots(k, p, w, b, x_in, B, MOE_K_gate_up, 1, slots - 1, s, err)) ||
+      (rc = moe_launch_slots(k, p, w, b, x_in, B, MOE_K_down, 1, slots - 1, s, err)))
+    return rc;
+  if (shared) CU_CHECK(err, cu.cuStreamWaitEvent(s, side->join, 0));
+  return moe_launch(k, p, w, b, x_in, B, MOE_K_combine, s, err);
 }
 
 int moe_forward(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,

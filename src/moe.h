@@ -170,5 +170,27 @@ int moe_launch(const moe_kernels *k, const moe_plan *p, const moe_weights *w, co
                CUdeviceptr x_in, int B, moe_kernel_id which, CUstream s, mj_err *err);
 int moe_forward(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
                 CUdeviceptr x_in, int B, CUstream s, mj_err *err);
+/* An expert kernel (MOE_K_gate_up or MOE_K_down) on slots first..first+n-1
+ * only.  Slot 0, the shared expert, reads nothing the route kernel writes,
+ * so its launch may run before or beside the routing. */
+int moe_launch_slots(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
+                     CUdeviceptr x_in, int B, moe_kernel_id which, int first, int n, CUstream s, mj_err *err);
+
+/* A side stream and two events, for moe_forward_overlap. */
+typedef struct moe_side {
+  CUstream s;
+  CUevent fork, join;
+} moe_side;
+int moe_side_create(moe_side *side, mj_err *err);
+void moe_side_destroy(moe_side *side);
+/* The layer as moe_forward, with the shared expert (gate_up, then down)
+ * on the side stream beside the router and the route kernel (the routing
+ * is a few small launches that leave most SMs idle) and the routed
+ * experts; the main stream waits for it before the combine.  Fork and join
+ * are events, so a stream capture of s takes in both branches.  shared: false when the layer's shared
+ * expert runs elsewhere (a bf16 one, gpu_model.c): slot 0 is then skipped
+ * and its y rows (0..B-1) must hold zeros. */
+int moe_forward_overlap(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
+                        CUdeviceptr x_in, int B, bool shared, CUstream s, const moe_side *side, mj_err *err);
 
 #endif
