@@ -10,6 +10,10 @@ expect 0 "" $MOEJIT version
 grep -q "^LLVM      19" "$tmp/out" || { echo "FAIL: version lacks LLVM 19"; fail=1; }
 expect 0 "" $MOEJIT version --json
 grep -q '"nvjitlink":"13' "$tmp/out" || { echo "FAIL: version --json lacks nvJitLink"; fail=1; }
+# NCCL is loaded with dlopen: a missing library is one line in version, not a crash
+MOEJIT_NCCL_LIB=/nonexistent/libnccl.so.2 $MOEJIT version > "$tmp/out" 2>&1 || { echo "FAIL: version without NCCL"; fail=1; }
+grep -q "^NCCL      none (libnccl.so.2 not found: /nonexistent/libnccl.so.2: .*MOEJIT_NCCL_LIB" "$tmp/out" ||
+  { echo "FAIL: version lacks the missing-NCCL line"; cat "$tmp/out"; fail=1; }
 expect 1 "moejit: unknown command 'frobnicate' (see moejit help)" $MOEJIT frobnicate
 expect 1 "moejit: moejit compile: expected one kernel file (see moejit compile --help)" $MOEJIT compile
 expect 1 "moejit: moejit compile: unknown option '--fast' (see moejit compile --help)" $MOEJIT compile --fast x.k
