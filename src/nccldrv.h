@@ -73,4 +73,59 @@ int nc_fail(mj_err *err, ncclResult_t r, const char *call, const char *file, int
     }                                                                        \
   } while (0)
 
+/* ---- ranks and the unique id ----------------------------------------------
+ * Where a rank learns who it is, in order (an empty variable counts as unset):
+ *   rank and world size: MOEJIT_RANK and MOEJIT_WORLD_SIZE (moejit's own
+ *     launcher), else OMPI_COMM_WORLD_RANK/_SIZE (Open MPI's mpirun), else
+ *     PMI_RANK/PMI_SIZE (MPICH, Intel MPI); none of them: rank 0 of 1.
+ *   local rank: MOEJIT_LOCAL_RANK, else OMPI_COMM_WORLD_LOCAL_RANK, else
+ *     MPI_LOCALRANKID, else the rank (one host).
+ *   GPU: the local rank, unless CUDA_VISIBLE_DEVICES names exactly one GPU
+ *     (a launcher that pins one GPU per process): then 0.  nc_rank_bind
+ *     hands it to cudrv through MOEJIT_DEVICE, which cu_init reads.
+ *   unique id: MOEJIT_NCCL_ID (the 128-byte ncclUniqueId as 256 hex
+ *     digits, the same for every rank), else MOEJIT_NCCL_ID_FILE (rank 0
+ *     creates the id and writes it there atomically; the others wait for the
+ *     file, at most MOEJIT_NCCL_TIMEOUT seconds, default 120).  A world of
+ *     one needs neither. */
+#define NC_MAX_WORLD 1024
+#define NC_ID_HEX (2 * NCCL_UNIQUE_ID_BYTES)
+
+typedef struct nc_rank_info {
+  int rank, world, local_rank;
+  int device;              /* the GPU ordinal this rank opens */
+  const char *source;      /* the variable the rank came from, or NULL (no launcher) */
+  const char *id_hex;      /* MOEJIT_NCCL_ID, or NULL */
+  const char *id_file;     /* MOEJIT_NCCL_ID_FILE, or NULL */
+  double timeout_s;        /* how long a rank waits for id_file */
+} nc_rank_info;
+
+/* The environment lookup (getenv, or a table in tests). */
+typedef char *(*nc_getenv_fn)(const char *name);
+
+/* Read and validate the rank environment through env.  A bad value is one
+ * MJ_EINPUT line naming the variable and the value. */
+int nc_rank_from_env(nc_getenv_fn env, nc_rank_info *ri, mj_err *err);
+/* Make cu_init open ri's GPU (sets MOEJIT_DEVICE when a launcher started
+ * this rank).  Call before cu_init. */
+void nc_rank_bind(const nc_rank_info *ri);
+
+/* The unique id as 256 lowercase hex digits and a NUL, and back.  what names
+ * the source in errors (a variable or a file); trailing white space is
+ * ignored. */
+void nc_id_to_hex(const ncclUniqueId *id, char hex[NC_ID_HEX + 1]);
+int nc_id_from_hex(const char *s, const char *what, ncclUniqueId *id, mj_err *err);
+/* Write the id to path atomically (temp file and rename), or wait up to
+ * timeout_s for it to appear and read it. */
+int nc_id_publish(const char *path, const ncclUniqueId *id, mj_err *err);
+int nc_id_wait(const char *path, double timeout_s, ncclUniqueId *id, mj_err *err);
+
+/* The id every rank of ri's world shares: decoded from MOEJIT_NCCL_ID, or
+ * created (rank 0, or a world of one) and published, or waited for.  Needs
+ * nc_load. */
+int nc_unique_id(const nc_rank_info *ri, ncclUniqueId *id, mj_err *err);
+/* nc_load, the shared id, ncclCommInitRank on the current CUDA context's
+ * device (cu_init first). */
+int nc_comm_init(const nc_rank_info *ri, ncclComm_t *comm, mj_err *err);
+
 #endif
