@@ -162,7 +162,7 @@ int cmd_help(int argc, char **argv, mj_err *err) {
     printf("  %-10s %s\n", commands[i].name, commands[i].summary);
   printf("\nenvironment: MOEJIT_CACHE_DIR, MOEJIT_CACHE=on|off|ro|assert-warm,\n"
          "MOEJIT_CACHE_MAX=2G, MOEJIT_DSL_OPT=0..3, MOEJIT_NVRTC_FLAGS (docs/cache.md),\n"
-         "MOEJIT_LOG=0..3, MOEJIT_DEVICE,\n"
+         "MOEJIT_LOG=0..3, MOEJIT_DEVICE, MOEJIT_NCCL_LIB, MOEJIT_RANK_LOGS (docs/multigpu.md),\n"
          "MOEJIT_DUMP=tokens,ast,llvm,ptx (print compiler stages to stderr)\n");
   return 0;
 }

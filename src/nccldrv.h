@@ -128,4 +128,26 @@ int nc_unique_id(const nc_rank_info *ri, ncclUniqueId *id, mj_err *err);
  * device (cu_init first). */
 int nc_comm_init(const nc_rank_info *ri, ncclComm_t *comm, mj_err *err);
 
+/* ---- --tp/--ep and the launcher (nccl_launch.c) -----------------------------
+ * Validate --tp and --ep for command cmd: each 1..NC_MAX_WORLD, and each 1 or
+ * the world size, which is the larger.  One MJ_EUSAGE line otherwise. */
+int nc_parallel_check(const char *cmd, int64_t tp, int64_t ep, int *world, mj_err *err);
+/* Run command cmd on more than one rank.  Started by a launcher (the rank
+ * environment is set): be that rank (bind the GPU, join NCCL, self-test).
+ * Otherwise be the launcher: check the GPU count, then re-execute this
+ * binary as `moejit [pre] argv...` once per rank (nc_spawn) and return the
+ * first failure.  argv[0] is the command's name as main passed it. */
+int nc_parallel_run(const char *cmd, const char *pre, int64_t tp, int64_t ep, int argc, char **argv, mj_err *err);
+/* Start world copies of exe (args NULL-terminated) with the rank
+ * environment set and a fresh MOEJIT_NCCL_ID_FILE in a private folder; wait
+ * for all.  Rank 0 keeps stdout and stderr; the others' stdout goes to
+ * /dev/null, or stdout and stderr to $MOEJIT_RANK_LOGS/rank-N.log.  The
+ * first rank to fail stops the others (SIGTERM), and its exit status
+ * becomes the returned code, with one line naming the rank. */
+int nc_spawn(const char *exe, char *const *args, int world, mj_err *err);
+/* Check a communicator: an all-gather and an in-place all-reduce (sum) of
+ * 1024 floats per rank, eagerly or captured in a CUDA graph and replayed
+ * (on poisoned buffers).  MJ_ECUDA with the first wrong value. */
+int nc_selftest(ncclComm_t comm, const nc_rank_info *ri, bool graph, mj_err *err);
+
 #endif

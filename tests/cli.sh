@@ -28,6 +28,9 @@ expect 1 "moejit: gemv_bf16.k: -D Q: the kernel has no specialisation constant '
 $MOEJIT compile gemv_bf16.k -D N=6144 -D K=2048 -o "$tmp/g.cubin" > "$tmp/out" 2>&1 || { echo "FAIL: cubin compile"; fail=1; }
 head -c 4 "$tmp/g.cubin" | od -An -c | grep -q 'E   L   F' || { echo "FAIL: cubin is not ELF"; fail=1; }
 grep -q "registers" "$tmp/out" || { echo "FAIL: no resource report"; fail=1; }
+expect 1 "moejit: moejit bench decode: --tp 4 --ep 2: each must be 1 or the number of ranks (the larger, 4)" \
+  $MOEJIT bench decode --tp 4 --ep 2
+expect 1 "moejit: moejit bench decode: --ep must be 1 to 1024, not 0" $MOEJIT bench decode --ep 0
 # without a GPU the GPU commands say so plainly (status 3)
 if ! $MOEJIT version | grep -q "^driver    CUDA"; then
   expect 3 "moejit: no GPU: the CUDA driver (libcuda.so.1) is not installed" $MOEJIT bench gemv

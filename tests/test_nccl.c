@@ -1,7 +1,10 @@
 /* test_nccl.c: the multi-GPU pieces that need no GPU: loading NCCL with
  * dlopen and its one-line errors, NC_CHECK's record of a failed call, the
  * rank environment (which variable wins, every bad value's one line), the
- * unique id's hex form and its file (published, waited for, timed out).
+ * unique id's hex form and its file (published, waited for, timed out),
+ * --tp/--ep validation, and the launcher's process handling (nc_spawn on
+ * /bin/sh scripts: the rank environment, output routing, the first failure
+ * stopping the others, a killed rank).
  *
  * A missing library is tried in a child process (nc_load keeps its first
  * result for the life of a process).  Where libnccl.so.2 is not installed
@@ -280,6 +283,116 @@ static void test_unique_id(void) {
   rmdir(dir);
 }
 
+/* ---- --tp/--ep and the launcher ------------------------------------------- */
+static void test_parallel_check(void) {
+  static const struct {
+    int64_t tp, ep;
+    int world;
+    const char *want;
+  } cases[] = {
+      {1, 1, 1, NULL},
+      {8, 1, 8, NULL},
+      {1, 8, 8, NULL},
+      {4, 4, 4, NULL},
+      {0, 1, 0, "moejit x: --tp must be 1 to 1024, not 0"},
+      {1, -2, 0, "moejit x: --ep must be 1 to 1024, not -2"},
+      {2000, 1, 0, "moejit x: --tp must be 1 to 1024, not 2000"},
+      {2, 4, 0, "moejit x: --tp 2 --ep 4: each must be 1 or the number of ranks (the larger, 4)"},
+      {8, 2, 0, "moejit x: --tp 8 --ep 2: each must be 1 or the number of ranks (the larger, 8)"},
+  };
+  for (size_t i = 0; i < MJ_ARRAY_LEN(cases); i++) {
+    mj_err err = {0};
+    int world = 0;
+    int r = nc_parallel_check("x", cases[i].tp, cases[i].ep, &world, &err);
+    if (!cases[i].want) {
+      T_EQ_INT(r, 0);
+      T_EQ_INT(world, cases[i].world);
+    } else {
+      T_EQ_INT(r, MJ_EUSAGE);
+      T_EQ_STR(err.msg, cases[i].want);
+    }
+  }
+}
+
+static char *read_text(const char *path) {
+  char *d = NULL;
+  size_t n;
+  mj_err err = {0};
+  if (mj_read_file(path, &d, &n, &err)) mj_err_clear(&err);
+  return d;
+}
+
+/* nc_spawn of `sh -c script` on world ranks; the error line into msg. */
+static int spawn_sh(const char *script, int world, char *msg) {
+  char *args[] = {"sh", "-c", (char *)script, NULL};
+  mj_err err = {0};
+  int r = nc_spawn("/bin/sh", args, world, &err);
+  snprintf(msg, 1024, "%s", err.msg);
+  mj_err_clear(&err);
+  return r;
+}
+
+static void test_spawn(void) {
+  char dir[] = "/tmp/test_nccl.XXXXXX", path[128], msg[1024];
+  T_CHECK(mkdtemp(dir) != NULL);
+  setenv("T_DIR", dir, 1);
+  /* every rank sees its place and an id file in a private folder */
+  T_EQ_INT(spawn_sh("echo \"$MOEJIT_RANK $MOEJIT_WORLD_SIZE $MOEJIT_LOCAL_RANK ${MOEJIT_NCCL_ID_FILE##*/}\" > "
+                    "\"$T_DIR/r$MOEJIT_RANK\"; dirname \"$MOEJIT_NCCL_ID_FILE\" > \"$T_DIR/d$MOEJIT_RANK\"; "
+                    "[ -d \"$(dirname \"$MOEJIT_NCCL_ID_FILE\")\" ]", 3, msg), 0);
+  for (int k = 0; k < 3; k++) {
+    char want[64];
+    snprintf(path, sizeof path, "%s/r%d", dir, k);
+    snprintf(want, sizeof want, "%d 3 %d nccl-id\n", k, k);
+    char *got = read_text(path);
+    T_EQ_STR(got, want);
+    free(got);
+  }
+  snprintf(path, sizeof path, "%s/d0", dir);
+  char *d0 = read_text(path);
+  T_CHECK(d0 && strstr(d0, "moejit-ranks.") != NULL);
+  if (d0) {
+    d0[strcspn(d0, "\n")] = 0;
+    struct stat sb;
+    T_CHECK(stat(d0, &sb) != 0); /* the private folder is gone afterwards */
+  }
+  free(d0);
+  /* the first failure stops the others and gives its status */
+  double t0 = mj_now_ms();
+  int r = spawn_sh("if [ $MOEJIT_RANK = 1 ]; then sleep 0.2; exit 5; fi; exec sleep 30", 3, msg);
+  T_EQ_INT(r, MJ_ECUDA);
+  T_EQ_STR(msg, "rank 1 of 3 failed (exit status 5); the other ranks were stopped");
+  T_CHECK(mj_now_ms() - t0 < 10000);
+  r = spawn_sh("[ $MOEJIT_RANK = 0 ] && kill -9 $$; exit 0", 2, msg);
+  T_EQ_INT(r, MJ_EINTERNAL);
+  T_EQ_STR(msg, "rank 0 of 2 was killed by signal 9 (Killed); the other ranks were stopped");
+  /* output: rank 0's is the caller's, the others' only with MOEJIT_RANK_LOGS */
+  snprintf(path, sizeof path, "%s/logs", dir);
+  setenv("MOEJIT_RANK_LOGS", path, 1);
+  r = spawn_sh("[ $MOEJIT_RANK = 0 ] || { echo out $MOEJIT_RANK; echo err $MOEJIT_RANK >&2; exit 2; }", 2, msg);
+  unsetenv("MOEJIT_RANK_LOGS");
+  T_EQ_INT(r, MJ_EIO);
+  char want[256];
+  snprintf(want, sizeof want, "rank 1 of 2 failed (exit status 2); the other ranks were stopped (its output: %s/rank-1.log)",
+           path);
+  T_EQ_STR(msg, want);
+  snprintf(path, sizeof path, "%s/logs/rank-1.log", dir);
+  char *log = read_text(path);
+  T_EQ_STR(log, "out 1\nerr 1\n");
+  free(log);
+  unlink(path);
+  snprintf(path, sizeof path, "%s/logs", dir);
+  rmdir(path);
+  for (int k = 0; k < 3; k++) {
+    snprintf(path, sizeof path, "%s/r%d", dir, k);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/d%d", dir, k);
+    unlink(path);
+  }
+  rmdir(dir);
+  unsetenv("T_DIR");
+}
+
 int main(void) {
   T_RUN(test_missing_library);
   T_RUN(test_load_and_check);
@@ -288,5 +401,7 @@ int main(void) {
   T_RUN(test_id_hex);
   T_RUN(test_id_file);
   T_RUN(test_unique_id);
+  T_RUN(test_parallel_check);
+  T_RUN(test_spawn);
   return t_status();
 }
