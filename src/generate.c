@@ -261,6 +261,8 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
   }
   int world;
   if ((r = nc_parallel_check("generate", tp, ep, &world, err))) return r;
+  if (world > 1 && ((prompt && strcmp(prompt, "-") == 0) || (prompts_path && strcmp(prompts_path, "-") == 0)))
+    return mj_fail(err, MJ_EUSAGE, "moejit generate: with --tp/--ep every rank reads the prompt: give it as text or a file, not stdin");
   if (world > 1) return nc_parallel_run("generate", NULL, tp, ep, argc, argv, err);
 
   char defdir[4096];

@@ -59,6 +59,10 @@ static void child(int rank, int world, const char *id_file, const char *logs, co
   /* A launcher that dies (killed, crashed) takes its ranks with it. */
   prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (rank > 0) {
+    /* Only rank 0 may read the terminal (the commands refuse a prompt
+     * from stdin with several ranks). */
+    int in = open("/dev/null", O_RDONLY);
+    if (in >= 0) dup2(in, 0), close(in);
     char path[4200];
     int fd;
     if (logs) {

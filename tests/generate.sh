@@ -65,6 +65,8 @@ expect 1 "moejit: moejit generate: --ep must be 1 to 1024, not 2000" $MOEJIT gen
 expect 1 "moejit: moejit generate: --tp 2 --ep 4: each must be 1 or the number of ranks (the larger, 4)" \
   $MOEJIT generate -m "$tmp/m" -p x --tp 2 --ep 4
 expect 1 "moejit: moejit generate: --tp expects an integer, not 'two'" $MOEJIT generate -m "$tmp/m" -p x --tp two
+expect 1 "moejit: moejit generate: with --tp/--ep every rank reads the prompt: give it as text or a file, not stdin" \
+  $MOEJIT generate -m "$tmp/m" -p - --ep 2
 $MOEJIT generate -m "$tmp/m" -p "hello world" -n 12 --seed 3 --tp 1 --ep 1 > "$tmp/tp1.out" 2>/dev/null
 cmp -s "$tmp/a.out" "$tmp/tp1.out" && ok "--tp 1 --ep 1 runs in-process, same text" || bad "--tp 1 --ep 1 changed the text"
 # a rank started by a launcher that disagrees with the flags, or gives no unique id
