@@ -154,32 +154,36 @@ int nc_spawn(const char *exe, char *const *args, int world, mj_err *err) {
 /* ---- one rank's work -------------------------------------------------------------- */
 int nc_selftest(ncclComm_t comm, const nc_rank_info *ri, bool graph, mj_err *err) {
   const size_t n = 1024, W = (size_t)ri->world;
-  CUdeviceptr a = 0, g = 0;
+  CUdeviceptr a = 0, sum = 0, all = 0;
   CUstream s = NULL;
   CUgraph gr = NULL;
   CUgraphExec ge = NULL;
   float *host = mj_xmalloc(n * W * sizeof *host);
-  float mine = (float)(ri->rank + 1), sum = (float)(W * (W + 1) / 2);
+  float mine = (float)(ri->rank + 1), want = (float)(W * (W + 1) / 2);
   uint32_t mine_bits, nan_bits = 0x7fc00000u;
   memcpy(&mine_bits, &mine, 4);
   int rc = MJ_ECUDA;
-  if (cu_alloc(&a, n * 4, "the NCCL self-test", err) || cu_alloc(&g, n * W * 4, "the NCCL self-test", err)) {
+  if (cu_alloc(&a, n * 4, "the NCCL self-test", err) || cu_alloc(&sum, n * 4, "the NCCL self-test", err) ||
+      cu_alloc(&all, n * W * 4, "the NCCL self-test", err)) {
     rc = MJ_ENOMEM;
     goto out;
   }
   CU_CHECK_GOTO(err, cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), out);
-  /* Runs twice: the second time the inputs and outputs are poisoned first,
-   * so a graph that did not really replay the collectives is caught. */
+  /* Out of place, into poisoned (NaN) outputs, so even one rank, where the
+   * collectives are copies, shows that they ran.  With a graph: the fill
+   * and the collectives are captured, and the graph is replayed twice, the
+   * inputs and outputs poisoned before each replay. */
   for (int round = 0; round < (graph ? 2 : 1); round++) {
     CU_CHECK_GOTO(err, cu.cuMemsetD32Async(a, nan_bits, n, s), out);
-    CU_CHECK_GOTO(err, cu.cuMemsetD32Async(g, nan_bits, n * W, s), out);
+    CU_CHECK_GOTO(err, cu.cuMemsetD32Async(sum, nan_bits, n, s), out);
+    CU_CHECK_GOTO(err, cu.cuMemsetD32Async(all, nan_bits, n * W, s), out);
     if (!graph || round == 0) {
       if (graph) CU_CHECK_GOTO(err, cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), out);
       CU_CHECK_GOTO(err, cu.cuMemsetD32Async(a, mine_bits, n, s), out);
       NC_CHECK_GOTO(err, nc.ncclGroupStart(), out);
-      NC_CHECK_GOTO(err, nc.ncclAllGather((void *)a, (void *)g, n, ncclFloat32, comm, s), out);
+      NC_CHECK_GOTO(err, nc.ncclAllReduce((void *)a, (void *)sum, n, ncclFloat32, ncclSum, comm, s), out);
+      NC_CHECK_GOTO(err, nc.ncclAllGather((void *)a, (void *)all, n, ncclFloat32, comm, s), out);
       NC_CHECK_GOTO(err, nc.ncclGroupEnd(), out);
-      NC_CHECK_GOTO(err, nc.ncclAllReduce((void *)a, (void *)a, n, ncclFloat32, ncclSum, comm, s), out);
       if (graph) {
         CU_CHECK_GOTO(err, cu.cuStreamEndCapture(s, &gr), out);
         CU_CHECK_GOTO(err, cu.cuGraphInstantiate(&ge, gr, 0), out);
@@ -193,14 +197,14 @@ int nc_selftest(ncclComm_t comm, const nc_rank_info *ri, bool graph, mj_err *err
       nc_fail(err, async, "ncclCommGetAsyncError", __FILE__, __LINE__);
       goto out;
     }
-    CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(host, a, n * 4), out);
+    CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(host, sum, n * 4), out);
     for (size_t i = 0; i < n; i++)
-      if (host[i] != sum) {
+      if (host[i] != want) {
         rc = mj_fail(err, MJ_ECUDA, "NCCL self-test: all-reduce of %zu ranks gave %g at %zu, expected %g%s", W,
-                     (double)host[i], i, (double)sum, graph ? " (graph replay)" : "");
+                     (double)host[i], i, (double)want, graph ? " (graph replay)" : "");
         goto out;
       }
-    CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(host, g, n * W * 4), out);
+    CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(host, all, n * W * 4), out);
     for (size_t i = 0; i < n * W; i++)
       if (host[i] != (float)(i / n + 1)) {
         rc = mj_fail(err, MJ_ECUDA, "NCCL self-test: all-gather of %zu ranks gave %g at %zu, expected %g%s", W,
@@ -214,7 +218,8 @@ out:
   if (gr) cu.cuGraphDestroy(gr);
   if (s) cu.cuStreamDestroy(s);
   if (a) cu.cuMemFree(a);
-  if (g) cu.cuMemFree(g);
+  if (sum) cu.cuMemFree(sum);
+  if (all) cu.cuMemFree(all);
   free(host);
   return rc;
 }

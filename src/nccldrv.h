@@ -145,9 +145,10 @@ int nc_parallel_run(const char *cmd, const char *pre, int64_t tp, int64_t ep, in
  * first rank to fail stops the others (SIGTERM), and its exit status
  * becomes the returned code, with one line naming the rank. */
 int nc_spawn(const char *exe, char *const *args, int world, mj_err *err);
-/* Check a communicator: an all-gather and an in-place all-reduce (sum) of
- * 1024 floats per rank, eagerly or captured in a CUDA graph and replayed
- * (on poisoned buffers).  MJ_ECUDA with the first wrong value. */
+/* Check a communicator: an all-reduce (sum) and an all-gather of 1024
+ * floats per rank (rank k sends k + 1) into poisoned outputs, in one NCCL
+ * group, eagerly or captured with the fill in a CUDA graph and replayed
+ * twice.  MJ_ECUDA with the first wrong value. */
 int nc_selftest(ncclComm_t comm, const nc_rank_info *ri, bool graph, mj_err *err);
 
 #endif
