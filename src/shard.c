@@ -111,3 +111,72 @@ void shard_mlp(const model_mlp *m, shard_range inter, mj_arena *a, model_mlp *ou
   shard_weight_rows(&m->up, inter, &out->up);
   shard_weight_cols(&m->down, inter, a, &out->down);
 }
+
+/* ---- bytes per rank --------------------------------------------------------------------- */
+/* A block of rows x cols of w; NVFP4's scale_2 is a scalar every rank of a
+ * split weight holds, so it is counted apart (scalar_bytes). */
+static uint64_t slice_bytes(const model_weight *w, int64_t rows, int64_t cols) {
+  uint64_t n = (uint64_t)rows * (uint64_t)cols;
+  switch (w->fmt) {
+  case MODEL_W_BF16: return n * 2;
+  case MODEL_W_F32: return n * 4;
+  case MODEL_W_NVFP4: return n / 2 + n / 16;
+  }
+  return 0;
+}
+
+static uint64_t scalar_bytes(const model_weight *w) { return w->fmt == MODEL_W_NVFP4 ? 4 : 0; }
+static uint64_t weight_bytes(const model_weight *w) { return slice_bytes(w, w->rows, w->cols) + scalar_bytes(w); }
+static uint64_t vec_bytes(const model_vec *v) { return (uint64_t)v->n * (v->f32 ? 4 : 2); }
+static int64_t len(shard_range r) { return r.end - r.begin; }
+
+/* Rows x cols of w to the rank's shards, its scalar to what all hold. */
+static void add_split(const model_weight *w, int64_t rows, int64_t cols, uint64_t *sharded, uint64_t *whole) {
+  *sharded += slice_bytes(w, rows, cols);
+  *whole += scalar_bytes(w);
+}
+
+/* An MLP's bytes: its intermediate slice when split, else whole. */
+static void mlp_bytes(const model_mlp *m, shard_range inter, bool split, uint64_t *sharded, uint64_t *whole) {
+  if (!split) {
+    *whole += weight_bytes(&m->gate) + weight_bytes(&m->up) + weight_bytes(&m->down);
+    return;
+  }
+  add_split(&m->gate, len(inter), m->gate.cols, sharded, whole);
+  add_split(&m->up, len(inter), m->up.cols, sharded, whole);
+  add_split(&m->down, m->down.rows, len(inter), sharded, whole);
+}
+
+void shard_rank_bytes(const model *m, const shard_plan *p, uint64_t *sharded, uint64_t *whole) {
+  const model_config *c = &m->cfg;
+  uint64_t s = 0, w = weight_bytes(&m->embed) + weight_bytes(&m->lm_head) + vec_bytes(&m->norm);
+  for (int64_t l = 0; l < c->num_hidden_layers; l++) {
+    const model_layer *ly = &m->layers[l];
+    w += vec_bytes(&ly->input_norm) + vec_bytes(&ly->post_norm) + vec_bytes(&ly->q_a_norm) + vec_bytes(&ly->kv_a_norm);
+    w += weight_bytes(&ly->q_a) + weight_bytes(&ly->kv_a);
+    if (ly->has_indexer)
+      w += weight_bytes(&ly->idx_wq_b) + weight_bytes(&ly->idx_wk) + weight_bytes(&ly->idx_wproj) +
+           vec_bytes(&ly->idx_k_norm_w) + vec_bytes(&ly->idx_k_norm_b);
+    if (p->attn_reduce) {
+      add_split(&ly->q_b, len(p->q_b_rows), ly->q_b.cols, &s, &w);
+      add_split(&ly->kv_b, len(p->kv_b_rows), ly->kv_b.cols, &s, &w);
+      add_split(&ly->o, ly->o.rows, len(p->o_cols), &s, &w);
+    } else {
+      w += weight_bytes(&ly->q_b) + weight_bytes(&ly->kv_b) + weight_bytes(&ly->o);
+    }
+    if (!ly->sparse) {
+      mlp_bytes(&ly->dense, p->dense_inter, p->dense_reduce, &s, &w);
+      continue;
+    }
+    w += weight_bytes(&ly->router) + vec_bytes(&ly->router_bias);
+    for (int64_t e = p->experts.begin; e < p->experts.end; e++) {
+      const model_mlp *x = &ly->experts[e];
+      if (p->ep > 1) /* whole experts, owned by this rank alone */
+        s += weight_bytes(&x->gate) + weight_bytes(&x->up) + weight_bytes(&x->down);
+      else
+        mlp_bytes(x, p->expert_inter, p->moe_reduce, &s, &w);
+    }
+    if (c->n_shared_experts > 0) mlp_bytes(&ly->shared, p->shared_inter, p->moe_reduce, &s, &w);
+  }
+  *sharded = s, *whole = w;
+}

@@ -79,4 +79,11 @@ void shard_weight_cols(const model_weight *w, shard_range cols, mj_arena *a, mod
 /* The rank's slice of an MLP: gate and up rows, down columns. */
 void shard_mlp(const model_mlp *m, shard_range inter, mj_arena *a, model_mlp *out);
 
+/* The weight bytes a rank holds under plan p: *sharded, its own slices
+ * (summed over the ranks, each sharded byte once), and *whole, what every
+ * rank holds in full (norms, q_a, kv_a, the indexer, the router,
+ * embeddings, lm_head, and blocks the plan leaves unsplit).  NVFP4 counts
+ * codes, block scales and scale_2 (input_scale is unused). */
+void shard_rank_bytes(const model *m, const shard_plan *p, uint64_t *sharded, uint64_t *whole);
+
 #endif

@@ -69,6 +69,11 @@ expect 1 "moejit: moejit generate: with --tp/--ep every rank reads the prompt: g
   $MOEJIT generate -m "$tmp/m" -p - --ep 2
 $MOEJIT generate -m "$tmp/m" -p "hello world" -n 12 --seed 3 --tp 1 --ep 1 > "$tmp/tp1.out" 2>/dev/null
 cmp -s "$tmp/a.out" "$tmp/tp1.out" && ok "--tp 1 --ep 1 runs in-process, same text" || bad "--tp 1 --ep 1 changed the text"
+# info --tp/--ep: the bytes a rank would hold, or why the model does not split so
+$MOEJIT info -m "$tmp/m" --tp 2 --ep 2 | grep -qx "ranks      2 (--tp 2 --ep 2): [0-9.]* KiB of weights a rank ([0-9.]* KiB its shards, [0-9.]* KiB on every rank)" &&
+  ok "info --tp 2 --ep 2" || bad "info --tp 2 --ep 2: $($MOEJIT info -m "$tmp/m" --tp 2 --ep 2 2>&1 | tail -1)"
+expect 1 "moejit: moejit info: $tmp/m: --tp 4: each rank's share of moe_intermediate_size (32 / 4 = 8) is not a whole number of 16-column NVFP4 scale blocks" \
+  $MOEJIT info -m "$tmp/m" --tp 4
 # a rank started by a launcher that disagrees with the flags, or gives no unique id
 expect 1 "moejit: moejit generate: MOEJIT_RANK=1 of 4 ranks, but --tp/--ep ask for 2 ranks" \
   env MOEJIT_RANK=1 MOEJIT_WORLD_SIZE=4 MOEJIT_NCCL_ID_FILE="$tmp/id" $MOEJIT generate -m "$tmp/m" -p x --tp 2

@@ -11,7 +11,9 @@
  * copies of the columns) and summed as the all-reduce would sum them equal
  * the unsplit ops: the dense SwiGLU MLP, o_proj, and a whole MoE layer
  * (routing on every rank, each rank's routed experts plus its slice of the
- * shared expert), within 1e-5 relative.
+ * shared expert), within 1e-5 relative.  And the bytes a rank holds
+ * (shard_rank_bytes): the shards of all ranks plus what every rank holds
+ * are the model's bytes.
  */
 #define _XOPEN_SOURCE 700
 #include <ftw.h>
@@ -338,10 +340,50 @@ static void check_rows(const model *m) {
   free(x), free(full), free(part);
 }
 
+/* Bytes per rank: the ranks' shards plus what every rank holds add up to
+ * the model, and what every rank holds is the same on every rank. */
+static void check_bytes(const model *m, const char *name) {
+  shard_plan p;
+  mj_err err = {0};
+  uint64_t s1, w1;
+  MJ_ASSERT(shard_plan_make(&m->cfg, 0, 1, 1, &p, &err) == 0);
+  shard_rank_bytes(m, &p, &s1, &w1);
+  T_EQ_INT(s1, 0);
+  /* the loader's own count (which also counts NVFP4 input_scale scalars) */
+  uint64_t counted = m->bytes_bf16 + m->bytes_f32 + m->bytes_nvfp4;
+  printf("  %s: %llu bytes of weights (the loader counted %llu)\n", name, (unsigned long long)w1,
+         (unsigned long long)counted);
+  T_CHECK(w1 <= counted && counted - w1 <= 4 * (uint64_t)m->n_nvfp4_linears);
+  static const int sp[][2] = {{2, 1}, {1, 2}, {2, 2}, {4, 4}, {8, 8}};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(sp); i++) {
+    int W = MJ_MAX(sp[i][0], sp[i][1]);
+    uint64_t sum = 0, w0 = 0;
+    bool ok = true, same = true;
+    for (int r = 0; r < W && ok; r++) {
+      uint64_t s, w;
+      ok = shard_plan_make(&m->cfg, r, sp[i][0], sp[i][1], &p, &err) == 0;
+      if (!ok) break;
+      shard_rank_bytes(m, &p, &s, &w);
+      sum += s;
+      if (r == 0) w0 = w;
+      same &= w == w0;
+    }
+    if (!ok) { /* tiny does not split 4 ways */
+      mj_err_clear(&err);
+      continue;
+    }
+    printf("  %s --tp %d --ep %d: %llu bytes a rank (%llu on every rank)\n", name, sp[i][0], sp[i][1],
+           (unsigned long long)(sum / W + w0), (unsigned long long)w0);
+    T_EQ_INT(sum + w0, w1);
+    T_CHECK(same);
+  }
+}
+
 static void test_split_sums_bf16(void) {
   model *m = load_preset("tiny", false);
   check_model(m, "tiny");
   check_rows(m);
+  check_bytes(m, "tiny");
   model_free(m);
 }
 
@@ -349,6 +391,7 @@ static void test_split_sums_nvfp4(void) {
   model *m = load_preset("small", true);
   MJ_ASSERT(m->layers[m->cfg.num_hidden_layers - 1].experts[0].down.fmt == MODEL_W_NVFP4);
   check_model(m, "small (NVFP4 experts)");
+  check_bytes(m, "small (NVFP4 experts)");
   model_free(m);
 }
 
