@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cudrv.h"
@@ -114,12 +115,28 @@ int nc_spawn(const char *exe, char *const *args, int world, mj_err *err) {
     }
     running++;
   }
-  if (r)
+  /* After the first failure the others get SIGTERM, and SIGKILL if they
+   * are still there 5 s later (a rank stuck in the driver). */
+  double kill_at = 0;
+  if (r) {
     for (int k = 0; k < world; k++)
       if (pid[k]) kill(pid[k], SIGTERM);
+    kill_at = mj_now_ms() + 5000;
+  }
   while (running > 0) {
     int st;
-    pid_t p = waitpid(-1, &st, 0);
+    pid_t p = waitpid(-1, &st, kill_at > 0 ? WNOHANG : 0);
+    if (p == 0) { /* none has exited yet */
+      if (mj_now_ms() < kill_at) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        continue;
+      }
+      for (int j = 0; j < world; j++)
+        if (pid[j]) kill(pid[j], SIGKILL);
+      kill_at = 0;
+      continue;
+    }
     if (p < 0) {
       if (errno == EINTR) continue;
       break;
@@ -136,6 +153,7 @@ int nc_spawn(const char *exe, char *const *args, int world, mj_err *err) {
     bad_rank = k, bad_status = st;
     for (int j = 0; j < world; j++)
       if (pid[j]) kill(pid[j], SIGTERM);
+    kill_at = mj_now_ms() + 5000;
   }
   free(pid);
   unlink(id_file);

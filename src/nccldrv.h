@@ -142,7 +142,8 @@ int nc_parallel_run(const char *cmd, const char *pre, int64_t tp, int64_t ep, in
  * environment set and a fresh MOEJIT_NCCL_ID_FILE in a private folder; wait
  * for all.  Rank 0 keeps stdout and stderr; the others' stdout goes to
  * /dev/null, or stdout and stderr to $MOEJIT_RANK_LOGS/rank-N.log.  The
- * first rank to fail stops the others (SIGTERM), and its exit status
+ * first rank to fail stops the others (SIGTERM, then SIGKILL after 5 s),
+ * and its exit status
  * becomes the returned code, with one line naming the rank. */
 int nc_spawn(const char *exe, char *const *args, int world, mj_err *err);
 /* Check a communicator: an all-reduce (sum) and an all-gather of 1024

@@ -363,6 +363,13 @@ static void test_spawn(void) {
   T_EQ_INT(r, MJ_ECUDA);
   T_EQ_STR(msg, "rank 1 of 3 failed (exit status 5); the other ranks were stopped");
   T_CHECK(mj_now_ms() - t0 < 10000);
+  /* a rank that ignores SIGTERM is killed 5 s later */
+  t0 = mj_now_ms();
+  r = spawn_sh("if [ $MOEJIT_RANK = 1 ]; then sleep 0.2; exit 4; fi; trap '' TERM; while :; do sleep 0.1; done", 2, msg);
+  T_EQ_INT(r, MJ_ECOMPILE);
+  T_EQ_STR(msg, "rank 1 of 2 failed (exit status 4); the other ranks were stopped");
+  double dt = mj_now_ms() - t0;
+  T_CHECK(dt > 5000 && dt < 15000);
   r = spawn_sh("[ $MOEJIT_RANK = 0 ] && kill -9 $$; exit 0", 2, msg);
   T_EQ_INT(r, MJ_EINTERNAL);
   T_EQ_STR(msg, "rank 0 of 2 was killed by signal 9 (Killed); the other ranks were stopped");
