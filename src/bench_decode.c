@@ -26,6 +26,7 @@
 
 #include "cli.h"
 #include "gpu_model.h"
+#include "nccldrv.h"
 
 static int cmp_d(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -65,14 +66,15 @@ out:
 
 int bench_decode(int argc, char **argv, mj_err *err) {
   const char *dir = NULL, *synth = "glm5", *batch_s = "1,8,32";
-  int64_t layers = 18, dense = 3, ctx = 1024, steps = 10, reps = 9, seed = 0;
+  int64_t layers = 18, dense = 3, ctx = 1024, steps = 10, reps = 9, seed = 0, tp = 1, ep = 1;
   bool no_graphs = false, region = false;
   cli_opt opts[] = {{"model", 'm', CLI_STR, &dir},   {"synthetic", 0, CLI_STR, &synth},
                     {"layers", 0, CLI_INT, &layers}, {"dense", 0, CLI_INT, &dense},
                     {"batch", 0, CLI_STR, &batch_s}, {"ctx", 0, CLI_INT, &ctx},
                     {"steps", 0, CLI_INT, &steps},   {"reps", 0, CLI_INT, &reps},
                     {"seed", 0, CLI_INT, &seed},     {"no-graphs", 0, CLI_FLAG, &no_graphs},
-                    {"profile-region", 0, CLI_FLAG, &region}};
+                    {"profile-region", 0, CLI_FLAG, &region}, {"tp", 0, CLI_INT, &tp},
+                    {"ep", 0, CLI_INT, &ep}};
   int rc = cli_parse("bench", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (rc) return rc < 0 ? 0 : rc;
   int64_t batches[16];
@@ -91,6 +93,9 @@ int bench_decode(int argc, char **argv, mj_err *err) {
                    "0 <= --dense <= --layers");
   if (!dir && strcmp(synth, "glm5") != 0)
     return mj_fail(err, MJ_EUSAGE, "moejit bench decode: --synthetic knows only glm5 (or give -m DIR)");
+  int world;
+  if ((rc = nc_parallel_check("bench decode", tp, ep, &world, err))) return rc;
+  if (world > 1) return nc_parallel_run("bench decode", "bench", tp, ep, argc, argv, err);
   if ((rc = cu_init(err))) return rc;
   const cu_device *dev = cu_dev();
   double copy_bps;

@@ -34,6 +34,7 @@
     "                 [--check-tokens N] [--experts E] [--hidden H] [--inter I]\n" \
     "moejit bench decode [-m DIR | --synthetic glm5 [--layers N] [--dense D]] [--batch 1,8,32]\n" \
     "                 [--ctx N] [--steps N] [--reps N] [--seed S] [--no-graphs] [--profile-region]\n" \
+    "                 [--tp N] [--ep M]\n" \
     "  decode: the whole GLM-5 step (default: 18 full-width layers, 3 dense, random\n" \
     "  weights made on the GPU), graph and eager times, per-op breakdown, roofline share\n") \
   X(replay, "replay a shape trace on the MoE kernels: what it compiles, how fast it runs", \
@@ -74,7 +75,7 @@
     "                [--system TEXT] [--no-think]\n" \
     "                [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n" \
     "                [--seed S] [--backend auto|cpu|cuda] [--graph-batches 1,2,4,..] [--no-graphs]\n" \
-    "                [--threads T] [--ctx N] [--trace FILE.jsonl] [--json] [-q]\n" \
+    "                [--threads T] [--ctx N] [--trace FILE.jsonl] [--json] [-q] [--tp N] [--ep M]\n" \
     "  -m DIR       a Hugging Face GLM-5 folder (config.json, safetensors, tokenizer.json);\n" \
     "               without it, a built-in synthetic model written to the data folder\n" \
     "               (MOEJIT_DATA_DIR, else $XDG_DATA_HOME/moejit) on first use\n" \
@@ -92,7 +93,9 @@
     "  --graph-batches  batch sizes captured as CUDA graphs (default 1,2,4,8,16,32,64)\n" \
     "  --no-graphs  run every step eagerly (for comparison)\n"             \
     "  --trace F    record each step's MoE shapes to F (docs/trace.md; GPU only)\n" \
-    "  --json       print one JSON record instead of streaming\n")           \
+    "  --json       print one JSON record instead of streaming\n"             \
+    "  --tp N --ep M  tensor / expert parallel over max(N, M) GPUs, one process each\n" \
+    "               (each 1 or that number; docs/multigpu.md: not yet past the NCCL check)\n")           \
   X(warmup, "compile every kernel a deployment needs into the cache, ahead of serving", \
     "moejit warmup (-m DIR | --synthetic glm5 [--layers N] [--dense D]) [--batches 1,2,4,..]\n" \
     "              [--trace FILE.jsonl] [--arch sm_90a] [-j N] [--ctx N] [--no-graphs] [-q]\n" \
@@ -101,10 +104,11 @@
     "  needed with --arch; with a GPU of the target it also captures the graphs.\n" \
     "  -j N splits the compiles between N processes\n")               \
   X(info, "load and validate a GLM-5 checkpoint folder and summarise it",     \
-    "moejit info -m DIR [--json]\n"                                          \
+    "moejit info -m DIR [--json] [--tp N --ep M]\n"                          \
     "  checks config.json, hf_quant_config.json and every safetensors header,\n" \
     "  then prints layers, widths, experts, quantisation, bytes, and whether\n" \
-    "  the GPU decode engine takes the model (and why not)\n")             \
+    "  the GPU decode engine takes the model (and why not); with --tp/--ep, the\n" \
+    "  weight bytes each GPU would hold (docs/multigpu.md)\n")             \
   X(mkmodel, "write a synthetic GLM-5 checkpoint (Hugging Face / ModelOpt layout)", \
     "moejit mkmodel --out DIR [--preset tiny|small|medium|glm5] [--layers N]\n"     \
     "       [--dense-layers N] [--experts E] [--experts-per-tok K]\n"        \

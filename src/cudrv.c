@@ -22,6 +22,8 @@ int cu_fail(mj_err *err, CUresult r, const char *call, const char *file, int lin
 }
 
 static int load(mj_err *err) {
+  static bool loaded; /* cu_device_count may have loaded it before cu_init */
+  if (loaded) return 0;
   const char *lib = getenv("MOEJIT_LIBCUDA");
   void *h = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!h)
@@ -50,6 +52,7 @@ static int load(mj_err *err) {
 #undef X
 #undef SYM
 #undef SYM_
+  loaded = true;
   return 0;
 }
 
@@ -96,6 +99,14 @@ int cu_init(mj_err *err) {
     mj_fail(err, init_err.code, "%s", init_err.msg);
     return init_err.code;
   }
+  return 0;
+}
+
+int cu_device_count(int *n, mj_err *err) {
+  *n = 0;
+  int r = init_state == 2 ? cu_init(err) : load(err);
+  if (r) return r;
+  CU_CHECK(err, cu.cuDeviceGetCount(n));
   return 0;
 }
 

@@ -63,6 +63,10 @@ typedef struct cu_device {
  * second call returns the first result. */
 int cu_init(mj_err *err);
 const cu_device *cu_dev(void); /* NULL before a successful cu_init */
+/* How many GPUs the driver sees, without opening one (no context is made:
+ * a launcher counts GPUs before its ranks open theirs).  MJ_ENOGPU without
+ * a driver. */
+int cu_device_count(int *n, mj_err *err);
 /* The driver's version as "13.0", or NULL without a driver. */
 const char *cu_driver_version_string(void);
 

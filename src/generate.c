@@ -36,6 +36,7 @@
 #include "json.h"
 #include "mkmodel.h"
 #include "model.h"
+#include "nccldrv.h"
 #include "sample.h"
 #include "tokenizer.h"
 #include "trace.h"
@@ -206,7 +207,7 @@ static char *read_prompt(const char *p, size_t *len, mj_err *err) {
 int cmd_generate(int argc, char **argv, mj_err *err) {
   const char *dir = NULL, *prompt = NULL, *system = NULL, *backend = "auto", *graph_s = NULL, *trace_path = NULL,
              *prompts_path = NULL;
-  int64_t n_predict = 64, top_k = 0, seed = -1, threads = 0, ctx = 0, parallel = 4;
+  int64_t n_predict = 64, top_k = 0, seed = -1, threads = 0, ctx = 0, parallel = 4, tp = 1, ep = 1;
   double temp = 0.8, top_p = 0.95, min_p = 0.05, rep = 1.0;
   bool chat = false, no_think = false, as_json = false, quiet = false, no_graphs = false;
   cli_opt opts[] = {
@@ -221,6 +222,7 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
       {"quiet", 'q', CLI_FLAG, &quiet},    {"graph-batches", 0, CLI_STR, &graph_s},
       {"no-graphs", 0, CLI_FLAG, &no_graphs}, {"trace", 0, CLI_STR, &trace_path},
       {"prompts", 0, CLI_STR, &prompts_path}, {"parallel", 0, CLI_INT, &parallel},
+      {"tp", 0, CLI_INT, &tp},             {"ep", 0, CLI_INT, &ep},
   };
   int r = cli_parse("generate", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (r) return r < 0 ? 0 : r;
@@ -257,6 +259,11 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
     }
     go.n_graph_batches = n;
   }
+  int world;
+  if ((r = nc_parallel_check("generate", tp, ep, &world, err))) return r;
+  if (world > 1 && ((prompt && strcmp(prompt, "-") == 0) || (prompts_path && strcmp(prompts_path, "-") == 0)))
+    return mj_fail(err, MJ_EUSAGE, "moejit generate: with --tp/--ep every rank reads the prompt: give it as text or a file, not stdin");
+  if (world > 1) return nc_parallel_run("generate", NULL, tp, ep, argc, argv, err);
 
   char defdir[4096];
   if (!dir) {

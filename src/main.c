@@ -18,6 +18,7 @@
 #include "config.h"
 #include "cudrv.h"
 #include "json.h"
+#include "nccldrv.h"
 #include "build_id.h"
 #include "safetensors.h"
 
@@ -161,7 +162,7 @@ int cmd_help(int argc, char **argv, mj_err *err) {
     printf("  %-10s %s\n", commands[i].name, commands[i].summary);
   printf("\nenvironment: MOEJIT_CACHE_DIR, MOEJIT_CACHE=on|off|ro|assert-warm,\n"
          "MOEJIT_CACHE_MAX=2G, MOEJIT_DSL_OPT=0..3, MOEJIT_NVRTC_FLAGS (docs/cache.md),\n"
-         "MOEJIT_LOG=0..3, MOEJIT_DEVICE,\n"
+         "MOEJIT_LOG=0..3, MOEJIT_DEVICE, MOEJIT_NCCL_LIB, MOEJIT_RANK_LOGS (docs/multigpu.md),\n"
          "MOEJIT_DUMP=tokens,ast,llvm,ptx (print compiler stages to stderr)\n");
   return 0;
 }
@@ -179,6 +180,8 @@ int cmd_version(int argc, char **argv, mj_err *err) {
   mj_err gpu_err = {0};
   const char *driver = NULL;
   if (cu_init(&gpu_err) == 0) driver = cu_driver_version_string();
+  mj_err nccl_err = {0};
+  const char *nccl = nc_load(&nccl_err) == 0 ? nc_version_string() : NULL;
   if (json_out) {
     printf("{\"moejit\":\"%s\",\"build_id\":\"%s\",\"llvm\":\"%s\",\"nvrtc\":\"%d.%d\","
            "\"nvjitlink\":\"%u.%u\",\"driver\":%s%s%s,\"device\":",
@@ -187,11 +190,12 @@ int cmd_version(int argc, char **argv, mj_err *err) {
     if (driver) {
       mj_buf b = {0};
       json_write_str(&b, cu_dev()->name, strlen(cu_dev()->name));
-      printf("%s}\n", b.data);
+      printf("%s", b.data);
       mj_buf_free(&b);
     } else {
-      printf("null}\n");
+      printf("null");
     }
+    printf(",\"nccl\":%s%s%s}\n", nccl ? "\"" : "", nccl ? nccl : "null", nccl ? "\"" : "");
   } else {
     printf("moejit    %s (build %s)\n", PACKAGE_VERSION, MOEJIT_BUILD_ID);
     printf("LLVM      %s\n", MOEJIT_LLVM_VERSION);
@@ -202,8 +206,11 @@ int cmd_version(int argc, char **argv, mj_err *err) {
              cu_dev()->sm_count);
     else
       printf("driver    none (%s)\n", gpu_err.msg);
+    if (nccl) printf("NCCL      %s\n", nccl);
+    else printf("NCCL      none (%s)\n", nccl_err.msg);
   }
   mj_err_clear(&gpu_err);
+  mj_err_clear(&nccl_err);
   return 0;
 }
 

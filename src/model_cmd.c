@@ -16,16 +16,35 @@
 #include "cpu_forward.h"
 #include "mkmodel.h"
 #include "model.h"
+#include "nccldrv.h"
+#include "shard.h"
 
 int cmd_info(int argc, char **argv, mj_err *err) {
   const char *dir = NULL;
   bool as_json = false;
-  cli_opt opts[] = {{"model", 'm', CLI_STR, &dir}, {"json", 0, CLI_FLAG, &as_json}};
+  int64_t tp = 1, ep = 1;
+  cli_opt opts[] = {{"model", 'm', CLI_STR, &dir}, {"json", 0, CLI_FLAG, &as_json}, {"tp", 0, CLI_INT, &tp},
+                    {"ep", 0, CLI_INT, &ep}};
   int r = cli_parse("info", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (r) return r < 0 ? 0 : r;
   if (!dir) return mj_fail(err, MJ_EUSAGE, "moejit info: -m DIR is required");
+  int world;
+  if ((r = nc_parallel_check("info", tp, ep, &world, err))) return r;
   model *m;
   if ((r = model_load(dir, &m, err))) return r;
+  /* --tp/--ep: the weight bytes each rank would hold (shard.h). */
+  uint64_t rank_shards = 0, rank_whole = 0;
+  if (world > 1) {
+    shard_plan p;
+    mj_err pe = {0};
+    if ((r = shard_plan_make(&m->cfg, 0, (int)tp, (int)ep, &p, &pe))) {
+      mj_fail(err, pe.code, "moejit info: %s: %s", dir, pe.msg);
+      mj_err_clear(&pe);
+      model_free(m);
+      return r;
+    }
+    shard_rank_bytes(m, &p, &rank_shards, &rank_whole);
+  }
   const model_config *c = &m->cfg;
   int64_t nsparse = 0, nfull = 0;
   for (int64_t L = 0; L < c->num_hidden_layers; L++) nsparse += c->layer_sparse[L], nfull += c->layer_indexer_full[L];
@@ -76,6 +95,10 @@ int cmd_info(int argc, char **argv, mj_err *err) {
     printf("load       %.2f ms (%.1f GB/s)\n", m->load_ms, gbs);
     if (gpu_ok) printf("gpu        the GPU decode engine takes this model\n");
     else printf("gpu        the GPU decode engine does not take it: %s\n", strchr(ge.msg, ':') ? strchr(ge.msg, ':') + 2 : ge.msg);
+    if (world > 1)
+      printf("ranks      %d (--tp %lld --ep %lld): %s of weights a rank (%s its shards, %s on every rank)\n", world,
+             (long long)tp, (long long)ep, mj_fmt_bytes((double)(rank_shards + rank_whole), b1, sizeof b1),
+             mj_fmt_bytes((double)rank_shards, b2, sizeof b2), mj_fmt_bytes((double)rank_whole, b3, sizeof b3));
   }
   mj_err_clear(&ge);
   model_free(m);

@@ -10,6 +10,10 @@ expect 0 "" $MOEJIT version
 grep -q "^LLVM      19" "$tmp/out" || { echo "FAIL: version lacks LLVM 19"; fail=1; }
 expect 0 "" $MOEJIT version --json
 grep -q '"nvjitlink":"13' "$tmp/out" || { echo "FAIL: version --json lacks nvJitLink"; fail=1; }
+# NCCL is loaded with dlopen: a missing library is one line in version, not a crash
+MOEJIT_NCCL_LIB=/nonexistent/libnccl.so.2 $MOEJIT version > "$tmp/out" 2>&1 || { echo "FAIL: version without NCCL"; fail=1; }
+grep -q "^NCCL      none (libnccl.so.2 not found: /nonexistent/libnccl.so.2: .*MOEJIT_NCCL_LIB" "$tmp/out" ||
+  { echo "FAIL: version lacks the missing-NCCL line"; cat "$tmp/out"; fail=1; }
 expect 1 "moejit: unknown command 'frobnicate' (see moejit help)" $MOEJIT frobnicate
 expect 1 "moejit: moejit compile: expected one kernel file (see moejit compile --help)" $MOEJIT compile
 expect 1 "moejit: moejit compile: unknown option '--fast' (see moejit compile --help)" $MOEJIT compile --fast x.k
@@ -24,6 +28,9 @@ expect 1 "moejit: gemv_bf16.k: -D Q: the kernel has no specialisation constant '
 $MOEJIT compile gemv_bf16.k -D N=6144 -D K=2048 -o "$tmp/g.cubin" > "$tmp/out" 2>&1 || { echo "FAIL: cubin compile"; fail=1; }
 head -c 4 "$tmp/g.cubin" | od -An -c | grep -q 'E   L   F' || { echo "FAIL: cubin is not ELF"; fail=1; }
 grep -q "registers" "$tmp/out" || { echo "FAIL: no resource report"; fail=1; }
+expect 1 "moejit: moejit bench decode: --tp 4 --ep 2: each must be 1 or the number of ranks (the larger, 4)" \
+  $MOEJIT bench decode --tp 4 --ep 2
+expect 1 "moejit: moejit bench decode: --ep must be 1 to 1024, not 0" $MOEJIT bench decode --ep 0
 # without a GPU the GPU commands say so plainly (status 3)
 if ! $MOEJIT version | grep -q "^driver    CUDA"; then
   expect 3 "moejit: no GPU: the CUDA driver (libcuda.so.1) is not installed" $MOEJIT bench gemv

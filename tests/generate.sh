@@ -59,6 +59,33 @@ expect 1 "moejit: moejit generate: give -p or --prompts, not both" $MOEJIT gener
 expect 1 "moejit: moejit generate: --parallel must be 1..64" $MOEJIT generate -m "$tmp/m" --prompts "$tmp/prompts.txt" --parallel 0
 expect 1 "moejit: $tmp/empty.txt: no prompts (one per line)" $MOEJIT generate -m "$tmp/m" --prompts "$tmp/empty.txt"
 expect 1 "moejit: moejit generate: --system and --no-think go with --chat" $MOEJIT generate -m "$tmp/m" -p x --system y
+# --tp/--ep (docs/multigpu.md): checked before anything runs; one rank runs in-process as before
+expect 1 "moejit: moejit generate: --tp must be 1 to 1024, not 0" $MOEJIT generate -m "$tmp/m" -p x --tp 0
+expect 1 "moejit: moejit generate: --ep must be 1 to 1024, not 2000" $MOEJIT generate -m "$tmp/m" -p x --ep 2000
+expect 1 "moejit: moejit generate: --tp 2 --ep 4: each must be 1 or the number of ranks (the larger, 4)" \
+  $MOEJIT generate -m "$tmp/m" -p x --tp 2 --ep 4
+expect 1 "moejit: moejit generate: --tp expects an integer, not 'two'" $MOEJIT generate -m "$tmp/m" -p x --tp two
+expect 1 "moejit: moejit generate: with --tp/--ep every rank reads the prompt: give it as text or a file, not stdin" \
+  $MOEJIT generate -m "$tmp/m" -p - --ep 2
+$MOEJIT generate -m "$tmp/m" -p "hello world" -n 12 --seed 3 --tp 1 --ep 1 > "$tmp/tp1.out" 2>/dev/null
+cmp -s "$tmp/a.out" "$tmp/tp1.out" && ok "--tp 1 --ep 1 runs in-process, same text" || bad "--tp 1 --ep 1 changed the text"
+# info --tp/--ep: the bytes a rank would hold, or why the model does not split so
+$MOEJIT info -m "$tmp/m" --tp 2 --ep 2 | grep -qx "ranks      2 (--tp 2 --ep 2): [0-9.]* KiB of weights a rank ([0-9.]* KiB its shards, [0-9.]* KiB on every rank)" &&
+  ok "info --tp 2 --ep 2" || bad "info --tp 2 --ep 2: $($MOEJIT info -m "$tmp/m" --tp 2 --ep 2 2>&1 | tail -1)"
+expect 1 "moejit: moejit info: $tmp/m: --tp 4: each rank's share of moe_intermediate_size (32 / 4 = 8) is not a whole number of 16-column NVFP4 scale blocks" \
+  $MOEJIT info -m "$tmp/m" --tp 4
+# a rank started by a launcher that disagrees with the flags, or gives no unique id
+expect 1 "moejit: moejit generate: MOEJIT_RANK=1 of 4 ranks, but --tp/--ep ask for 2 ranks" \
+  env MOEJIT_RANK=1 MOEJIT_WORLD_SIZE=4 MOEJIT_NCCL_ID_FILE="$tmp/id" $MOEJIT generate -m "$tmp/m" -p x --tp 2
+expect 1 "moejit: OMPI_COMM_WORLD_RANK=1 of 2 ranks, but no NCCL unique id: set MOEJIT_NCCL_ID (256 hex digits) or MOEJIT_NCCL_ID_FILE (rank 0 writes it)" \
+  env OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 $MOEJIT generate -m "$tmp/m" -p x --ep 2
+expect 1 "moejit: MOEJIT_WORLD_SIZE='2x': expected a whole number from 1 to 1024" \
+  env MOEJIT_RANK=0 MOEJIT_WORLD_SIZE=2x $MOEJIT generate -m "$tmp/m" -p x --tp 2
+# more ranks than GPUs: one line before any rank starts
+$MOEJIT generate -m "$tmp/m" -p x --ep 1024 > /dev/null 2> "$tmp/err"
+st=$?
+if [ $st -eq 3 ] && grep -qx "moejit: moejit generate: --ep 1024 needs 1024 GPUs, [0-9]* found\|moejit: no GPU: .*" "$tmp/err" &&
+  [ "$(wc -l < "$tmp/err")" -eq 1 ]; then ok "--ep 1024: $(cat "$tmp/err")"; else bad "--ep 1024: status $st: $(cat "$tmp/err")"; fi
 expect 1 "moejit: moejit generate: unknown option '--temperature' (see moejit generate --help)" $MOEJIT generate -m "$tmp/m" -p x --temperature 1
 cp -r "$tmp/m" "$tmp/broken"
 printf '{"model": {"type": "BPE", ' > "$tmp/broken/tokenizer.json"

@@ -9,7 +9,7 @@
 
 #include "cudrv.h"
 
-#define GPU_TESTS(X) X(gemv) X(rmsnorm) X(moe) X(dense) X(mla) X(attn) X(decode) X(replay)
+#define GPU_TESTS(X) X(gemv) X(rmsnorm) X(moe) X(dense) X(mla) X(attn) X(decode) X(replay) X(nccl)
 
 #define X(name) int gpu_test_##name(void);
 GPU_TESTS(X)

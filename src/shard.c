@@ -1,0 +1,182 @@
+/* shard.c: the tensor/expert-parallel plan and weight slices (shard.h). */
+#include "shard.h"
+
+#include <string.h>
+
+shard_range shard_split(int64_t n, int parts, int k) {
+  return (shard_range){n / parts * k, n / parts * (k + 1)};
+}
+
+/* n split `parts` ways: divisible, and (when cols) whole 16-column blocks. */
+static int check_split(const char *flag, int parts, const char *field, int64_t n, bool cols, mj_err *err) {
+  if (parts == 1) return 0;
+  if (n % parts)
+    return mj_fail(err, MJ_EUSAGE, "%s %d does not divide %s (%lld)", flag, parts, field, (long long)n);
+  if (cols && (n / parts) % 16)
+    return mj_fail(err, MJ_EUSAGE,
+                   "%s %d: each rank's share of %s (%lld / %d = %lld) is not a whole number of 16-column NVFP4 "
+                   "scale blocks", flag, parts, field, (long long)n, parts, (long long)(n / parts));
+  return 0;
+}
+
+int shard_plan_make(const model_config *c, int rank, int tp, int ep, shard_plan *p, mj_err *err) {
+  int W = tp > ep ? tp : ep;
+  if (tp < 1 || ep < 1 || (tp != 1 && tp != W) || (ep != 1 && ep != W))
+    return mj_fail(err, MJ_EUSAGE, "--tp %d --ep %d: each must be 1 or the number of ranks (the larger, %d)", tp, ep, W);
+  if (rank < 0 || rank >= W) return mj_fail(err, MJ_EUSAGE, "rank %d is not one of %d ranks", rank, W);
+  int64_t H = c->num_attention_heads, Is = c->moe_intermediate_size * c->n_shared_experts;
+  bool any_dense = false, any_moe = false;
+  for (int64_t l = 0; l < c->num_hidden_layers; l++) {
+    any_dense |= !c->layer_sparse[l];
+    any_moe |= c->layer_sparse[l] != 0;
+  }
+  int r;
+  if ((r = check_split("--tp", tp, "num_attention_heads", H, false, err)) ||
+      (r = check_split("--tp", tp, "the o_proj input (num_attention_heads * v_head_dim)", H * c->v_head_dim, true, err)))
+    return r;
+  if (any_dense && (r = check_split("--tp", tp, "intermediate_size", c->intermediate_size, true, err))) return r;
+  if (any_moe) {
+    if ((r = check_split("--ep", ep, "n_routed_experts", c->n_routed_experts, false, err))) return r;
+    if (ep == 1 && (r = check_split("--tp", tp, "moe_intermediate_size", c->moe_intermediate_size, true, err))) return r;
+    if (Is > 0 && (r = check_split(tp > 1 ? "--tp" : "--ep", W, "the shared experts' width (moe_intermediate_size * "
+                                   "n_shared_experts)", Is, true, err)))
+      return r;
+  }
+  memset(p, 0, sizeof *p);
+  p->rank = rank, p->world = W, p->tp = tp, p->ep = ep;
+  int tr = tp > 1 ? rank : 0, er = ep > 1 ? rank : 0;
+  p->heads = shard_split(H, tp, tr);
+  p->q_b_rows = (shard_range){p->heads.begin * c->qk_head_dim, p->heads.end * c->qk_head_dim};
+  int64_t kvh = c->qk_nope_head_dim + c->v_head_dim;
+  p->kv_b_rows = (shard_range){p->heads.begin * kvh, p->heads.end * kvh};
+  p->o_cols = (shard_range){p->heads.begin * c->v_head_dim, p->heads.end * c->v_head_dim};
+  p->attn_reduce = p->dense_reduce = tp > 1;
+  p->dense_inter = shard_split(c->intermediate_size, tp, tr);
+  p->experts = shard_split(c->n_routed_experts, ep, er);
+  p->expert_inter = shard_split(c->moe_intermediate_size, ep > 1 ? 1 : tp, ep > 1 ? 0 : tr);
+  p->shared_inter = shard_split(Is, W, rank);
+  p->moe_reduce = W > 1;
+  return 0;
+}
+
+int shard_expert_rank(const shard_plan *p, int64_t n_experts, int64_t e) {
+  return p->ep > 1 ? (int)(e / (n_experts / p->ep)) : -1;
+}
+
+/* ---- weight slices ------------------------------------------------------------------- */
+void shard_weight_rows(const model_weight *w, shard_range rows, model_weight *out) {
+  *out = *w;
+  out->rows = rows.end - rows.begin;
+  const uint8_t *base = w->w;
+  switch (w->fmt) {
+  case MODEL_W_BF16: out->w = base + rows.begin * w->cols * 2; break;
+  case MODEL_W_F32: out->w = base + rows.begin * w->cols * 4; break;
+  case MODEL_W_NVFP4:
+    out->w = base + rows.begin * (w->cols / 2);
+    out->scale = w->scale + rows.begin * (w->cols / 16);
+    break;
+  }
+}
+
+/* Copy columns [c0, c1) of each row: each row's slice is one byte range of
+ * `bytes` at `off` within a row of `stride` bytes. */
+static void *copy_cols(const void *src, int64_t rows, size_t stride, size_t off, size_t bytes, mj_arena *a) {
+  size_t total = (size_t)rows * bytes;
+  uint8_t *dst = mj_arena_alloc(a, total ? total : 1);
+  for (int64_t r = 0; r < rows; r++) memcpy(dst + r * bytes, (const uint8_t *)src + r * stride + off, bytes);
+  return dst;
+}
+
+void shard_weight_cols(const model_weight *w, shard_range cols, mj_arena *a, model_weight *out) {
+  *out = *w;
+  int64_t K = w->cols, n = cols.end - cols.begin;
+  out->cols = n;
+  switch (w->fmt) {
+  case MODEL_W_BF16:
+    out->w = copy_cols(w->w, w->rows, (size_t)K * 2, (size_t)cols.begin * 2, (size_t)n * 2, a);
+    break;
+  case MODEL_W_F32:
+    out->w = copy_cols(w->w, w->rows, (size_t)K * 4, (size_t)cols.begin * 4, (size_t)n * 4, a);
+    break;
+  case MODEL_W_NVFP4:
+    MJ_ASSERT(cols.begin % 16 == 0 && n % 16 == 0);
+    out->w = copy_cols(w->w, w->rows, (size_t)K / 2, (size_t)cols.begin / 2, (size_t)n / 2, a);
+    out->scale = copy_cols(w->scale, w->rows, (size_t)K / 16, (size_t)cols.begin / 16, (size_t)n / 16, a);
+    break;
+  }
+}
+
+void shard_mlp(const model_mlp *m, shard_range inter, mj_arena *a, model_mlp *out) {
+  shard_weight_rows(&m->gate, inter, &out->gate);
+  shard_weight_rows(&m->up, inter, &out->up);
+  shard_weight_cols(&m->down, inter, a, &out->down);
+}
+
+/* ---- bytes per rank --------------------------------------------------------------------- */
+/* A block of rows x cols of w; NVFP4's scale_2 is a scalar every rank of a
+ * split weight holds, so it is counted apart (scalar_bytes). */
+static uint64_t slice_bytes(const model_weight *w, int64_t rows, int64_t cols) {
+  uint64_t n = (uint64_t)rows * (uint64_t)cols;
+  switch (w->fmt) {
+  case MODEL_W_BF16: return n * 2;
+  case MODEL_W_F32: return n * 4;
+  case MODEL_W_NVFP4: return n / 2 + n / 16;
+  }
+  return 0;
+}
+
+static uint64_t scalar_bytes(const model_weight *w) { return w->fmt == MODEL_W_NVFP4 ? 4 : 0; }
+static uint64_t weight_bytes(const model_weight *w) { return slice_bytes(w, w->rows, w->cols) + scalar_bytes(w); }
+static uint64_t vec_bytes(const model_vec *v) { return (uint64_t)v->n * (v->f32 ? 4 : 2); }
+static int64_t len(shard_range r) { return r.end - r.begin; }
+
+/* Rows x cols of w to the rank's shards, its scalar to what all hold. */
+static void add_split(const model_weight *w, int64_t rows, int64_t cols, uint64_t *sharded, uint64_t *whole) {
+  *sharded += slice_bytes(w, rows, cols);
+  *whole += scalar_bytes(w);
+}
+
+/* An MLP's bytes: its intermediate slice when split, else whole. */
+static void mlp_bytes(const model_mlp *m, shard_range inter, bool split, uint64_t *sharded, uint64_t *whole) {
+  if (!split) {
+    *whole += weight_bytes(&m->gate) + weight_bytes(&m->up) + weight_bytes(&m->down);
+    return;
+  }
+  add_split(&m->gate, len(inter), m->gate.cols, sharded, whole);
+  add_split(&m->up, len(inter), m->up.cols, sharded, whole);
+  add_split(&m->down, m->down.rows, len(inter), sharded, whole);
+}
+
+void shard_rank_bytes(const model *m, const shard_plan *p, uint64_t *sharded, uint64_t *whole) {
+  const model_config *c = &m->cfg;
+  uint64_t s = 0, w = weight_bytes(&m->embed) + weight_bytes(&m->lm_head) + vec_bytes(&m->norm);
+  for (int64_t l = 0; l < c->num_hidden_layers; l++) {
+    const model_layer *ly = &m->layers[l];
+    w += vec_bytes(&ly->input_norm) + vec_bytes(&ly->post_norm) + vec_bytes(&ly->q_a_norm) + vec_bytes(&ly->kv_a_norm);
+    w += weight_bytes(&ly->q_a) + weight_bytes(&ly->kv_a);
+    if (ly->has_indexer)
+      w += weight_bytes(&ly->idx_wq_b) + weight_bytes(&ly->idx_wk) + weight_bytes(&ly->idx_wproj) +
+           vec_bytes(&ly->idx_k_norm_w) + vec_bytes(&ly->idx_k_norm_b);
+    if (p->attn_reduce) {
+      add_split(&ly->q_b, len(p->q_b_rows), ly->q_b.cols, &s, &w);
+      add_split(&ly->kv_b, len(p->kv_b_rows), ly->kv_b.cols, &s, &w);
+      add_split(&ly->o, ly->o.rows, len(p->o_cols), &s, &w);
+    } else {
+      w += weight_bytes(&ly->q_b) + weight_bytes(&ly->kv_b) + weight_bytes(&ly->o);
+    }
+    if (!ly->sparse) {
+      mlp_bytes(&ly->dense, p->dense_inter, p->dense_reduce, &s, &w);
+      continue;
+    }
+    w += weight_bytes(&ly->router) + vec_bytes(&ly->router_bias);
+    for (int64_t e = p->experts.begin; e < p->experts.end; e++) {
+      const model_mlp *x = &ly->experts[e];
+      if (p->ep > 1) /* whole experts, owned by this rank alone */
+        s += weight_bytes(&x->gate) + weight_bytes(&x->up) + weight_bytes(&x->down);
+      else
+        mlp_bytes(x, p->expert_inter, p->moe_reduce, &s, &w);
+    }
+    if (c->n_shared_experts > 0) mlp_bytes(&ly->shared, p->shared_inter, p->moe_reduce, &s, &w);
+  }
+  *sharded = s, *whole = w;
+}
