@@ -11,6 +11,8 @@
 #                 prompt run alone on the GPU and on the CPU (tokens compared)
 #   sass          SASS of the cubins in build-gpu/sass/ (scripts/build-gpu.sh
 #                 makes them: the MoE expert kernels the plan picks), opcodes counted
+#   moe-ncu       Nsight Compute on the batch-1 expert kernels (speed of light,
+#                 occupancy, warp stall reasons): where their time goes
 #   moe           moejit bench moe with the tile sweep
 #   moe-warm      moe again, warm
 #   replay        synthetic traces replayed with --verify (batch 1, 8, 32), and --steps
@@ -27,7 +29,7 @@ for phase in "$@"; do
   case $phase in
     tests)
       for t in ${GPU_TESTS:-gemv rmsnorm moe dense mla attn decode replay}; do
-        timeout ${TEST_TIMEOUT:-300} /tmp/mj/tests/gpu/gputest "$t" > "$OUT/test-$t.log" 2>&1
+        timeout ${TEST_TIMEOUT:-420} /tmp/mj/tests/gpu/gputest "$t" > "$OUT/test-$t.log" 2>&1
         echo "$t rc=$? $(tail -1 "$OUT/test-$t.log")"
       done > "$log" ;;
     decode) timeout 400 moejit bench decode ${DECODE_ARGS:-} > "$log" 2>&1 ;;
@@ -83,6 +85,12 @@ for phase in "$@"; do
         awk '/^ +\/\*[0-9a-f]+\*\/ / { op = $2; if (op ~ /^@/) op = $3; sub(/;$/, "", op); split(op, a, "."); c[a[1]]++; n++ }
           END { printf "%-12s %5d:", f, n; for (k in c) if (c[k] * 50 >= n) printf " %s %d", k, c[k]; printf "\n" }' f="$n" "$OUT/$n.sass" >> "$log"
       done ;;
+    moe-ncu)
+      timeout 200 ncu --kernel-name regex:moe_expert --launch-count 2 --clock-control none --cache-control none \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+        moejit bench moe --batches 1 --gu-configs 4:256:8:0:0:2 --dn-configs 4:256:8:0:0:3 > "$OUT/moe-ncu.txt" 2>> "$log"
+      grep -E "moe_expert|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots|Stall|stalled|Duration" \
+        "$OUT/moe-ncu.txt" | sed 's/  */ /g' >> "$log" ;;
     moe) timeout 400 moejit bench moe ${MOE_ARGS:-} > "$log" 2>&1 ;;
     moe-warm) timeout 300 moejit bench moe ${MOE_ARGS:-} > "$log" 2>&1 ;;
     replay)

@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int t_failures, t_checks;
@@ -56,8 +57,11 @@ static const char *t_current = "";
     }                                                                              \
   } while (0)
 
+/* T_ONLY=name,name runs only the cases named (a long GPU test, in parts). */
 #define T_RUN(fn)                                                                  \
   do {                                                                             \
+    const char *t_only = getenv("T_ONLY");                                         \
+    if (t_only && *t_only && !strstr(t_only, #fn)) break;                          \
     t_current = #fn;                                                               \
     int t_before = t_failures;                                                     \
     fn();                                                                          \
