@@ -648,16 +648,15 @@ int gpu_enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err) {
       }
       if (side) CU_CHECK(err, cu.cuEventRecord(g->side.join, ss));
       if (!mb && (rc = bucket(g, np, &mb, err))) return rc;
-      /* Without an NVFP4 shared expert its slot is skipped, and the y
-       * rows of its pairs (0..np-1), which routed pairs of smaller
-       * batches may have used, are zeroed for the combine. */
+      /* Without an NVFP4 shared expert its slot is skipped (and its y
+       * rows cleared for the combine). */
       int first = l->no_fp4_shared, nslots = moe_slots(&mb->plan) - first;
-      if (l->no_fp4_shared && !gop_is_dry())
-        CU_CHECK(err, cu.cuMemsetD32Async(g->mb.y, 0, (size_t)np * H, s));
       if (gop_is_dry()) {
       } else if (!prof) {
         rc = moe_forward_overlap(&mb->k, &mb->plan, &l->moe, &g->mb, g->xn, np, !l->no_fp4_shared, s, &g->side, err);
         if (rc) return rc;
+      } else if (l->no_fp4_shared && (rc = moe_clear_shared(&g->mb, &mb->plan, np, s, err))) {
+        return rc;
       } else /* one op at a time, each timed */
         for (int k = 0; k < MOE_NK; k++)
           OP(moe_op_names[k], k == MOE_K_gate_up || k == MOE_K_down

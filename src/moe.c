@@ -437,9 +437,15 @@ void moe_side_destroy(moe_side *side) {
   memset(side, 0, sizeof *side);
 }
 
+int moe_clear_shared(const moe_bufs *b, const moe_plan *p, int B, CUstream s, mj_err *err) {
+  CU_CHECK(err, cu.cuMemsetD32Async(b->y, 0, (size_t)B * p->cfg.hidden, s));
+  return 0;
+}
+
 int moe_forward_overlap(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
                         CUdeviceptr x_in, int B, bool shared, CUstream s, const moe_side *side, mj_err *err) {
   int slots = moe_slots(p), rc;
+  if (!shared && (rc = moe_clear_shared(b, p, B, s, err))) return rc;
   if (shared) {
     CU_CHECK(err, cu.cuEventRecord(side->fork, s));
     CU_CHECK(err, cu.cuStreamWaitEvent(side->s, side->fork, 0));

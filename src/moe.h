@@ -176,6 +176,11 @@ int moe_forward(const moe_kernels *k, const moe_plan *p, const moe_weights *w, c
 int moe_launch_slots(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
                      CUdeviceptr x_in, int B, moe_kernel_id which, int first, int n, CUstream s, mj_err *err);
 
+/* Zero the y rows of the shared expert's pairs (0..B-1), which routed
+ * pairs of a smaller batch may have written, so that the combine of a
+ * layer whose slot 0 is skipped adds nothing for it. */
+int moe_clear_shared(const moe_bufs *b, const moe_plan *p, int B, CUstream s, mj_err *err);
+
 /* A side stream and two events, for moe_forward_overlap. */
 typedef struct moe_side {
   CUstream s;
@@ -187,9 +192,10 @@ void moe_side_destroy(moe_side *side);
  * on the side stream beside the router and the route kernel (the routing
  * is a few small launches that leave most SMs idle) and the routed
  * experts; the main stream waits for it before the combine.  Fork and join
- * are events, so a stream capture of s takes in both branches.  shared: false when the layer's shared
- * expert runs elsewhere (a bf16 one, gpu_model.c): slot 0 is then skipped
- * and its y rows (0..B-1) must hold zeros. */
+ * are events, so a stream capture of s takes in both branches.  shared:
+ * false when the layer's shared expert runs elsewhere (a bf16 one,
+ * gpu_model.c): slot 0 is then skipped and its y rows cleared
+ * (moe_clear_shared). */
 int moe_forward_overlap(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
                         CUdeviceptr x_in, int B, bool shared, CUstream s, const moe_side *side, mj_err *err);
 

@@ -135,7 +135,7 @@ static void run_case(const layer *L, const moe_weights *w, int B, int bcap, int 
   bool same = memcmp(out, out2, (size_t)B * H * 2) == 0;
   T_CHECK(same);
   cu.cuMemsetD8(b.out, 0xFF, (size_t)bcap * H * 2);
-  cu.cuMemsetD32(b.y, 0, (size_t)B * H);
+  cu.cuMemsetD8(b.y, 0xFF, (size_t)moe_pairs(&p) * H * 4); /* the shared rows too: it must clear them */
   T_EQ_INT(moe_forward_overlap(&k, &p, w, &b, b.x, B, false, NULL, &side, &err), 0);
   T_EQ_INT(cu.cuCtxSynchronize(), CUDA_SUCCESS);
   if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
