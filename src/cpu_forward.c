@@ -14,6 +14,7 @@
  */
 #include "cpu_forward.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +34,7 @@ struct cpu_model {
   layer_cache *lc;
   float *inv_freq; /* [qk_rope_head_dim / 2] */
   float *dump;
-  uint8_t *sel_dump;   /* [token][max_ctx]: DSA masks of the last full-indexer layer */
+  uint8_t *sel_dump;   /* [layer][token][max_ctx]: DSA masks of the layers with their own indexer */
   int64_t *route_dump; /* [layer][token][topk]: the experts chosen */
   int dump_max;        /* tokens the dumps hold */
   const int32_t *force_sel, *force_ids; /* cpu_model_force_choices, for the next call */
@@ -131,11 +132,16 @@ static void indexer(cpu_model *s, int64_t L, const model_layer *ly, layer_cache 
       }
       score[j] = acc;
     }
-    ref_topk(score, vis, c->index_topk, top);
+    /* The reference takes torch.topk over the whole row of this call's T
+     * keys, the causally masked ones holding score + finfo(float32).min,
+     * which rounds to -FLT_MAX; the row's length and those entries steer
+     * which of several equal scores win (ref_topk.c), so they are kept. */
+    for (int64_t j = vis; j < T; j++) score[j] = -FLT_MAX;
+    ref_topk_torch(score, T, c->index_topk, top);
     for (int64_t t = 0; t < c->index_topk; t++) si[top[t]] = 1;
   }
   for (int64_t t = 0; s->sel_dump && t < n && t < s->dump_max; t++) /* our own choice, then a forced one */
-    memcpy(s->sel_dump + t * s->p.max_ctx, sel + t * T, (size_t)T);
+    memcpy(s->sel_dump + (L * s->dump_max + t) * s->p.max_ctx, sel + t * T, (size_t)T);
   for (int64_t i = 0; s->force_sel && i < n && i < s->force_max; i++) {
     int64_t vis = pos + i + 1;
     if (vis <= c->index_topk) continue;

@@ -42,10 +42,11 @@ int64_t cpu_model_len(const cpu_model *s);
  * (the residual stream) to dump[layer][token][hidden]. */
 void cpu_model_set_dump(cpu_model *s, float *dump);
 /* For diagnosis, the discrete choices of every later call, for its first
- * max_tokens tokens: sel (may be NULL) [token][max_ctx] receives each
- * token's DSA mask (1 = may attend, positions 0..pos) from the last layer
- * that ran its own indexer; ids (may be NULL) [layer][token][topk] the
- * routed experts of each MoE layer. */
+ * max_tokens tokens: sel (may be NULL) [layer][token][max_ctx] receives,
+ * for each layer that runs its own indexer, each token's DSA mask (1 = may
+ * attend, positions 0..pos; all of them while at most index_topk are
+ * visible); ids (may be NULL)
+ * [layer][token][topk] the routed experts of each MoE layer. */
 void cpu_model_set_choice_dump(cpu_model *s, uint8_t *sel, int64_t *ids, int max_tokens);
 /* For fidelity tests: the next cpu_forward takes these discrete choices
  * for its first max_tokens tokens instead of its own (which the choice dump

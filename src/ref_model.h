@@ -40,6 +40,11 @@ void ref_rope_interleaved(float *x, int64_t dim, int64_t pos, const float *inv);
 /* Indices of the k largest of v[0..n) (k <= n), largest first; equal values
  * go to the lower index. */
 void ref_topk(const float *v, int64_t n, int64_t k, int64_t *idx);
+/* The k (1 <= k <= n) indices torch.topk(v, k) returns on the CPU, in no
+ * particular order: equal values are chosen as its selection algorithm
+ * chooses them, not by index (ref_topk.c).  The CPU forward's DSA indexer
+ * uses it, so that ties at the boundary go the way transformers' do. */
+void ref_topk_torch(const float *v, int64_t n, int64_t k, int64_t *idx);
 
 /* GLM-5 routing of one token: s = sigmoid(logits); choice = s + bias; with
  * n_group > 1 only the topk_group groups with the best sum of their two best

@@ -10,6 +10,7 @@
  * index_topk, and mkmodel is deterministic.
  */
 #define _XOPEN_SOURCE 700
+#include <float.h>
 #include <ftw.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -101,6 +102,57 @@ static void test_topk(void) {
   T_EQ_INT(idx[1], 3);
   T_EQ_INT(idx[2], 2);
   T_EQ_INT(idx[3], 5);
+}
+
+/* ref_topk_torch against what torch.topk picked on the CPU (torch 2.11,
+ * tests/data/topk-torch.json, written by tests/fidelity/topk_vectors.py on
+ * the GPU host): rows of a few levels, so ties straddle the boundary, some
+ * ending in causally masked entries (finfo(float32).min), on both sides of
+ * torch's switch to partial sort at k * 64 <= n.  The same sets, every
+ * case; and the rule "equal values by index" (ref_topk) must disagree with
+ * torch on some, or the data would not test the tie rule at all. */
+static void test_topk_torch(void) {
+  const char *srcdir = getenv("srcdir") ? getenv("srcdir") : ".";
+  char path[4096];
+  snprintf(path, sizeof path, "%s/tests/data/topk-torch.json", srcdir);
+  char *text;
+  size_t len;
+  mj_err err = {0};
+  mj_arena a;
+  mj_arena_init(&a, 1 << 16);
+  json *root;
+  T_CHECK(mj_read_file(path, &text, &len, &err) == 0);
+  T_CHECK(json_parse(&a, text, len, path, &root, &err) == 0);
+  const json *cases = json_get(root, "cases");
+  T_CHECK(cases && cases->len >= 100);
+  int differ = 0, by_index_differs = 0, partial = 0;
+  for (size_t c = 0; cases && c < cases->len; c++) {
+    const json *v = json_get(cases->items[c], "v"), *want = json_get(cases->items[c], "idx");
+    int64_t m = json_get(cases->items[c], "masked")->i, k = json_get(cases->items[c], "k")->i;
+    int64_t n = (int64_t)v->len + m;
+    float *row = malloc((size_t)n * sizeof *row);
+    for (size_t i = 0; i < v->len; i++) row[i] = (float)v->items[i]->num;
+    for (int64_t i = (int64_t)v->len; i < n; i++) row[i] = -FLT_MAX;
+    int64_t *got = malloc((size_t)k * sizeof *got), *byidx = malloc((size_t)k * sizeof *byidx);
+    uint8_t *in = calloc((size_t)n, 1), *in2 = calloc((size_t)n, 1);
+    ref_topk_torch(row, n, k, got);
+    ref_topk(row, n, k, byidx);
+    for (int64_t i = 0; i < k; i++) in[got[i]] = 1, in2[byidx[i]] = 1;
+    bool same = (int64_t)want->len == k, same2 = true;
+    for (size_t i = 0; i < want->len; i++) same &= in[want->items[i]->i] == 1, same2 &= in2[want->items[i]->i] == 1;
+    partial += k * 64 <= n;
+    by_index_differs += !same2;
+    if (!same && differ++ < 3) fprintf(stderr, "  case %zu (n %lld, k %lld): a different set than torch's\n", c,
+                                       (long long)n, (long long)k);
+    free(row), free(got), free(byidx), free(in), free(in2);
+  }
+  printf("  %zu cases (%d on the partial-sort path): %d differ from torch; ties by index would differ in %d\n",
+         cases ? cases->len : 0, partial, differ, by_index_differs);
+  T_EQ_INT(differ, 0);
+  T_CHECK(partial >= 5);
+  T_CHECK(by_index_differs >= 10);
+  free(text);
+  mj_arena_free(&a);
 }
 
 static void test_route(void) {
@@ -446,6 +498,7 @@ int main(void) {
   if (!mkdtemp(tmpdir)) return 1;
   T_RUN(test_glob);
   T_RUN(test_topk);
+  T_RUN(test_topk_torch);
   T_RUN(test_route);
   T_RUN(test_rope);
   T_RUN(test_nvfp4_dequant);

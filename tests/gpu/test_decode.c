@@ -96,12 +96,12 @@ enum { DUMP = 64, CTX = 256 }; /* tokens the CPU's choice dumps hold; its cache 
 static int sel_differs(gpu_model *g, int row, const uint8_t *masks, int crow, int vis, mj_err *err) {
   int K = (int)M->cfg.index_topk, n = 0;
   if (vis <= K) return 0;
-  const uint8_t *mask = masks + (size_t)crow * CTX;
-  int32_t *idx = mj_xmalloc((size_t)K * 4);
-  uint8_t *mine = mj_xcalloc((size_t)vis, 1);
-  int last = 0; /* the CPU's dump holds the mask of its last layer with an indexer */
+  int last = 0; /* the last layer with its own indexer */
   for (int l = 0; l < gpu_layers(g); l++)
     if (gpu_layer_indexer(g, l)) last = l;
+  const uint8_t *mask = masks + ((size_t)last * DUMP + crow) * CTX;
+  int32_t *idx = mj_xmalloc((size_t)K * 4);
+  uint8_t *mine = mj_xcalloc((size_t)vis, 1);
   int rc = gpu_read_sel(g, last, row, idx, err);
   T_CHECK(rc == 0);
   if (rc == 0)
@@ -166,7 +166,7 @@ static void single(void) {
   for (int i = 0; i < NP; i++) prompt[i] = rtok(V);
   int NL = (int)M->cfg.num_hidden_layers, K = (int)M->cfg.num_experts_per_tok, KS = (int)M->cfg.index_topk;
   float *lc = mj_xmalloc((size_t)V * 4), *lg = mj_xmalloc((size_t)V * 4), *le = mj_xmalloc((size_t)V * 4);
-  uint8_t *mask = mj_xcalloc((size_t)DUMP * CTX, 1);
+  uint8_t *mask = mj_xcalloc((size_t)NL * DUMP * CTX, 1);
   int64_t *route = mj_xcalloc((size_t)NL * DUMP * K, sizeof *route);
   int32_t *fids = mj_xcalloc((size_t)NL * DUMP * K, 4), *fsel = mj_xcalloc((size_t)NL * DUMP * KS, 4);
   cpu_model_set_choice_dump(c, mask, route, DUMP);
