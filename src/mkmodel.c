@@ -754,6 +754,33 @@ int mkmodel_preset(const char *name, mkmodel_spec *s) {
   return 0;
 }
 
+int mkmodel_spec_from_config(const model_config *c, mj_arena *a, mkmodel_spec *s, mj_err *err) {
+  mkmodel_preset("tiny", s);
+  int64_t L = c->num_hidden_layers, dense = 0;
+  while (dense < L && !c->layer_sparse[dense]) dense++;
+  for (int64_t i = dense; i < L; i++)
+    if (!c->layer_sparse[i])
+      return mj_fail(err, MJ_EUSAGE, "moejit mkmodel: mlp_layer_types: layer %lld is dense after a sparse layer; "
+                     "the generator writes the dense layers first", (long long)i);
+  if (c->tie_word_embeddings)
+    return mj_fail(err, MJ_EUSAGE, "moejit mkmodel: tie_word_embeddings true is not supported (lm_head is written)");
+  if (c->num_key_value_heads != c->num_attention_heads)
+    return mj_fail(err, MJ_EUSAGE, "moejit mkmodel: num_key_value_heads %lld differs from num_attention_heads %lld",
+                   (long long)c->num_key_value_heads, (long long)c->num_attention_heads);
+  s->vocab = c->vocab_size, s->hidden = c->hidden_size, s->inter = c->intermediate_size;
+  s->moe_inter = c->moe_intermediate_size, s->layers = L, s->dense_layers = dense;
+  s->heads = c->num_attention_heads, s->q_lora = c->q_lora_rank, s->kv_lora = c->kv_lora_rank;
+  s->nope = c->qk_nope_head_dim, s->rope = c->qk_rope_head_dim, s->v = c->v_head_dim;
+  s->idx_heads = c->index_n_heads, s->idx_dim = c->index_head_dim, s->idx_topk = c->index_topk;
+  s->experts = c->n_routed_experts, s->per_tok = c->num_experts_per_tok, s->shared = c->n_shared_experts;
+  s->n_group = c->n_group, s->topk_group = c->topk_group, s->max_pos = c->max_position_embeddings;
+  s->theta = c->rope_theta, s->eps = c->rms_norm_eps, s->rsf = c->routed_scaling_factor;
+  char *types = mj_arena_alloc(a, (size_t)L + 1);
+  for (int64_t i = 0; i < L; i++) types[i] = c->layer_indexer_full[i] ? 'F' : 'S';
+  s->indexer_types = types;
+  return 0;
+}
+
 static int spec_check(const mkmodel_spec *s, mj_err *err) {
 #define NEED(cond, ...) \
   if (!(cond)) return mj_fail(err, MJ_EUSAGE, "moejit mkmodel: " __VA_ARGS__)
@@ -802,17 +829,17 @@ int mkmodel_write(const mkmodel_spec *spec, const char *dir, bool force, uint64_
   mj_arena_init(&p.a, 1 << 16);
   build_plan(&p);
   mj_buf cfg = {0}, tk = {0}, hq = {0};
-  write_config(&p, &cfg);
+  if (spec->config_text) mj_buf_puts(&cfg, spec->config_text);
+  else write_config(&p, &cfg);
   if (spec->nvfp4) {
-    write_exclude(&p, &cfg);
-    mj_buf_puts(&cfg, "}");
+    if (!spec->config_text) write_exclude(&p, &cfg), mj_buf_puts(&cfg, "}");
     mj_buf_puts(&hq, "{\n  \"producer\": {\"name\": \"modelopt\", \"version\": \"0.37.0\"},\n"
                      "  \"quantization\": {\"quant_algo\": \"NVFP4\", \"kv_cache_quant_algo\": null, \"group_size\": 16,\n"
                      "    \"exclude_modules\": ");
     write_exclude(&p, &hq);
     mj_buf_puts(&hq, "}\n}\n");
   }
-  mj_buf_puts(&cfg, "\n}\n");
+  if (!spec->config_text) mj_buf_puts(&cfg, "\n}\n");
   /* The written config must read back as the same model: a self-check of
    * this writer against the reader. */
   {

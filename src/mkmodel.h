@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "model.h"
 #include "util.h"
 
 typedef struct mkmodel_spec {
@@ -25,10 +26,17 @@ typedef struct mkmodel_spec {
   int64_t shard_size; /* 0: one file */
   int64_t merges;     /* BPE merges in tokenizer.json (at most) */
   int64_t threads;    /* generator threads (values do not depend on it) */
+  const char *config_text; /* written as config.json verbatim (mkmodel_spec_from_config), or NULL */
 } mkmodel_spec;
 
 /* Fill s from a preset name; -1 if unknown. */
 int mkmodel_preset(const char *name, mkmodel_spec *s);
+/* Fill s from a parsed config.json (the widths, layer kinds, RoPE theta,
+ * eps and scaling factor; generator options as a preset leaves them), for
+ * weights to any configuration, e.g. one that transformers wrote.  Refuses
+ * (MJ_EUSAGE, naming the field) what the generator cannot write: a dense
+ * layer after a sparse one, tied embeddings. */
+int mkmodel_spec_from_config(const model_config *c, mj_arena *a, mkmodel_spec *s, mj_err *err);
 /* Write the folder.  An existing model there is replaced only with force.
  * *bytes (if non-NULL) receives the safetensors bytes written. */
 int mkmodel_write(const mkmodel_spec *s, const char *dir, bool force, uint64_t *bytes, mj_err *err);
