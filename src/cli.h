@@ -115,10 +115,16 @@
     "       [--n-group G] [--topk-group T] [--shared-experts S]\n"           \
     "       [--index-topk K] [--indexer-types FSF..] [--vocab V] [--merges M]\n" \
     "       [--seed S] [--nvfp4] [--shard-size BYTES] [--threads T] [--force] [-q]\n" \
-    "  deterministic for a seed; --nvfp4 quantises the routed experts\n")   \
-  X(forward, "run token ids through the CPU reference forward pass, greedy decode", \
-    "moejit forward -m DIR --tokens ID,ID,... [--steps N] [--threads T] [--absorbed]\n" \
-    "  prefill the ids, then N greedy decode steps; prints tokens and timings\n") \
+    "       or: moejit mkmodel --out DIR --config config.json [--seed S] [--nvfp4] ...\n" \
+    "  deterministic for a seed; --nvfp4 quantises the routed experts;\n" \
+    "  --config writes random weights for that config.json, copied as is\n")   \
+  X(forward, "run token ids through the CPU reference (or the GPU engine), greedy decode", \
+    "moejit forward -m DIR --tokens ID,ID,... [--steps N] [--feed ID,ID,...] [--logits FILE]\n" \
+    "               [--backend cpu|cuda] [--choices FILE] [--threads T] [--absorbed]\n" \
+    "  prefill the ids, then N greedy decode steps; prints tokens and timings;\n" \
+    "  --feed: the steps take these ids instead of their own argmax (N = their\n" \
+    "  count unless --steps); --logits: float32 [prompt + N][vocab] of every row;\n" \
+    "  --choices (GPU): each row's experts and DSA selection, a JSON line per row\n") \
   X(cache, "show and manage the on-disk cubin cache",                         \
     "moejit cache stats|list|verify|prune|clear [--dir DIR] [--max SIZE]\n"   \
     "  stats    counters (all runs) and size against the cap\n"              \

@@ -5,6 +5,7 @@
  * the CLI's option parser, which lives with the dispatcher in main.c; the
  * work itself is in model.c and mkmodel.c, where tests call it directly.
  */
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,7 +107,7 @@ int cmd_info(int argc, char **argv, mj_err *err) {
 }
 
 int cmd_mkmodel(int argc, char **argv, mj_err *err) {
-  const char *preset = "tiny", *out = NULL, *itypes = NULL;
+  const char *preset = NULL, *out = NULL, *itypes = NULL, *cfgpath = NULL;
   /* UNSET: the option was not given (the preset's value stays); any value
    * given, negative ones included, is checked by mkmodel_write. */
   const int64_t UNSET = INT64_MIN;
@@ -124,16 +125,45 @@ int cmd_mkmodel(int argc, char **argv, mj_err *err) {
       {"seed", 0, CLI_INT, &seed},            {"nvfp4", 0, CLI_FLAG, &nvfp4},
       {"shard-size", 0, CLI_INT, &shard},     {"out", 'o', CLI_STR, &out},
       {"force", 0, CLI_FLAG, &force},         {"quiet", 'q', CLI_FLAG, &quiet},
-      {"threads", 0, CLI_INT, &threads},
+      {"threads", 0, CLI_INT, &threads},      {"config", 0, CLI_STR, &cfgpath},
   };
   int r = cli_parse("mkmodel", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (r) return r < 0 ? 0 : r;
   if (!out) return mj_fail(err, MJ_EUSAGE, "moejit mkmodel: --out DIR is required");
   mkmodel_spec s;
-  if (mkmodel_preset(preset, &s))
-    return mj_fail(err, MJ_EUSAGE, "moejit mkmodel: unknown preset '%s' (tiny, small or glm5)", preset);
-  if (threads < 0 || threads > CLI_MAX_THREADS)
+  mj_arena ca;
+  mj_arena_init(&ca, 1 << 14);
+  char *ctext = NULL;
+  if (cfgpath) {
+    /* Weights for a given config.json (transformers' own, say): the file
+     * decides every width, so the width options and presets are refused. */
+    if (preset || layers != UNSET || dense != UNSET || experts != UNSET || per_tok != UNSET || n_group != UNSET ||
+        topk_group != UNSET || shared != UNSET || itopk != UNSET || vocab != UNSET || itypes) {
+      mj_arena_free(&ca);
+      return mj_fail(err, MJ_EUSAGE, "moejit mkmodel: --config %s sets every width: drop --preset and the width options",
+                     cfgpath);
+    }
+    size_t len;
+    model_config c;
+    if ((r = mj_read_file(cfgpath, &ctext, &len, err)) || (r = model_config_parse(&ca, ctext, len, cfgpath, &c, err)) ||
+        (r = mkmodel_spec_from_config(&c, &ca, &s, err))) {
+      free(ctext);
+      mj_arena_free(&ca);
+      return r;
+    }
+    s.config_text = ctext;
+  } else {
+    if (!preset) preset = "tiny";
+    if (mkmodel_preset(preset, &s)) {
+      mj_arena_free(&ca);
+      return mj_fail(err, MJ_EUSAGE, "moejit mkmodel: unknown preset '%s' (tiny, small, medium or glm5)", preset);
+    }
+  }
+  if (threads < 0 || threads > CLI_MAX_THREADS) {
+    free(ctext);
+    mj_arena_free(&ca);
     return mj_fail(err, MJ_EUSAGE, "moejit mkmodel: --threads must be 0 (all cores, up to 8) to %d", CLI_MAX_THREADS);
+  }
   if (layers != UNSET) {
     s.layers = layers;
     if (dense == UNSET && s.dense_layers > layers) s.dense_layers = layers > 0 ? layers : 0;
@@ -147,7 +177,7 @@ int cmd_mkmodel(int argc, char **argv, mj_err *err) {
   if (itopk != UNSET) s.idx_topk = itopk;
   if (vocab != UNSET) s.vocab = vocab;
   if (merges != UNSET) s.merges = merges;
-  s.indexer_types = itypes;
+  if (itypes) s.indexer_types = itypes;
   s.seed = (uint64_t)seed;
   s.nvfp4 = nvfp4;
   s.shard_size = shard;
@@ -157,67 +187,178 @@ int cmd_mkmodel(int argc, char **argv, mj_err *err) {
   s.threads = threads > 0 ? threads : ncpu > 8 ? 8 : ncpu > 0 ? ncpu : 1;
   double t0 = mj_now_ms();
   uint64_t bytes = 0;
-  if ((r = mkmodel_write(&s, out, force, &bytes, err))) return r;
+  r = mkmodel_write(&s, out, force, &bytes, err);
+  free(ctext);
+  mj_arena_free(&ca);
+  if (r) return r;
   if (!quiet) {
     char hb[32];
     double ms = mj_now_ms() - t0;
-    printf("wrote %s: %s preset, %lld layers, %lld experts%s, %s of safetensors in %.1f s (%.2f GB/s)\n", out, preset,
-           (long long)s.layers, (long long)s.experts, s.nvfp4 ? " (NVFP4)" : "",
+    printf("wrote %s: %s%s, %lld layers, %lld experts%s, %s of safetensors in %.1f s (%.2f GB/s)\n", out, cfgpath ? cfgpath : preset,
+           cfgpath ? "" : " preset", (long long)s.layers, (long long)s.experts, s.nvfp4 ? " (NVFP4)" : "",
            mj_fmt_bytes((double)bytes, hb, sizeof hb), ms / 1000, (double)bytes / (ms * 1e6));
   }
   return 0;
 }
 
 /* ---- moejit forward ------------------------------------------------------------------ */
+/* A fidelity tool: run ids through the CPU reference or the GPU engine,
+ * greedy, and optionally keep every row's logits (the prompt's positions,
+ * then each decode step) for comparison with another implementation, such
+ * as transformers (tests/fidelity/sweep.py).  --feed makes the decode steps
+ * take the given ids (another engine's greedy tokens) instead of their own
+ * argmax, so two engines are compared on one history. */
+typedef struct fwd_engine {
+  cpu_model *cm;
+  gpu_model *gm;
+  const model_config *c;
+  FILE *choices; /* --choices: the GPU's discrete choices, a JSON line per row */
+  int32_t *routing, *sel; /* scratch for them */
+} fwd_engine;
+
+/* One JSON line for row `row` of the last GPU step, at position pos: the
+ * experts of every MoE layer, and the DSA selection of every layer with its
+ * own indexer once more than index_topk keys are visible. */
+static int fwd_choices(fwd_engine *e, int row, int64_t pos, mj_err *err) {
+  int L = gpu_layers(e->gm), max = gpu_max_rows(e->gm), K = (int)e->c->num_experts_per_tok;
+  int KS = (int)e->c->index_topk;
+  fprintf(e->choices, "{\"pos\":%lld,\"route\":[", (long long)pos);
+  for (int l = 0, first = 1; l < L; l++) {
+    if (!gpu_layer_sparse(e->gm, l)) continue;
+    fprintf(e->choices, "%s[%d", first ? "" : ",", l), first = 0;
+    for (int k = 0; k < K; k++) fprintf(e->choices, ",%d", e->routing[((size_t)l * max + row) * K + k]);
+    fputc(']', e->choices);
+  }
+  fputs("],\"sel\":[", e->choices);
+  for (int l = 0, first = 1; l < L && pos + 1 > KS; l++) {
+    if (!gpu_layer_indexer(e->gm, l)) continue;
+    int r = gpu_read_sel(e->gm, l, row, e->sel, err);
+    if (r) return r;
+    fprintf(e->choices, "%s[%d", first ? "" : ",", l), first = 0;
+    for (int k = 0; k < KS; k++) fprintf(e->choices, ",%d", e->sel[k]);
+    fputc(']', e->choices);
+  }
+  fputs("]}\n", e->choices);
+  return 0;
+}
+
+/* Rows tok[0..n) at positions pos..: logits of every row into lg[n][V]. */
+static int fwd_run(fwd_engine *e, const int32_t *tok, int64_t n, int64_t pos, float *lg, int64_t V, mj_err *err) {
+  if (e->cm) return cpu_forward(e->cm, tok, n, pos, lg, true, err);
+  int max = gpu_max_rows(e->gm);
+  int32_t slot[1024], p[1024], out[1024];
+  for (int64_t i0 = 0; i0 < n; i0 += max) {
+    int k = (int)(n - i0 < max ? n - i0 : max);
+    if (k > 1024) k = 1024;
+    for (int i = 0; i < k; i++) slot[i] = 0, p[i] = (int32_t)(pos + i0 + i);
+    int r = gpu_step(e->gm, tok + i0, slot, p, k, out, lg + i0 * V, err);
+    if (!r && e->choices) r = gpu_read_routing(e->gm, e->routing, err);
+    for (int i = 0; !r && e->choices && i < k; i++) r = fwd_choices(e, i, pos + i0 + i, err);
+    if (r) return r;
+  }
+  return 0;
+}
+
 int cmd_forward(int argc, char **argv, mj_err *err) {
-  const char *dir = NULL, *toks = NULL;
-  int64_t steps = 0, threads = 2;
+  const char *dir = NULL, *toks = NULL, *feed_s = NULL, *logits_path = NULL, *backend = "cpu", *choices = NULL;
+  int64_t steps = -1, threads = 2;
   bool absorbed = false;
   cli_opt opts[] = {{"model", 'm', CLI_STR, &dir},      {"tokens", 't', CLI_STR, &toks},
                     {"steps", 0, CLI_INT, &steps},       {"threads", 0, CLI_INT, &threads},
-                    {"absorbed", 0, CLI_FLAG, &absorbed}};
+                    {"absorbed", 0, CLI_FLAG, &absorbed}, {"feed", 0, CLI_STR, &feed_s},
+                    {"logits", 0, CLI_STR, &logits_path}, {"backend", 0, CLI_STR, &backend},
+                    {"choices", 0, CLI_STR, &choices}};
   int r = cli_parse("forward", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (r) return r < 0 ? 0 : r;
   if (!dir || !toks) return mj_fail(err, MJ_EUSAGE, "moejit forward: -m DIR and --tokens ID,ID,... are required");
-  if (steps < 0 || steps > 100000) return mj_fail(err, MJ_EUSAGE, "moejit forward: --steps must be 0..100000");
+  if (strcmp(backend, "cpu") && strcmp(backend, "cuda"))
+    return mj_fail(err, MJ_EUSAGE, "moejit forward: --backend must be cpu or cuda, not '%s'", backend);
   if (threads < 1 || threads > CLI_MAX_THREADS)
     return mj_fail(err, MJ_EUSAGE, "moejit forward: --threads must be 1..%d", CLI_MAX_THREADS);
-  int64_t ids[4096];
-  int n = mj_parse_i64_list(toks, ids, 4096);
+  if (choices && strcmp(backend, "cuda"))
+    return mj_fail(err, MJ_EUSAGE, "moejit forward: --choices records the GPU engine's choices: add --backend cuda");
+  static int64_t ids[4096], feed[4096];
+  int n = mj_parse_i64_list(toks, ids, 4096), nf = 0;
   if (n < 1) return mj_fail(err, MJ_EUSAGE, "moejit forward: --tokens must be a comma-separated list of ids");
+  if (feed_s && (nf = mj_parse_i64_list(feed_s, feed, 4096)) < 1)
+    return mj_fail(err, MJ_EUSAGE, "moejit forward: --feed must be a comma-separated list of ids");
+  if (steps < 0) steps = nf; /* --feed alone: one step per fed id */
+  if (steps > 100000) return mj_fail(err, MJ_EUSAGE, "moejit forward: --steps must be 0..100000");
+  if (nf && nf < steps)
+    return mj_fail(err, MJ_EUSAGE, "moejit forward: --feed has %d ids for %lld steps", nf, (long long)steps);
   model *m;
   if ((r = model_load(dir, &m, err))) return r;
-  for (int i = 0; i < n; i++)
-    if (ids[i] < 0 || ids[i] >= m->cfg.vocab_size) {
-      r = mj_fail(err, MJ_EUSAGE, "moejit forward: --tokens: id %lld is outside the vocabulary of %s (0..%lld)",
-                  (long long)ids[i], dir, (long long)m->cfg.vocab_size - 1);
+  int64_t V = m->cfg.vocab_size;
+  for (int i = 0; i < n + nf; i++) {
+    int64_t id = i < n ? ids[i] : feed[i - n];
+    if (id < 0 || id >= V) {
+      r = mj_fail(err, MJ_EUSAGE, "moejit forward: --%s: id %lld is outside the vocabulary of %s (0..%lld)",
+                  i < n ? "tokens" : "feed", (long long)id, dir, (long long)V - 1);
       model_free(m);
       return r;
     }
-  cpu_params p = {.max_ctx = n + steps + 1, .threads = (int)threads, .absorbed = absorbed};
-  cpu_model *s = NULL;
-  int64_t V = m->cfg.vocab_size;
+  }
+  fwd_engine e = {0};
+  FILE *lf = NULL;
   int32_t *tok = mj_xmalloc((size_t)(n + steps + 1) * sizeof *tok);
-  float *logits = mj_xmalloc((size_t)V * sizeof *logits);
+  float *logits = mj_xmalloc((size_t)n * V * sizeof *logits);
   for (int i = 0; i < n; i++) tok[i] = (int32_t)ids[i];
-  if ((r = cpu_model_create(m, &p, &s, err))) goto out;
+  if (strcmp(backend, "cuda") == 0) {
+    gpu_opts go;
+    gpu_opts_default(&go);
+    go.slots = 1, go.max_ctx = n + steps + 1, go.quiet = true, go.trace = choices != NULL;
+    go.sampling.temperature = 0;
+    if ((r = gpu_model_supports(m, err)) || (r = gpu_model_create(m, &go, &e.gm, err))) goto out;
+    if (choices) {
+      e.c = &m->cfg;
+      e.routing = mj_xmalloc((size_t)gpu_layers(e.gm) * gpu_max_rows(e.gm) * m->cfg.num_experts_per_tok * 4);
+      e.sel = mj_xmalloc((size_t)m->cfg.index_topk * 4);
+      if (!(e.choices = fopen(choices, "w"))) {
+        r = mj_fail(err, MJ_EIO, "moejit forward: %s: cannot create: %s", choices, strerror(errno));
+        goto out;
+      }
+    }
+  } else {
+    cpu_params p = {.max_ctx = n + steps + 1, .threads = (int)threads, .absorbed = absorbed};
+    if ((r = cpu_model_create(m, &p, &e.cm, err))) goto out;
+  }
+  if (logits_path && !(lf = fopen(logits_path, "wb"))) {
+    r = mj_fail(err, MJ_EIO, "moejit forward: %s: cannot create: %s", logits_path, strerror(errno));
+    goto out;
+  }
   double t0 = mj_now_ms();
-  if ((r = cpu_forward(s, tok, n, 0, logits, false, err))) goto out;
-  double t1 = mj_now_ms();
-  printf("prefill  %d tokens in %.1f ms\n", n, t1 - t0);
+  if ((r = fwd_run(&e, tok, n, 0, logits, V, err))) goto out;
+  printf("prefill  %d tokens in %.1f ms (%s)\n", n, mj_now_ms() - t0, backend);
+  const float *last = logits + (int64_t)(n - 1) * V;
+  if (lf && fwrite(logits, sizeof *logits, (size_t)n * V, lf) != (size_t)n * V) goto write_fail;
   for (int64_t k = 0; k <= steps; k++) {
     int64_t best = 0;
     for (int64_t i = 1; i < V; i++)
-      if (logits[i] > logits[best]) best = i;
-    tok[n + k] = (int32_t)best;
-    printf("token    %lld (logit %.4f)\n", (long long)best, logits[best]);
+      if (last[i] > last[best]) best = i;
+    tok[n + k] = (int32_t)(nf ? feed[k < nf ? k : nf - 1] : best);
+    printf("token    %lld (logit %.4f)\n", (long long)best, last[best]);
     if (k == steps) break;
     double ts = mj_now_ms();
-    if ((r = cpu_forward(s, tok + n + k, 1, n + k, logits, false, err))) goto out;
+    if ((r = fwd_run(&e, tok + n + k, 1, n + k, logits, V, err))) goto out;
+    last = logits;
+    if (lf && fwrite(logits, sizeof *logits, (size_t)V, lf) != (size_t)V) goto write_fail;
     printf("decode   step %lld in %.1f ms\n", (long long)k + 1, mj_now_ms() - ts);
   }
+  if (lf && fclose(lf) != 0) {
+    lf = NULL;
+    goto write_fail;
+  }
+  lf = NULL;
+  goto out;
+write_fail:
+  r = mj_fail(err, MJ_EIO, "moejit forward: %s: write failed: %s", logits_path, strerror(errno));
 out:
-  cpu_model_destroy(s);
+  if (lf) fclose(lf);
+  if (e.choices && fclose(e.choices) != 0 && !r)
+    r = mj_fail(err, MJ_EIO, "moejit forward: %s: write failed: %s", choices, strerror(errno));
+  free(e.routing), free(e.sel);
+  cpu_model_destroy(e.cm);
+  gpu_model_destroy(e.gm);
   free(tok), free(logits);
   model_free(m);
   return r;
