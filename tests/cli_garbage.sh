@@ -65,7 +65,7 @@ for c in $commands; do
     case $o in
     --json | --chat | --no-think | --nvfp4 | --force | --absorbed | --ids | --pieces | --pieces* ) ;;
     --model | --tokenizer | --out | --dir | --output | --prompt | --system | --preset | --arch | --emit | \
-    --backend | --indexer-types | --tokens | --max | --configs) ;;
+    --backend | --indexer-types | --tokens | --max | --configs | --config | --logits | --choices) ;;
     *)
       check "$c" $(base "$c") "$o=nan"
       check "$c" $(base "$c") "$o=-99999999999999999999"
