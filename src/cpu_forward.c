@@ -37,6 +37,9 @@ struct cpu_model {
   uint8_t *sel_dump;   /* [layer][token][max_ctx]: DSA masks of the layers with their own indexer */
   int64_t *route_dump; /* [layer][token][topk]: the experts chosen */
   int dump_max;        /* tokens the dumps hold */
+  float *choice_dump;  /* [layer][token][experts]: router choice values */
+  float *score_dump;   /* [layer][token][max_ctx]: indexer scores */
+  int score_max;       /* tokens those hold */
   const int32_t *force_sel, *force_ids; /* cpu_model_force_choices, for the next call */
   int force_max;
 };
@@ -85,6 +88,9 @@ int64_t cpu_model_len(const cpu_model *s) { return s->len; }
 void cpu_model_set_dump(cpu_model *s, float *dump) { s->dump = dump; }
 void cpu_model_set_choice_dump(cpu_model *s, uint8_t *sel, int64_t *ids, int max_tokens) {
   s->sel_dump = sel, s->route_dump = ids, s->dump_max = max_tokens;
+}
+void cpu_model_set_score_dump(cpu_model *s, float *choice, float *score, int max_tokens) {
+  s->choice_dump = choice, s->score_dump = score, s->score_max = max_tokens;
 }
 void cpu_model_force_choices(cpu_model *s, const int32_t *sel, const int32_t *ids, int max_tokens) {
   s->force_sel = sel, s->force_ids = ids, s->force_max = max_tokens;
@@ -136,6 +142,8 @@ static void indexer(cpu_model *s, int64_t L, const model_layer *ly, layer_cache 
      * keys, the causally masked ones holding score + finfo(float32).min,
      * which rounds to -FLT_MAX; the row's length and those entries steer
      * which of several equal scores win (ref_topk.c), so they are kept. */
+    if (s->score_dump && i < s->score_max)
+      memcpy(s->score_dump + (L * s->score_max + i) * s->p.max_ctx, score, (size_t)vis * sizeof *score);
     for (int64_t j = vis; j < T; j++) score[j] = -FLT_MAX;
     ref_topk_torch(score, T, c->index_topk, top);
     for (int64_t t = 0; t < c->index_topk; t++) si[top[t]] = 1;
@@ -261,6 +269,9 @@ static void moe(cpu_model *s, int64_t L, const model_layer *ly, const float *xn,
   int64_t *idx = mj_xmalloc((size_t)(n * K) * sizeof *idx);
   ref_matmul(&ly->router, xn, n, logits, th); /* fp32 router logits */
   for (int64_t t = 0; t < n; t++) ref_route(logits + t * E, &ly->router_bias, c, idx + t * K, w + t * K);
+  for (int64_t t = 0; s->choice_dump && t < n && t < s->score_max; t++)
+    for (int64_t e = 0; e < E; e++)
+      s->choice_dump[(L * s->score_max + t) * E + e] = ref_sigmoid(logits[t * E + e]) + model_vec_at(&ly->router_bias, e);
   for (int64_t t = 0; s->route_dump && t < n && t < s->dump_max; t++)
     memcpy(s->route_dump + (L * s->dump_max + t) * K, idx + t * K, (size_t)K * sizeof *idx);
   for (int64_t t = 0; s->force_ids && t < n && t < s->force_max; t++) {

@@ -48,6 +48,15 @@ void cpu_model_set_dump(cpu_model *s, float *dump);
  * visible); ids (may be NULL)
  * [layer][token][topk] the routed experts of each MoE layer. */
 void cpu_model_set_choice_dump(cpu_model *s, uint8_t *sel, int64_t *ids, int max_tokens);
+/* For diagnosis, the scores behind those choices, for the first max_tokens
+ * tokens of every later call: choice (may be NULL) [layer][token][experts]
+ * receives each MoE layer's router choice values (sigmoid of the logits
+ * plus the correction bias, before any group limit); score (may be NULL)
+ * [layer][token][max_ctx] each indexer layer's scores of the visible keys,
+ * for tokens that see more than index_topk keys (others are left alone).
+ * A test can then tell a near tie (choices whose scores lie close to the
+ * boundary) from a wrong choice. */
+void cpu_model_set_score_dump(cpu_model *s, float *choice, float *score, int max_tokens);
 /* For fidelity tests: the next cpu_forward takes these discrete choices
  * for its first max_tokens tokens instead of its own (which the choice dump
  * still records), so that two engines whose near-tie choices differ can be

@@ -26,7 +26,9 @@
  * within 2e-2 relative error and every greedy choice equal or a near tie
  * (the CPU's logits of the two within 4e-2 of their rms); the flips
  * themselves (the CPU's own choice against the GPU's) are counted and must
- * stay rare (a broken choice would differ at every step).
+ * stay rare (a broken choice would differ at every step), and each must be
+ * a near tie in the CPU's own scores (choice_gaps: the CPU's scores of the
+ * two picks lie within a small gap of each other).
  * Rows of one step are padded to a captured size, so batches of 3 run the
  * size-4 graph with one padding row that must not disturb the others. */
 #include <math.h>
@@ -133,6 +135,60 @@ static int route_differs(gpu_model *g, int row, const int64_t *cpu_ids, int crow
   return n;
 }
 
+/* Near ties, measured: where the GPU's own choice for the last step's row
+ * `row` differs from the CPU's own for token `crow` of its last call (both
+ * on one history), how far apart the CPU's own scores put the two picks.
+ * For the experts of every MoE layer, min(choice value of an expert only
+ * the CPU took) - max(of one only the GPU took), in the router's choice
+ * units (sigmoid + bias); for the keys of every indexer layer, the same
+ * over the indexer's scores, relative to the row's largest |score|.  A
+ * near tie gives a gap close to 0; a wrong choice (a broken kernel, a bad
+ * tie rule) a large one.  The worst gaps are kept and bounded. */
+static const double ROUTE_TIE = 1e-2, SEL_TIE = 2e-2; /* observed on the H200: 2.2e-3, 6.6e-3 */
+static float *CH, *SC; /* the CPU's score dumps (cpu_model_set_score_dump), DUMP tokens */
+static double worst_route_gap, worst_sel_gap;
+static int route_gaps_n, sel_gaps_n;
+
+static void choice_gaps(gpu_model *g, int row, int crow, int vis, const int64_t *cpu_ids, const uint8_t *masks,
+                        mj_err *err) {
+  int L = gpu_layers(g), K = (int)M->cfg.num_experts_per_tok, KS = (int)M->cfg.index_topk, max = gpu_max_rows(g);
+  int E = (int)M->cfg.n_routed_experts;
+  int32_t *ids = mj_xcalloc((size_t)L * max * K, 4), *sel = mj_xcalloc((size_t)KS, 4);
+  uint8_t *gm = mj_xcalloc((size_t)CTX, 1);
+  T_CHECK(gpu_read_routing(g, ids, err) == 0);
+  for (int l = 0; l < L; l++) {
+    if (gpu_layer_sparse(g, l)) {
+      const int32_t *gi = ids + ((size_t)l * max + row) * K;
+      const int64_t *ci = cpu_ids + ((size_t)l * DUMP + crow) * K;
+      const float *ch = CH + ((size_t)l * DUMP + crow) * E;
+      double only_cpu = INFINITY, only_gpu = -INFINITY;
+      for (int a = 0; a < K; a++) {
+        bool in_gpu = false, in_cpu = false;
+        for (int b = 0; b < K; b++) in_gpu |= gi[b] == ci[a], in_cpu |= ci[b] == gi[a];
+        if (!in_gpu) only_cpu = fmin(only_cpu, ch[ci[a]]);
+        if (!in_cpu && gi[a] >= 0 && gi[a] < E) only_gpu = fmax(only_gpu, ch[gi[a]]);
+      }
+      if (isfinite(only_cpu)) route_gaps_n++, worst_route_gap = fmax(worst_route_gap, only_cpu - only_gpu);
+    }
+    if (masks && gpu_layer_indexer(g, l) && vis > KS) {
+      T_CHECK(gpu_read_sel(g, l, row, sel, err) == 0);
+      memset(gm, 0, CTX);
+      for (int k = 0; k < KS; k++)
+        if (sel[k] >= 0 && sel[k] < vis) gm[sel[k]] = 1;
+      const uint8_t *cm = masks + ((size_t)l * DUMP + crow) * CTX;
+      const float *sc = SC + ((size_t)l * DUMP + crow) * CTX;
+      double only_cpu = INFINITY, only_gpu = -INFINITY, top = 0;
+      for (int t = 0; t < vis; t++) {
+        top = fmax(top, fabs(sc[t]));
+        if (cm[t] && !gm[t]) only_cpu = fmin(only_cpu, sc[t]);
+        if (gm[t] && !cm[t]) only_gpu = fmax(only_gpu, sc[t]);
+      }
+      if (isfinite(only_cpu)) sel_gaps_n++, worst_sel_gap = fmax(worst_sel_gap, (only_cpu - only_gpu) / (top > 0 ? top : 1));
+    }
+  }
+  free(ids), free(sel), free(gm);
+}
+
 /* Make the CPU's next call (rows tokens) take the discrete choices the
  * GPU's last step made for its rows row0.. (the routing of every MoE
  * layer, the selection of every layer with its own indexer). */
@@ -170,6 +226,7 @@ static void single(void) {
   int64_t *route = mj_xcalloc((size_t)NL * DUMP * K, sizeof *route);
   int32_t *fids = mj_xcalloc((size_t)NL * DUMP * K, 4), *fsel = mj_xcalloc((size_t)NL * DUMP * KS, 4);
   cpu_model_set_choice_dump(c, mask, route, DUMP);
+  cpu_model_set_score_dump(c, CH, SC, DUMP);
   T_CHECK(gpu_prefill(ge, prompt, NP, 0, le, &err) == 0);
   T_CHECK(gpu_prefill(g, prompt, NP, 0, lg, &err) == 0); /* last: its choices stay readable */
   force_gpu_choices(g, c, 0, NP, fids, fsel, &err);
@@ -178,6 +235,7 @@ static void single(void) {
   int prf = 0, psf = 0, psel_rows = 0; /* prompt rows with an expert flip, a DSA flip; rows with DSA drops */
   for (int r = 0; r < NP; r++) {
     prf += route_differs(g, r, route, r, &err) > 0;
+    choice_gaps(g, r, r, r + 1, route, dsa ? mask : NULL, &err);
     if (dsa && r + 1 > KS) psel_rows++, psf += sel_differs(g, r, mask, r, r + 1, &err) > 0;
   }
   double e0 = rel(lg, lc, V), worst = e0;
@@ -214,6 +272,7 @@ static void single(void) {
     }
     double e = rel(lg, lc, V);
     int nd = dsa ? sel_differs(g, 0, mask, 0, pos + 1, &err) : 0, nr = route_differs(g, 0, route, 0, &err);
+    choice_gaps(g, 0, 0, pos + 1, route, dsa ? mask : NULL, &err);
     printf("  step %2d pos %d: rel err %.2e%s%s\n", st, pos, e, nd ? "  (the CPU's own DSA selection differs)" : "",
            nr ? "  (the CPU's own expert choice differs)" : "");
     sel_steps += nd > 0, route_steps += nr > 0;
@@ -292,9 +351,13 @@ static void test_batched(void) {
       T_CHECK(gpu_prefill(g, pr, plen[q], slot_of[q], tmp, &err) == 0);
       force_gpu_choices(g, c[q], 0, plen[q], fids, fsel, &err);
       cpu_model_set_choice_dump(c[q], NULL, route, DUMP);
+      cpu_model_set_score_dump(c[q], CH, NULL, DUMP);
       T_CHECK(cpu_forward(c[q], pr, plen[q], 0, lc[q], false, &err) == 0);
       int flips = 0;
-      for (int r = 0; r < plen[q]; r++) flips += route_differs(g, r, route, r, &err) > 0;
+      for (int r = 0; r < plen[q]; r++) {
+        flips += route_differs(g, r, route, r, &err) > 0;
+        choice_gaps(g, r, r, r + 1, route, NULL, &err);
+      }
       route_flips += flips;
       double e = rel(tmp, lc[q], V);
       printf("  prompt of sequence %d (%d tokens): rel err %.2e; rows where the CPU's own expert choice differs: %d\n",
@@ -318,9 +381,11 @@ static void test_batched(void) {
       int q = who[i];
       force_gpu_choices(g, c[q], i, 1, fids, fsel, &err);
       cpu_model_set_choice_dump(c[q], NULL, route, DUMP);
+      cpu_model_set_score_dump(c[q], CH, NULL, DUMP);
       T_CHECK(cpu_forward(c[q], &tok[i], 1, len[q], lc[q], false, &err) == 0);
       len[q]++;
       int flips = route_differs(g, i, route, 0, &err);
+      choice_gaps(g, i, 0, pos[i] + 1, route, NULL, &err);
       double e = rel(lg + (size_t)i * V, lc[q], V);
       printf("  step %2d row %d (sequence %d, pos %d): rel err %.2e%s\n", st, i, q, pos[i], e,
              flips ? "  (the CPU's own expert choice differs)" : "");
@@ -388,10 +453,21 @@ int gpu_test_decode(void) {
   }
   M = Mfull;
   V = (int)M->cfg.vocab_size;
+  size_t NL = (size_t)M->cfg.num_hidden_layers;
+  CH = mj_xcalloc(NL * DUMP * (size_t)M->cfg.n_routed_experts, sizeof *CH);
+  SC = mj_xcalloc(NL * DUMP * CTX, sizeof *SC);
   T_RUN(test_single);
   T_RUN(test_single_dsa);
   T_RUN(test_batched);
+  /* Every choice of the GPU's own that differs from the CPU's own must be a
+   * near tie in the CPU's scores (choice_gaps). */
+  printf("choices that differ from the CPU's own: %d expert sets, worst gap %.3g in router choice values (bound "
+         "%g); %d DSA selections, worst gap %.3g of the row's largest score (bound %g)\n",
+         route_gaps_n, worst_route_gap, ROUTE_TIE, sel_gaps_n, worst_sel_gap, SEL_TIE);
+  T_CHECK(worst_route_gap <= ROUTE_TIE);
+  T_CHECK(worst_sel_gap <= SEL_TIE);
   T_RUN(test_oom);
+  free(CH), free(SC);
   model_free(Mfull);
   model_free(Mdsa);
   return t_scratch_done(t_status());
