@@ -116,6 +116,52 @@ static void check_crc(const char *dir, const char *file, uint32_t want) {
   mj_err_clear(&err);
 }
 
+/* Load the regenerated checkpoint; NULL (and a failed check) if it does not. */
+static model *load_checked(const char *dir, int64_t vocab) {
+  mj_err err = {0};
+  model *m;
+  if (model_load(dir, &m, &err)) {
+    fprintf(stderr, "  %s\n", err.msg);
+    T_CHECK(!"model loads");
+    mj_err_clear(&err);
+    return NULL;
+  }
+  T_EQ_INT(m->cfg.vocab_size, vocab);
+  return m;
+}
+
+/* Every row of ours against the reference: the relative error, and the
+ * greedy token of rows first..rows-1 against the reference's argmax unless
+ * its top-2 margin (margins, may be NULL: none is a near tie) is under TOL.
+ * Prints the first mismatches; counts into the out parameters. */
+typedef struct row_stats {
+  double worst;
+  int bad_pos, bad_tok, near;
+} row_stats;
+static row_stats compare_rows(const float *got, const float *want, int64_t rows, int64_t V, int64_t first,
+                              const json *margins) {
+  row_stats r = {0};
+  for (int64_t i = 0; i < rows; i++) {
+    int64_t at = 0;
+    double e = rel_err(got + i * V, want + i * V, V, &at);
+    r.worst = fmax(r.worst, e);
+    if (e > TOL && r.bad_pos++ < 5)
+      fprintf(stderr, "  position %lld: relative error %.3g (logit %lld: ours %.6g, reference %.6g)\n",
+              (long long)i, e, (long long)at, got[i * V + at], want[i * V + at]);
+    int64_t ours = argmax(got + i * V, V), theirs = argmax(want + i * V, V);
+    if (i < first || ours == theirs) continue;
+    double margin = margins ? margins->items[i]->num : INFINITY;
+    if (margin < TOL) {
+      r.near++;
+      continue;
+    }
+    if (r.bad_tok++ < 5)
+      fprintf(stderr, "  position %lld: greedy token %lld, reference %lld (its top-2 margin %.3g)\n", (long long)i,
+              (long long)ours, (long long)theirs, margin);
+  }
+  return r;
+}
+
 static void check_sweep(const char *fixdir, const json *fx, const char *moejit, const char *tmp);
 
 static void check_fixture(const char *fixdir, const char *file, const char *moejit, const char *tmp) {
@@ -156,13 +202,8 @@ static void check_fixture(const char *fixdir, const char *file, const char *moej
   if (!made) return;
   json *crcs = json_get(fx, "checkpoint_crc32");
   for (size_t i = 0; i < crcs->len; i++) check_crc(dir, crcs->keys[i], (uint32_t)crcs->items[i]->i);
-  model *m;
-  if (model_load(dir, &m, &err)) {
-    fprintf(stderr, "  %s\n", err.msg);
-    T_CHECK(!"model loads");
-    return;
-  }
-  T_EQ_INT(m->cfg.vocab_size, V);
+  model *m = load_checked(dir, V);
+  if (!m) return;
   T_EQ_INT(m->cfg.hidden_size, H);
   snprintf(path, sizeof path, "%s/%s", fixdir, json_get(fx, "logits_file")->str);
   float *want = read_f32(path, (size_t)((np + ns) * V));
@@ -183,22 +224,8 @@ static void check_fixture(const char *fixdir, const char *file, const char *moej
   T_CHECK(cpu_forward(s, tok, np, 0, got, true, &err) == 0);
   for (int64_t k = 0; k < ns; k++) T_CHECK(cpu_forward(s, tok + np + k, 1, np + k, got + (np + k) * V, false, &err) == 0);
 
-  double worst = 0;
-  int bad_pos = 0, bad_tok = 0;
-  for (int64_t i = 0; i < np + ns; i++) {
-    int64_t at = 0;
-    double e = rel_err(got + i * V, want + i * V, V, &at);
-    worst = fmax(worst, e);
-    if (e > TOL && bad_pos++ < 5)
-      fprintf(stderr, "  position %lld: relative error %.3g (logit %lld: ours %.6g, reference %.6g)\n",
-              (long long)i, e, (long long)at, got[i * V + at], want[i * V + at]);
-    if (i >= np - 1) {
-      int64_t ours = argmax(got + i * V, V), theirs = tok[i + 1];
-      if (ours != theirs && bad_tok++ < 5)
-        fprintf(stderr, "  position %lld: greedy token %lld, reference %lld\n", (long long)i, (long long)ours,
-                (long long)theirs);
-    }
-  }
+  /* The reference's argmax of each row from the last prompt row on is its greedy token. */
+  row_stats rs = compare_rows(got, want, np + ns, V, np - 1, NULL);
   for (int64_t L = 0; L < NL; L++) {
     int64_t at = 0;
     double e = rel_err(layers + L * np * H, want_layers + L * np * H, np * H, &at);
@@ -209,9 +236,9 @@ static void check_fixture(const char *fixdir, const char *file, const char *moej
     }
   }
   printf("  %lld positions, worst relative error %.3g, %d over %g, %d greedy tokens differ\n",
-         (long long)(np + ns), worst, bad_pos, TOL, bad_tok);
-  T_CHECK(bad_pos == 0);
-  T_CHECK(bad_tok == 0);
+         (long long)(np + ns), rs.worst, rs.bad_pos, TOL, rs.bad_tok);
+  T_CHECK(rs.bad_pos == 0);
+  T_CHECK(rs.bad_tok == 0);
   cpu_model_destroy(s);
   model_free(m);
   free(tok), free(got), free(layers), free(want), free(want_layers);
@@ -269,13 +296,8 @@ static void check_sweep(const char *fixdir, const json *fx, const char *moejit, 
   if (!regenerate(moejit, args, dir)) return;
   check_crc(dir, "model.safetensors", (uint32_t)json_get(fx, "weights_crc32")->i);
   mj_err err = {0};
-  model *m;
-  if (model_load(dir, &m, &err)) {
-    fprintf(stderr, "  %s\n", err.msg);
-    T_CHECK(!"model loads");
-    return;
-  }
-  T_EQ_INT(m->cfg.vocab_size, V);
+  model *m = load_checked(dir, V);
+  if (!m) return;
   snprintf(path, sizeof path, "%s/%s", fixdir, json_get(fx, "logits_file")->str);
   float *want = read_f32(path, (size_t)((np + ns) * V));
   T_CHECK(want != NULL);
@@ -300,30 +322,12 @@ static void check_sweep(const char *fixdir, const json *fx, const char *moejit, 
     T_CHECK(cpu_forward(s, tok + np + k, 1, np + k, got + (np + k) * V, false, &err) == 0);
     sel_bad += compare_sel(m, dump, ctx, np + k, 1, sels, &sel_checked);
   }
-  double worst = 0;
-  int bad_pos = 0, bad_tok = 0, near = 0;
-  for (int64_t i = 0; i < np + ns; i++) {
-    int64_t at = 0;
-    double e = rel_err(got + i * V, want + i * V, V, &at);
-    worst = fmax(worst, e);
-    if (e > TOL && bad_pos++ < 5)
-      fprintf(stderr, "  position %lld: relative error %.3g (logit %lld: ours %.6g, reference %.6g)\n",
-              (long long)i, e, (long long)at, got[i * V + at], want[i * V + at]);
-    int64_t ours = argmax(got + i * V, V), theirs = argmax(want + i * V, V);
-    if (ours == theirs) continue;
-    if (margins->items[i]->num < TOL) {
-      near++;
-      continue;
-    }
-    if (bad_tok++ < 5)
-      fprintf(stderr, "  position %lld: greedy token %lld, reference %lld (its top-2 margin %.3g)\n", (long long)i,
-              (long long)ours, (long long)theirs, margins->items[i]->num);
-  }
+  row_stats rs = compare_rows(got, want, np + ns, V, 0, margins);
   printf("  %lld positions, worst relative error %.3g, %d over %g; %d greedy tokens differ (%d more within a near "
          "tie); DSA selections: %d checked, %d differ\n",
-         (long long)(np + ns), worst, bad_pos, TOL, bad_tok, near, sel_checked, sel_bad);
-  T_CHECK(bad_pos == 0);
-  T_CHECK(bad_tok == 0);
+         (long long)(np + ns), rs.worst, rs.bad_pos, TOL, rs.bad_tok, rs.near, sel_checked, sel_bad);
+  T_CHECK(rs.bad_pos == 0);
+  T_CHECK(rs.bad_tok == 0);
   T_CHECK(sel_bad == 0);
   T_EQ_INT(sel_checked, (int)sels->len);
   cpu_model_destroy(s);
