@@ -13,57 +13,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench.h"
 #include "cli.h"
 #include "cudrv.h"
+#include "timing.h"
 #include "dsl.h"
 #include "jit.h"
 #include "ref.h"
-
-static int cmp_f(const void *a, const void *b) {
-  float x = *(const float *)a, y = *(const float *)b;
-  return (x > y) - (x < y);
-}
-
-/* Capture n launches (launch(ctx, i) for i < n) in one graph, replay it
- * reps times and return the median time per launch in microseconds. */
-int bench_time_graph(bench_launch_fn launch, void *ctx, int n, int reps, double *us, mj_err *err) {
-  CUstream s = NULL;
-  CUgraph g = NULL;
-  CUgraphExec ge = NULL;
-  CUevent e0 = NULL, e1 = NULL;
-  float *ms = mj_xcalloc((size_t)reps, sizeof *ms);
-  int rc = MJ_ECUDA;
-  CU_CHECK_GOTO(err, cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), out);
-  CU_CHECK_GOTO(err, cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), out);
-  for (int i = 0; i < n; i++)
-    if (launch(ctx, i, s, err)) {
-      cu.cuStreamEndCapture(s, &g);
-      goto out;
-    }
-  CU_CHECK_GOTO(err, cu.cuStreamEndCapture(s, &g), out);
-  CU_CHECK_GOTO(err, cu.cuGraphInstantiate(&ge, g, 0), out);
-  CU_CHECK_GOTO(err, cu.cuEventCreate(&e0, CU_EVENT_DEFAULT), out);
-  CU_CHECK_GOTO(err, cu.cuEventCreate(&e1, CU_EVENT_DEFAULT), out);
-  for (int w = 0; w < 2; w++) CU_CHECK_GOTO(err, cu.cuGraphLaunch(ge, s), out); /* warm-up */
-  for (int r = 0; r < reps; r++) {
-    CU_CHECK_GOTO(err, cu.cuEventRecord(e0, s), out);
-    CU_CHECK_GOTO(err, cu.cuGraphLaunch(ge, s), out);
-    CU_CHECK_GOTO(err, cu.cuEventRecord(e1, s), out);
-    CU_CHECK_GOTO(err, cu.cuEventSynchronize(e1), out);
-    CU_CHECK_GOTO(err, cu.cuEventElapsedTime(&ms[r], e0, e1), out);
-  }
-  qsort(ms, (size_t)reps, sizeof *ms, cmp_f);
-  *us = ms[reps / 2] * 1000.0 / n;
-  rc = 0;
-out:
-  if (e0) cu.cuEventDestroy(e0);
-  if (e1) cu.cuEventDestroy(e1);
-  if (ge) cu.cuGraphExecDestroy(ge);
-  if (g) cu.cuGraphDestroy(g);
-  if (s) cu.cuStreamDestroy(s);
-  free(ms);
-  return rc;
-}
 
 static uint64_t bench_rng;
 static float frand(void) {
@@ -100,7 +56,7 @@ static int bench_gemv(int argc, char **argv, mj_err *err) {
   if ((rc = cu_init(err))) return rc;
   const cu_device *d = cu_dev();
   double copy_bps;
-  if ((rc = cu_copy_bandwidth((size_t)1 << 30, &copy_bps, err))) return rc;
+  if ((rc = tm_copy_bandwidth((size_t)1 << 30, &copy_bps, err))) return rc;
   size_t wbytes = (size_t)N * (size_t)K * 2;
   bench_rng = (uint64_t)time(NULL);
   /* Host data: one random W and x; the device copies differ only in place. */
@@ -158,7 +114,7 @@ static int bench_gemv(int argc, char **argv, mj_err *err) {
     for (int64_t i = 0; i < N; i++) got[i] = dt_bf16_to_f32(y[i]);
     double e = ref_rel_err(got, ref, (size_t)N);
     double tus;
-    if ((rc = bench_time_graph(gemv_launch, &g, 40, 15, &tus, err))) goto out;
+    if ((rc = tm_graph_us(gemv_launch, &g, 40, 15, &tus, err))) goto out;
     double gbs = bytes / (tus * 1e-6) / 1e9;
     if (e < 1e-2 && gbs > best) best = gbs;
     printf("| %d | %d | %d | %d | %.1f %s | %.1e%s | %.1f | %.0f | %.1f%% |\n", t, r, u, jf->meta.regs, tj,

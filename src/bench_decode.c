@@ -24,45 +24,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench.h"
 #include "cli.h"
 #include "gpu_model.h"
 #include "nccldrv.h"
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-/* Median microseconds per step of reps runs of n steps each. */
-static int time_steps(gpu_model *g, int np, bool graph, int n, int reps, double *us, mj_err *err) {
-  CUstream s = gpu_stream(g);
-  CUevent e0 = NULL, e1 = NULL;
-  double *t = mj_xcalloc((size_t)reps, sizeof *t);
-  int rc = MJ_ECUDA;
-  CU_CHECK_GOTO(err, cu.cuEventCreate(&e0, CU_EVENT_DEFAULT), out);
-  CU_CHECK_GOTO(err, cu.cuEventCreate(&e1, CU_EVENT_DEFAULT), out);
-  for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
-    CU_CHECK_GOTO(err, cu.cuEventRecord(e0, s), out);
-    for (int i = 0; i < n; i++) {
-      rc = graph ? gpu_graph_launch(g, np, s, err) : gpu_enqueue(g, np, s, NULL, err);
-      if (rc) goto out;
-    }
-    rc = MJ_ECUDA;
-    CU_CHECK_GOTO(err, cu.cuEventRecord(e1, s), out);
-    CU_CHECK_GOTO(err, cu.cuEventSynchronize(e1), out);
-    float ms;
-    CU_CHECK_GOTO(err, cu.cuEventElapsedTime(&ms, e0, e1), out);
-    if (r >= 0) t[r] = ms * 1e3 / n;
-  }
-  qsort(t, (size_t)reps, sizeof *t, cmp_d);
-  *us = t[reps / 2];
-  rc = 0;
-out:
-  if (e0) cu.cuEventDestroy(e0);
-  if (e1) cu.cuEventDestroy(e1);
-  free(t);
-  return rc;
-}
+#include "timing.h"
 
 int bench_decode(int argc, char **argv, mj_err *err) {
   const char *dir = NULL, *synth = "glm5", *batch_s = "1,8,32";
@@ -99,7 +65,7 @@ int bench_decode(int argc, char **argv, mj_err *err) {
   if ((rc = cu_init(err))) return rc;
   const cu_device *dev = cu_dev();
   double copy_bps;
-  if ((rc = cu_copy_bandwidth((size_t)1 << 30, &copy_bps, err))) return rc;
+  if ((rc = tm_copy_bandwidth((size_t)1 << 30, &copy_bps, err))) return rc;
 
   gpu_opts o;
   gpu_opts_default(&o);
@@ -182,8 +148,8 @@ int bench_decode(int argc, char **argv, mj_err *err) {
     else if (memcmp(out1, out2, (size_t)B * 4)) check = "TOKENS DIFFER";
     double tg = 0, te = 0;
     if ((rc = gpu_set_rows(g, tok, slot, pos, B, err))) goto next;
-    if (graph && (rc = time_steps(g, np, true, (int)steps, (int)reps, &tg, err))) goto next;
-    if ((rc = time_steps(g, np, false, (int)steps, (int)reps, &te, err))) goto next;
+    if (graph && (rc = gpu_time_steps(g, np, true, (int)steps, (int)reps, &tg, err))) goto next;
+    if ((rc = gpu_time_steps(g, np, false, (int)steps, (int)reps, &te, err))) goto next;
     if (!graph) tg = te;
     gpu_prof *p = &profs[bi];
     if ((rc = gpu_profile_step(g, np, p, err))) goto next;

@@ -19,9 +19,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench.h"
 #include "cli.h"
 #include "jit.h"
 #include "moe.h"
+#include "timing.h"
 
 #define NPOOL 3
 #define MAXSETS 16
@@ -110,7 +112,7 @@ int bench_moe(int argc, char **argv, mj_err *err) {
   if ((rc = cu_init(err))) return rc;
   const cu_device *d = cu_dev();
   double copy_bps;
-  if ((rc = cu_copy_bandwidth((size_t)1 << 30, &copy_bps, err))) return rc;
+  if ((rc = tm_copy_bandwidth((size_t)1 << 30, &copy_bps, err))) return rc;
   ref_moe_cfg cfg = {.hidden = (int)H, .inter = (int)I, .n_experts = (int)E, .topk = 8, .n_group = 1, .topk_group = 1,
                      .norm_topk_prob = true, .scaling = 2.5f};
   rng = (uint64_t)time(NULL);
@@ -232,7 +234,7 @@ int bench_moe(int argc, char **argv, mj_err *err) {
         double us;
         /* routing state for set 0 is in b; gate_up must run before down */
         if ((rc = moe_forward(&kk, &q, &W[0], &b, xs[0], B, NULL, err)) ||
-            (rc = bench_time_graph(bench_launch, &cc, 20, 11, &us, err))) {
+            (rc = tm_graph_us(bench_launch, &cc, 20, 11, &us, err))) {
           moe_kernels_free(&kk);
           goto out;
         }
@@ -255,7 +257,7 @@ int bench_moe(int argc, char **argv, mj_err *err) {
       cc.which = id;
       double us;
       if ((rc = moe_forward(&k, &plan, &W[0], &b, xs[0], B, NULL, err)) ||
-          (rc = bench_time_graph(bench_launch, &cc, 20, 11, &us, err)))
+          (rc = tm_graph_us(bench_launch, &cc, 20, 11, &us, err)))
         goto out;
       printf("| %s | %d | %.1f %s | %.1f |\n", moe_kernel_names[id], k.regs[id], k.compile_ms[id],
              k.compiled[id] ? "compiled" : "cached", us);
@@ -267,9 +269,9 @@ int bench_moe(int argc, char **argv, mj_err *err) {
     c.side = &side;
     double us, us_seq;
     c.which = -1;
-    rc = bench_time_graph(bench_launch, &c, 20, 15, &us_seq, err);
+    rc = tm_graph_us(bench_launch, &c, 20, 15, &us_seq, err);
     c.which = -2;
-    if (!rc) rc = bench_time_graph(bench_launch, &c, 20, 15, &us, err);
+    if (!rc) rc = tm_graph_us(bench_launch, &c, 20, 15, &us, err);
     moe_side_destroy(&side);
     if (rc) goto out;
     double gbs = wbytes / us / 1e3;

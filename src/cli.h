@@ -1,4 +1,4 @@
-/* cli.h: the moejit command table and the helpers commands share.
+/* cli.h: the moejit command table and the option parser (src/cli.c).
  *
  * Every subcommand is one row of MJ_COMMANDS: its name, a one-line summary
  * and its usage text.  `moejit help`, the dispatcher and each command's
@@ -150,6 +150,15 @@
 MJ_COMMANDS(X)
 #undef X
 
+/* The table as data, ending with a NULL name; one command by name (NULL if
+ * there is none). */
+typedef struct cli_command_def {
+  const char *name, *summary, *usage;
+  int (*fn)(int argc, char **argv, mj_err *err);
+} cli_command_def;
+extern const cli_command_def cli_commands[];
+const cli_command_def *cli_command(const char *name);
+
 /* Print a command's usage (from the table) to f. */
 void cli_usage(const char *cmd, FILE *f);
 
@@ -177,34 +186,5 @@ typedef struct cli_list {
 
 int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts,
               int nopts, cli_list *positional, mj_err *err);
-
-/* Benchmark helpers shared by src/bench.c and src/bench_moe.c: capture n
- * launches (launch(ctx, i) for i < n) in one CUDA graph, replay it reps
- * times, and return the median time per launch in microseconds. */
-#include "cudrv.h"
-typedef int (*bench_launch_fn)(void *ctx, int i, CUstream s, mj_err *err);
-int bench_time_graph(bench_launch_fn launch, void *ctx, int n, int reps, double *us, mj_err *err);
-int bench_moe(int argc, char **argv, mj_err *err);
-int bench_decode(int argc, char **argv, mj_err *err);
-
-/* `moejit generate --prompts FILE` (src/generate_many.c): the options
- * cmd_generate parsed, and the model and tokenizer it loaded. */
-#include "chat.h"
-#include "gpu_model.h"
-#include "sample.h"
-#include "tokenizer.h"
-typedef struct gen_many_opts {
-  const char *prompts_path; /* one prompt per line; "-": stdin */
-  int parallel;             /* sequences live at once */
-  int64_t n_predict, ctx;
-  bool chat, no_think, as_json, quiet;
-  const char *system;
-  sample_params sp;         /* seed: of prompt 0; prompt k uses seed + k */
-  bool gpu;                 /* else the CPU */
-  gpu_opts go;
-  int threads;
-} gen_many_opts;
-int generate_many(const gen_many_opts *o, const model *m, tok_tokenizer *tok, const chat_format *cf, bool have_chat,
-                  mj_err *err);
 
 #endif

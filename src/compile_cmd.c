@@ -23,14 +23,10 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "timing.h"
 #include "dsl.h"
 #include "embed.h"
 #include "jit.h"
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
 
 /* Read a kernel source: a file, or failing that an embedded template. */
 static int load_source(const char *name, char **src, size_t *len, bool *owned, mj_err *err) {
@@ -159,8 +155,7 @@ int cmd_compile(int argc, char **argv, mj_err *err) {
     times[i] = r.t_total;
   }
   double first = times[0];
-  qsort(times, (size_t)repeat, sizeof *times, cmp_double);
-  double median = times[repeat / 2];
+  double median = tm_median(times, (size_t)repeat);
   free(times);
 
   const char *text = !strcmp(emit, "llvm") ? r.llvm_ir : !strcmp(emit, "ptx") ? r.ptx : NULL;

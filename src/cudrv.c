@@ -130,39 +130,6 @@ int cu_alloc(CUdeviceptr *p, size_t bytes, const char *what, mj_err *err) {
   return cu_fail(err, r, "cuMemAlloc", __FILE__, __LINE__);
 }
 
-static int cmp_float(const void *a, const void *b) {
-  float x = *(const float *)a, y = *(const float *)b;
-  return (x > y) - (x < y);
-}
-
-int cu_copy_bandwidth(size_t bytes, double *bytes_per_s, mj_err *err) {
-  CUdeviceptr a = 0, b = 0;
-  CUevent e0 = NULL, e1 = NULL;
-  int rc = MJ_ECUDA;
-  float ms[15];
-  if (cu_alloc(&a, bytes, "the copy-bandwidth probe", err)) return MJ_ENOMEM;
-  if (cu_alloc(&b, bytes, "the copy-bandwidth probe", err)) goto out;
-  CU_CHECK_GOTO(err, cu.cuMemsetD8(a, 0x5A, bytes), out);
-  CU_CHECK_GOTO(err, cu.cuEventCreate(&e0, CU_EVENT_DEFAULT), out);
-  CU_CHECK_GOTO(err, cu.cuEventCreate(&e1, CU_EVENT_DEFAULT), out);
-  for (int i = -3; i < 15; i++) {
-    CU_CHECK_GOTO(err, cu.cuEventRecord(e0, NULL), out);
-    CU_CHECK_GOTO(err, cu.cuMemcpyDtoDAsync(b, a, bytes, NULL), out);
-    CU_CHECK_GOTO(err, cu.cuEventRecord(e1, NULL), out);
-    CU_CHECK_GOTO(err, cu.cuEventSynchronize(e1), out);
-    if (i >= 0) CU_CHECK_GOTO(err, cu.cuEventElapsedTime(&ms[i], e0, e1), out);
-  }
-  qsort(ms, 15, sizeof ms[0], cmp_float);
-  *bytes_per_s = 2.0 * (double)bytes / (ms[7] * 1e-3);
-  rc = 0;
-out:
-  if (e0) cu.cuEventDestroy(e0);
-  if (e1) cu.cuEventDestroy(e1);
-  if (a) cu.cuMemFree(a);
-  if (b) cu.cuMemFree(b);
-  return rc;
-}
-
 int cu_load_cubin(const void *cubin, const char *kernel, CUmodule *mod, CUfunction *fn, mj_err *err) {
   CU_CHECK(err, cu.cuModuleLoadData(mod, cubin));
   CUresult r = cu.cuModuleGetFunction(fn, *mod, kernel);

@@ -103,9 +103,5 @@ int cu_load_cubin(const void *cubin, const char *kernel, CUmodule *mod, CUfuncti
 int cu_launch(CUfunction fn, unsigned grid, unsigned block, unsigned smem, CUstream s, void **args,
               mj_err *err);
 
-/* Measured device-to-device copy bandwidth in bytes/s (read + write counted),
- * the median of several copies of `bytes` (METHOD.md: every figure is also a
- * fraction of this). */
-int cu_copy_bandwidth(size_t bytes, double *bytes_per_s, mj_err *err);
 
 #endif

@@ -31,6 +31,7 @@
 #include "config.h"
 #include "chat.h"
 #include "cli.h"
+#include "generate.h"
 #include "cpu_forward.h"
 #include "gpu_model.h"
 #include "json.h"

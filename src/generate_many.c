@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "generate.h"
 #include "cpu_forward.h"
 #include "json.h"
 

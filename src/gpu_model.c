@@ -13,6 +13,7 @@
  * door), or runs the list eagerly.
  */
 #include "gpu_model.h"
+#include "timing.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -690,6 +691,22 @@ int gpu_padded(const gpu_model *g, int n, bool *graph) {
     }
   *graph = false;
   return n;
+}
+
+typedef struct {
+  gpu_model *g;
+  int np;
+  bool graph;
+} step_job;
+
+static int launch_step(void *ctx, int i, CUstream s, mj_err *err) {
+  step_job *j = ctx;
+  return j->graph ? gpu_graph_launch(j->g, j->np, s, err) : gpu_enqueue(j->g, j->np, s, NULL, err);
+}
+
+int gpu_time_steps(gpu_model *g, int np, bool graph, int n, int reps, double *us, mj_err *err) {
+  step_job j = {g, np, graph};
+  return tm_launches_us(launch_step, &j, gpu_stream(g), n, reps, 1, us, err);
 }
 
 int gpu_graph_launch(gpu_model *g, int np, CUstream s, mj_err *err) {

@@ -115,6 +115,10 @@ CUstream gpu_stream(const gpu_model *g);
 /* The padded size for n rows (a captured size, or n itself when eager). */
 int gpu_padded(const gpu_model *g, int n, bool *graph);
 
+/* Median microseconds per step of reps runs of n steps of the rows set for
+ * padded size np (gpu_set_rows), as graph launches or eagerly, after one
+ * untimed run (which also captures the graph). */
+int gpu_time_steps(gpu_model *g, int np, bool graph, int n, int reps, double *us, mj_err *err);
 /* A timed eager step: events around each op, summed per op name. */
 #define GPU_PROF_MAX 64
 struct gpu_prof {

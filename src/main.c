@@ -1,6 +1,5 @@
-/* main.c: the moejit program: the dispatcher over MJ_COMMANDS (cli.h), the
- * option parser the commands share, and the small commands that belong to
- * no module (help, version).  This is the only place that chooses an exit
+/* main.c: the moejit program: the dispatcher over MJ_COMMANDS (cli.h) and
+ * the small commands that belong to no module (help, version).  This is the only place that chooses an exit
  * status: commands return an mj_code and fill an mj_err, which is printed
  * here as one line (plus detail lines such as a caret or a compile log).
  * It also owns the process-level policy for a model file that changes under
@@ -22,120 +21,6 @@
 #include "build_id.h"
 #include "safetensors.h"
 
-static const struct {
-  const char *name, *summary, *usage;
-  int (*fn)(int, char **, mj_err *);
-} commands[] = {
-#define X(name, summary, usage) {#name, summary, usage, cmd_##name},
-    MJ_COMMANDS(X)
-#undef X
-};
-
-void cli_usage(const char *cmd, FILE *f) {
-  size_t n = strcspn(cmd, " "); /* "trace synth": the usage of trace */
-  for (size_t i = 0; i < MJ_ARRAY_LEN(commands); i++)
-    if (strlen(commands[i].name) == n && strncmp(commands[i].name, cmd, n) == 0) {
-      fprintf(f, "%s: %s\nusage: %s", commands[i].name, commands[i].summary,
-              commands[i].usage);
-      return;
-    }
-}
-
-static const cli_opt *find_long(const cli_opt *opts, int n, const char *name, size_t len) {
-  for (int i = 0; i < n; i++)
-    if (opts[i].long_name && strlen(opts[i].long_name) == len &&
-        memcmp(opts[i].long_name, name, len) == 0)
-      return &opts[i];
-  return NULL;
-}
-
-static int set_opt(const char *cmd, const cli_opt *o, const char *shown, const char *val,
-                   mj_err *err) {
-  switch (o->kind) {
-  case CLI_FLAG:
-    *(bool *)o->out = true;
-    return 0;
-  case CLI_STR:
-    if (!*val) return mj_fail(err, MJ_EUSAGE, "moejit %s: %s needs a value, not an empty string", cmd, shown);
-    *(const char **)o->out = val;
-    return 0;
-  case CLI_TEXT:
-    *(const char **)o->out = val;
-    return 0;
-  case CLI_INT:
-    if (mj_parse_i64(val, (int64_t *)o->out))
-      return mj_fail(err, MJ_EUSAGE, "moejit %s: %s expects an integer, not '%s'", cmd, shown, val);
-    return 0;
-  case CLI_NUM:
-    if (mj_parse_f64(val, (double *)o->out))
-      return mj_fail(err, MJ_EUSAGE, "moejit %s: %s expects a number, not '%s'", cmd, shown, val);
-    return 0;
-  case CLI_MULTI: {
-    cli_list *l = o->out;
-    l->v = mj_xrealloc(l->v, (size_t)(l->n + 1) * sizeof *l->v);
-    l->v[l->n++] = val;
-    return 0;
-  }
-  }
-  return 0;
-}
-
-int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts, int nopts,
-              cli_list *pos, mj_err *err) {
-  bool only_pos = false;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (only_pos || a[0] != '-' || strcmp(a, "-") == 0) {
-      if (!pos)
-        return mj_fail(err, MJ_EUSAGE, "moejit %s: unexpected argument '%s'", cmd, a);
-      pos->v = mj_xrealloc(pos->v, (size_t)(pos->n + 1) * sizeof *pos->v);
-      pos->v[pos->n++] = a;
-      continue;
-    }
-    if (strcmp(a, "--") == 0) {
-      only_pos = true;
-      continue;
-    }
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      cli_usage(cmd, stdout);
-      return -1;
-    }
-    const cli_opt *o = NULL;
-    const char *val = NULL;
-    char shown[64];
-    if (a[1] == '-') {
-      const char *eq = strchr(a + 2, '=');
-      size_t len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
-      o = find_long(opts, nopts, a + 2, len);
-      snprintf(shown, sizeof shown, "--%.*s", (int)len, a + 2);
-      if (!o) return mj_fail(err, MJ_EUSAGE, "moejit %s: unknown option '%s' (see moejit %s --help)", cmd, shown, cmd);
-      if (eq) {
-        if (o->kind == CLI_FLAG)
-          return mj_fail(err, MJ_EUSAGE, "moejit %s: %s takes no value", cmd, shown);
-        val = eq + 1;
-      }
-    } else {
-      for (int k = 0; k < nopts; k++)
-        if (opts[k].short_name == a[1]) o = &opts[k];
-      snprintf(shown, sizeof shown, "-%c", a[1]);
-      if (!o) return mj_fail(err, MJ_EUSAGE, "moejit %s: unknown option '%s' (see moejit %s --help)", cmd, a, cmd);
-      if (a[2]) {
-        if (o->kind == CLI_FLAG)
-          return mj_fail(err, MJ_EUSAGE, "moejit %s: unknown option '%s'", cmd, a);
-        val = a + 2; /* -DNAME=1, -o/x */
-      }
-    }
-    if (o->kind != CLI_FLAG && !val) {
-      if (i + 1 >= argc)
-        return mj_fail(err, MJ_EUSAGE, "moejit %s: %s needs a value", cmd, shown);
-      val = argv[++i];
-    }
-    int r = set_opt(cmd, o, shown, val, err);
-    if (r) return r;
-  }
-  return 0;
-}
-
 /* ---- help ------------------------------------------------------------------------- */
 int cmd_help(int argc, char **argv, mj_err *err) {
   if (argc >= 2) {
@@ -148,18 +33,16 @@ int cmd_help(int argc, char **argv, mj_err *err) {
       printf("  77 (tests only) skipped: no GPU\n");
       return 0;
     }
-    for (size_t i = 0; i < MJ_ARRAY_LEN(commands); i++)
-      if (strcmp(commands[i].name, argv[1]) == 0) {
-        cli_usage(argv[1], stdout);
-        return 0;
-      }
+    if (cli_command(argv[1])) {
+      cli_usage(argv[1], stdout);
+      return 0;
+    }
     return mj_fail(err, MJ_EUSAGE, "moejit help: unknown command '%s'", argv[1]);
   }
   printf("moejit %s: a JIT engine for GLM-5 mixture-of-experts decode on NVIDIA GPUs\n\n"
          "usage: moejit COMMAND [ARGS]   (moejit COMMAND --help for its options)\n\n"
          "commands:\n", PACKAGE_VERSION);
-  for (size_t i = 0; i < MJ_ARRAY_LEN(commands); i++)
-    printf("  %-10s %s\n", commands[i].name, commands[i].summary);
+  for (const cli_command_def *c = cli_commands; c->name; c++) printf("  %-10s %s\n", c->name, c->summary);
   printf("\nenvironment: MOEJIT_CACHE_DIR, MOEJIT_CACHE=on|off|ro|assert-warm,\n"
          "MOEJIT_CACHE_MAX=2G, MOEJIT_DSL_OPT=0..3, MOEJIT_NVRTC_FLAGS (docs/cache.md),\n"
          "MOEJIT_LOG=0..3, MOEJIT_DEVICE, MOEJIT_NCCL_LIB, MOEJIT_RANK_LOGS (docs/multigpu.md),\n"
@@ -258,10 +141,10 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) cmd = "help";
   if (strcmp(cmd, "--version") == 0) cmd = "version";
-  for (size_t i = 0; i < MJ_ARRAY_LEN(commands); i++) {
-    if (strcmp(commands[i].name, cmd) != 0) continue;
+  const cli_command_def *c = cli_command(cmd);
+  if (c) {
     mj_err err = {0};
-    int r = commands[i].fn(argc - 1, argv + 1, &err);
+    int r = c->fn(argc - 1, argv + 1, &err);
     if (r != 0) {
       if (err.code == MJ_OK) mj_fail(&err, (mj_code)r, "%s", mj_code_desc((mj_code)r));
       fflush(stdout);

@@ -130,7 +130,6 @@ int cmd_mkmodel(int argc, char **argv, mj_err *err) {
   int r = cli_parse("mkmodel", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (r) return r < 0 ? 0 : r;
   if (!out) return mj_fail(err, MJ_EUSAGE, "moejit mkmodel: --out DIR is required");
-  if (cfgpath && !*cfgpath) return mj_fail(err, MJ_EUSAGE, "moejit mkmodel: --config needs a file name");
   mkmodel_spec s;
   mj_arena ca;
   mj_arena_init(&ca, 1 << 14);
@@ -276,8 +275,6 @@ int cmd_forward(int argc, char **argv, mj_err *err) {
     return mj_fail(err, MJ_EUSAGE, "moejit forward: --backend must be cpu or cuda, not '%s'", backend);
   if (threads < 1 || threads > CLI_MAX_THREADS)
     return mj_fail(err, MJ_EUSAGE, "moejit forward: --threads must be 1..%d", CLI_MAX_THREADS);
-  if ((logits_path && !*logits_path) || (choices && !*choices))
-    return mj_fail(err, MJ_EUSAGE, "moejit forward: --%s needs a file name", logits_path && !*logits_path ? "logits" : "choices");
   if (choices && strcmp(backend, "cuda"))
     return mj_fail(err, MJ_EUSAGE, "moejit forward: --choices records the GPU engine's choices: add --backend cuda");
   static int64_t ids[4096], feed[4096];

@@ -24,16 +24,8 @@
 #include "json.h"
 #include "model.h"
 #include "replay.h"
+#include "timing.h"
 
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-static double median(double *v, int64_t n) {
-  if (n <= 0) return 0;
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  return v[n / 2];
-}
 
 /* ---- the command ----------------------------------------------------------------------- */
 typedef struct ropts {
@@ -244,22 +236,16 @@ static int capture(lctx *c, int n, CUstream s, CUgraphExec *out, mj_err *err) {
   return 0;
 }
 
-/* Median microseconds per launch of graph ge (n launches), over reps. */
-static int time_graph(CUgraphExec ge, int n, int reps, CUstream s, CUevent *ev, double *us, mj_err *err) {
-  double t[64];
-  for (int r = 0; r < reps; r++) {
-    CU_CHECK(err, cu.cuEventRecord(ev[2 * r], s));
-    CU_CHECK(err, cu.cuGraphLaunch(ge, s));
-    CU_CHECK(err, cu.cuEventRecord(ev[2 * r + 1], s));
-  }
-  CU_CHECK(err, cu.cuStreamSynchronize(s));
-  for (int r = 0; r < reps; r++) {
-    float ms;
-    CU_CHECK(err, cu.cuEventElapsedTime(&ms, ev[2 * r], ev[2 * r + 1]));
-    t[r] = ms * 1e3 / n;
-  }
-  *us = median(t, reps);
+static int launch_graph(void *ctx, int i, CUstream s, mj_err *err) {
+  CU_CHECK(err, cu.cuGraphLaunch((CUgraphExec)ctx, s));
   return 0;
+}
+
+/* Median microseconds per launch of graph ge (n launches), over reps. */
+static int time_graph(CUgraphExec ge, int n, int reps, CUstream s, double *us, mj_err *err) {
+  int rc = tm_launches_us(launch_graph, ge, s, 1, reps, 0, us, err);
+  *us /= n;
+  return rc;
 }
 
 /* A record's shape, for --verify's distinct shapes. */
@@ -325,7 +311,6 @@ static int run_bucket(const ropts *o, const char *file, const trace_file *tf, co
   moe_bufs b = {0};
   CUstream s = NULL;
   CUgraphExec gu = NULL, dn = NULL, *cb = mj_xcalloc((size_t)bucket + 1, sizeof *cb);
-  CUevent ev[128] = {0};
   CUdeviceptr xd = 0;
   bf16 *xh = mj_xmalloc((size_t)bucket * H * 2);
   double *rec[4] = {NULL};
@@ -347,13 +332,12 @@ static int run_bucket(const ropts *o, const char *file, const trace_file *tf, co
   CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(xd, xh, (size_t)bucket * H * 2), out);
   CU_CHECK_GOTO(err, cu.cuCtxSynchronize(), out); /* the timing streams do not wait for the legacy one */
   CU_CHECK_GOTO(err, cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), out);
-  for (int i = 0; i < 2 * reps; i++) CU_CHECK_GOTO(err, cu.cuEventCreate(&ev[i], CU_EVENT_DEFAULT), out);
 
   /* Router and route depend only on the bucket: once, on random x. */
   lctx lc = {&k, &plan, W, &b, xd, bucket, MOE_K_router};
-  if ((rc = bench_time_graph(lctx_launch, &lc, NL, 2 * reps + 1, &st->us[MOE_K_router], err))) goto out;
+  if ((rc = tm_graph_us(lctx_launch, &lc, NL, 2 * reps + 1, &st->us[MOE_K_router], err))) goto out;
   lc.which = MOE_K_route;
-  if ((rc = bench_time_graph(lctx_launch, &lc, NL, 2 * reps + 1, &st->us[MOE_K_route], err))) goto out;
+  if ((rc = tm_graph_us(lctx_launch, &lc, NL, 2 * reps + 1, &st->us[MOE_K_route], err))) goto out;
   /* The expert kernels read the routing tables at run time: one graph
    * each serves every record of the bucket; combine's grid is the batch,
    * so one graph per batch size met. */
@@ -396,8 +380,8 @@ static int run_bucket(const ropts *o, const char *file, const trace_file *tf, co
       if (t.zero_pair >= 0)
         CU_CHECK_GOTO(err, cu.cuMemsetD32Async(b.y + (size_t)t.zero_pair * H * 4, 0, (size_t)H, s), out);
       double us[3];
-      if ((rc = time_graph(gu, NL, reps, s, ev, &us[0], err)) || (rc = time_graph(dn, NL, reps, s, ev, &us[1], err)) ||
-          (rc = time_graph(cb[t.B], NL, reps, s, ev, &us[2], err)))
+      if ((rc = time_graph(gu, NL, reps, s, &us[0], err)) || (rc = time_graph(dn, NL, reps, s, &us[1], err)) ||
+          (rc = time_graph(cb[t.B], NL, reps, s, &us[2], err)))
         goto out;
       double layer = us[0] + us[1] + us[2] + st->us[MOE_K_router] + st->us[MOE_K_route];
       double bytes = (t.nexp + 1) * expert_bytes + router_bytes;
@@ -418,10 +402,10 @@ static int run_bucket(const ropts *o, const char *file, const trace_file *tf, co
     }
   }
   st->bytes = nrec ? bytes_sum / nrec : 0;
-  st->us[MOE_K_gate_up] = median(rec[0], nrec);
-  st->us[MOE_K_down] = median(rec[1], nrec);
-  st->us[MOE_K_combine] = median(rec[2], nrec);
-  st->gbs = median(rec[3], nrec);
+  st->us[MOE_K_gate_up] = tm_median(rec[0], (size_t)nrec);
+  st->us[MOE_K_down] = tm_median(rec[1], (size_t)nrec);
+  st->us[MOE_K_combine] = tm_median(rec[2], (size_t)nrec);
+  st->gbs = tm_median(rec[3], (size_t)nrec);
   /* The layer's median: the kernels' medians plus routing (a record's
    * layer time is their sum, so this is close to the median of sums). */
   st->layer_us = st->us[MOE_K_gate_up] + st->us[MOE_K_down] + st->us[MOE_K_combine] + st->us[MOE_K_router] +
@@ -432,8 +416,6 @@ out:
 out_nok:
   replay_tables_free(&t);
   for (int j = 0; j < 4; j++) free(rec[j]);
-  for (int i = 0; i < 128; i++)
-    if (ev[i]) cu.cuEventDestroy(ev[i]);
   if (gu) cu.cuGraphExecDestroy(gu);
   if (dn) cu.cuGraphExecDestroy(dn);
   for (int i = 0; i <= bucket; i++)
@@ -472,7 +454,6 @@ static int run_steps(const ropts *o, const char *file, const trace_file *tf, dou
   skind *kinds = NULL;
   int nk = 0, rc;
   int32_t *tok = mj_xcalloc((size_t)maxrows, 4), *slot = mj_xcalloc((size_t)maxrows, 4), *pos = mj_xcalloc((size_t)maxrows, 4);
-  CUevent e0 = NULL, e1 = NULL;
   if ((rc = gpu_model_synthetic(&mc, (uint64_t)o->seed, &go, &g, err)) || (rc = gpu_fill_cache(g, (uint64_t)o->seed + 99, err)))
     goto out;
   for (int64_t i = 0; i < tf->nsteps; i++) {
@@ -489,30 +470,12 @@ static int run_steps(const ropts *o, const char *file, const trace_file *tf, dou
     }
     kinds[j].steps++;
   }
-  rc = MJ_ECUDA;
-  CUstream s = gpu_stream(g);
-  CU_CHECK_GOTO(err, cu.cuEventCreate(&e0, CU_EVENT_DEFAULT), out);
-  CU_CHECK_GOTO(err, cu.cuEventCreate(&e1, CU_EVENT_DEFAULT), out);
   for (int j = 0; j < nk; j++) {
     skind *kd = &kinds[j];
     uint64_t r = (uint64_t)o->seed + 7;
     for (int i = 0; i < kd->rows; i++) tok[i] = (int32_t)(replay_rnd(&r) % 1000), slot[i] = i, pos[i] = (int32_t)o->ctx;
     if ((rc = gpu_set_rows(g, tok, slot, pos, kd->rows, err))) goto out;
-    double t[32];
-    int reps = (int)MJ_MIN(o->reps * 3, 31), n = 4;
-    for (int rr = -1; rr < reps; rr++) { /* rr = -1: warm-up (and the graph's capture) */
-      rc = MJ_ECUDA;
-      CU_CHECK_GOTO(err, cu.cuEventRecord(e0, s), out);
-      for (int i = 0; i < n; i++)
-        if ((rc = kd->graph ? gpu_graph_launch(g, kd->np, s, err) : gpu_enqueue(g, kd->np, s, NULL, err))) goto out;
-      rc = MJ_ECUDA;
-      CU_CHECK_GOTO(err, cu.cuEventRecord(e1, s), out);
-      CU_CHECK_GOTO(err, cu.cuEventSynchronize(e1), out);
-      float ms;
-      CU_CHECK_GOTO(err, cu.cuEventElapsedTime(&ms, e0, e1), out);
-      if (rr >= 0) t[rr] = ms * 1e3 / n;
-    }
-    kd->us = median(t, reps);
+    if ((rc = gpu_time_steps(g, kd->np, kd->graph, 4, (int)MJ_MIN(o->reps * 3, 31), &kd->us, err))) goto out;
   }
   double total = 0;
   int64_t tokens = 0;
@@ -541,8 +504,6 @@ static int run_steps(const ropts *o, const char *file, const trace_file *tf, dou
   }
   rc = 0;
 out:
-  if (e0) cu.cuEventDestroy(e0);
-  if (e1) cu.cuEventDestroy(e1);
   if (g) gpu_model_destroy(g);
   free(kinds), free(tok), free(slot), free(pos);
   mj_arena_free(&a);
@@ -754,7 +715,7 @@ int cmd_replay(int argc, char **argv, mj_err *err) {
   }
   if ((rc = cu_init(err))) goto out;
   double copy_bps;
-  if ((rc = cu_copy_bandwidth((size_t)1 << 30, &copy_bps, err))) goto out;
+  if ((rc = tm_copy_bandwidth((size_t)1 << 30, &copy_bps, err))) goto out;
   if (o.steps) {
     rc = run_steps(&o, file, tf, copy_bps, err);
     goto out;

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "timing.h"
 #include "gpu_ops.h"
 #include "ref.h"
 #include "ref_model.h"
@@ -238,7 +239,7 @@ static int time_ops(mj_err *err) {
   const size_t kvb_n = (size_t)d.heads * (d.nope + d.v) * d.kv_rank;
   const int qw = d.heads * (d.nope + d.rope) + d.idx_heads * d.idx_dim;
   double copy_bw = 0;
-  if (cu_copy_bandwidth((size_t)256 << 20, &copy_bw, err)) return MJ_ECUDA;
+  if (tm_copy_bandwidth((size_t)256 << 20, &copy_bw, err)) return MJ_ECUDA;
   bf16 *w = mj_xmalloc(kvb_n * 2);
   float *q = mj_xmalloc(sizeof(float) * BMAX * qw), *ol = mj_xmalloc(sizeof(float) * BMAX * d.heads * d.kv_rank);
   float inv[32];
