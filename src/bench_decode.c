@@ -83,7 +83,7 @@ int bench_decode(int argc, char **argv, mj_err *err) {
     if ((rc = model_load(dir, &m, err)) || (rc = gpu_model_create(m, &o, &g, err))) goto out;
   } else {
     model_config c;
-    gpu_glm5_config(&c, (int)layers, (int)dense, &a);
+    model_config_glm5(&c, (int)layers, (int)dense, &a);
     if ((rc = gpu_model_synthetic(&c, (uint64_t)seed, &o, &g, err))) goto out;
   }
   if ((rc = gpu_fill_cache(g, (uint64_t)seed + 99, err))) goto out;

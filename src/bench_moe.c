@@ -95,7 +95,8 @@ int bench_moe(int argc, char **argv, mj_err *err) {
                      "16:256:8:0:0:0:4,16:256:8:0:0:0:6,16:128:8:0:0:0:4,16:256:8:0:0:2:4";
   const char *dn_s = "4:256:8:0,4:256:8:48,2:256:8:0,8:256:8:0,4:128:8:0,4:256:4:0,"
                      "16:256:8:0:0:0:4,16:256:8:0:0:0:8,16:128:8:0:0:0:4,16:256:8:0:0:2:4";
-  int64_t mt = 0, nsets = 8, ncopies = 4, check_tokens = 2, E = 256, H = 6144, I = 2048;
+  const ref_moe_cfg glm5 = moe_cfg_glm5();
+  int64_t mt = 0, nsets = 8, ncopies = 4, check_tokens = 2, E = glm5.n_experts, H = glm5.hidden, I = glm5.inter;
   cli_opt opts[] = {{"batches", 0, CLI_STR, &batches_s}, {"gu-configs", 0, CLI_STR, &gu_s},
                     {"dn-configs", 0, CLI_STR, &dn_s},   {"mt", 0, CLI_INT, &mt},
                     {"sets", 0, CLI_INT, &nsets},        {"copies", 0, CLI_INT, &ncopies},

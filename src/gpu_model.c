@@ -221,10 +221,7 @@ static void setup_dims(gpu_model *g, const model_config *c, int sh_inter, const 
                     .kv_rank = (int)c->kv_lora_rank, .q_rank = (int)c->q_lora_rank, .idx_heads = (int)c->index_n_heads,
                     .idx_dim = (int)c->index_head_dim, .idx_topk = (int)c->index_topk, .max_ctx = (int)ctx,
                     .rms_eps = (float)c->rms_norm_eps};
-  g->mc = (ref_moe_cfg){.hidden = (int)c->hidden_size, .inter = (int)c->moe_intermediate_size,
-                        .n_experts = (int)c->n_routed_experts, .topk = (int)c->num_experts_per_tok,
-                        .n_group = (int)c->n_group, .topk_group = (int)c->topk_group,
-                        .norm_topk_prob = c->norm_topk_prob, .scaling = (float)c->routed_scaling_factor};
+  g->mc = moe_cfg_of(c);
   g->inter = (int)c->intermediate_size;
   g->n_layers = (int)c->num_hidden_layers;
   g->L = mj_xcalloc((size_t)g->n_layers, sizeof *g->L);
@@ -819,22 +816,6 @@ int gpu_moe_keys(gpu_model *g, int np, char keys[MOE_NK][33], mj_err *err) {
 
 bool gpu_layer_sparse(const gpu_model *g, int layer) { return g->L[layer].sparse; }
 int gpu_layers(const gpu_model *g) { return g->n_layers; }
-
-/* GLM-5's widths (glm5.md) with `layers` layers, the first `dense` dense. */
-void gpu_glm5_config(model_config *c, int layers, int dense, mj_arena *a) {
-  memset(c, 0, sizeof *c);
-  c->vocab_size = 154880, c->hidden_size = 6144, c->intermediate_size = 12288, c->moe_intermediate_size = 2048;
-  c->num_hidden_layers = layers, c->num_attention_heads = 64, c->num_key_value_heads = 64;
-  c->q_lora_rank = 2048, c->kv_lora_rank = 512, c->qk_nope_head_dim = 192, c->qk_rope_head_dim = 64;
-  c->v_head_dim = 256, c->qk_head_dim = 256, c->index_n_heads = 32, c->index_head_dim = 128, c->index_topk = 2048;
-  c->n_routed_experts = 256, c->num_experts_per_tok = 8, c->n_shared_experts = 1, c->n_group = 1, c->topk_group = 1;
-  c->first_k_dense_replace = dense, c->moe_layer_freq = 1, c->max_position_embeddings = 202752;
-  c->rms_norm_eps = 1e-5, c->routed_scaling_factor = 2.5, c->norm_topk_prob = true, c->rope_theta = 1e6;
-  snprintf(c->rope_type, sizeof c->rope_type, "default");
-  c->layer_sparse = mj_arena_alloc(a, (size_t)layers);
-  c->layer_indexer_full = mj_arena_alloc(a, (size_t)layers);
-  for (int i = 0; i < layers; i++) c->layer_sparse[i] = i >= dense, c->layer_indexer_full[i] = 1;
-}
 
 /* ---- warming the cache ------------------------------------------------------------ */
 int gpu_warm(const model_config *c, int sh_inter, const gpu_opts *o, const char *arch, const int *batches, int nb,

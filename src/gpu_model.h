@@ -49,9 +49,6 @@ typedef struct gpu_model gpu_model;
 /* 0 when the GPU kernels can run m (widths, NVFP4 experts, rope type),
  * else MJ_EINPUT saying why.  Needs no GPU. */
 int gpu_model_supports(const model *m, mj_err *err);
-/* A config of GLM-5's widths (glm5.md) with `layers` layers, the first
- * `dense` dense (arrays in a): the synthetic model of benchmarks. */
-void gpu_glm5_config(model_config *c, int layers, int dense, mj_arena *a);
 /* The intermediate width of m's shared expert when it is bf16 (it then
  * runs as a dense MLP beside the NVFP4 experts), else 0. */
 int gpu_bf16_shared_inter(const model *m);

@@ -742,12 +742,17 @@ int mkmodel_preset(const char *name, mkmodel_spec *s) {
     s->idx_heads = 4, s->idx_dim = 32, s->idx_topk = 40, s->experts = 32, s->per_tok = 4;
     s->max_pos = 4096;
   } else if (strcmp(name, "glm5") == 0) {
-    /* The real GLM-5 widths (glm5.md); layers default to 4 so a checkpoint
-     * fits one disk, 3 of them dense as in GLM-5. */
-    s->vocab = 154880, s->hidden = 6144, s->inter = 12288, s->moe_inter = 2048, s->layers = 4;
-    s->dense_layers = 3, s->heads = 64, s->q_lora = 2048, s->kv_lora = 512, s->nope = 192, s->rope = 64;
-    s->v = 256, s->idx_heads = 32, s->idx_dim = 128, s->idx_topk = 2048, s->experts = 256, s->per_tok = 8;
-    s->theta = 1e6, s->max_pos = 202752, s->merges = 256;
+    /* The real GLM-5 widths (model_config_glm5); layers default to 4 so a
+     * checkpoint fits one disk, 3 of them dense as in GLM-5. */
+    mj_arena a;
+    mj_arena_init(&a, 1024);
+    model_config c;
+    model_config_glm5(&c, 4, 3, &a);
+    int r = mkmodel_spec_from_config(&c, &a, s, NULL);
+    MJ_ASSERT(r == 0);
+    s->indexer_types = NULL; /* all full (the arena's copy goes below) */
+    s->merges = 256;
+    mj_arena_free(&a);
   } else {
     return -1;
   }

@@ -344,6 +344,18 @@ int model_config_parse(mj_arena *a, const char *text, size_t len, const char *na
   return 0;
 }
 
+void model_config_glm5(model_config *c, int64_t layers, int64_t dense, mj_arena *a) {
+  char text[160];
+  int n = snprintf(text, sizeof text,
+                   "{\"model_type\": \"glm_moe_dsa\", \"num_hidden_layers\": %lld, \"first_k_dense_replace\": %lld}",
+                   (long long)layers, (long long)dense);
+  mj_err err = {0};
+  int r = model_config_parse(a, text, (size_t)n, "GLM-5's config", c, &err);
+  if (r) fprintf(stderr, "moejit: %s\n", err.msg);
+  MJ_ASSERT(r == 0); /* only impossible layer counts fail, and callers pass checked ones */
+  mj_err_clear(&err);
+}
+
 int model_quant_parse(mj_arena *a, const char *text, size_t len, const char *name, model_config *c,
                       mj_err *err) {
   json *o;

@@ -60,6 +60,13 @@ typedef struct model_config {
  * the field. */
 int model_config_parse(mj_arena *a, const char *text, size_t len, const char *name,
                        model_config *c, mj_err *err);
+/* GLM-5's own config (glm5.md: every field at the parser's default, which
+ * is GLM-5's value) with `layers` layers, the first `dense` of them dense;
+ * arrays in a.  The one place GLM-5's widths are written down is the
+ * parser's table of defaults, so this is the config.json
+ * {"model_type": "glm_moe_dsa", "num_hidden_layers": L,
+ * "first_k_dense_replace": D} read back. */
+void model_config_glm5(model_config *c, int64_t layers, int64_t dense, mj_arena *a);
 /* Parse hf_quant_config.json into c (quant_*). */
 int model_quant_parse(mj_arena *a, const char *text, size_t len, const char *name,
                       model_config *c, mj_err *err);

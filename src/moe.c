@@ -17,6 +17,23 @@
 #include "moe.h"
 #include "jit.h"
 
+ref_moe_cfg moe_cfg_of(const model_config *c) {
+  return (ref_moe_cfg){.hidden = (int)c->hidden_size, .inter = (int)c->moe_intermediate_size,
+                       .n_experts = (int)c->n_routed_experts, .topk = (int)c->num_experts_per_tok,
+                       .n_group = (int)c->n_group, .topk_group = (int)c->topk_group,
+                       .norm_topk_prob = c->norm_topk_prob, .scaling = (float)c->routed_scaling_factor};
+}
+
+ref_moe_cfg moe_cfg_glm5(void) {
+  mj_arena a;
+  mj_arena_init(&a, 1024);
+  model_config mc;
+  model_config_glm5(&mc, 4, 3, &a);
+  ref_moe_cfg c = moe_cfg_of(&mc);
+  mj_arena_free(&a);
+  return c;
+}
+
 /* Where the bits m, e0, e1, s (e2m1: s e1 e0 m) of output o's low value sit
  * in the word; the high value's are 16 higher.  The kernel's decode:
  *   o0 = v & 0x81C081C0            bits 6,7,8,15  -> 6,7,8,15

@@ -14,7 +14,13 @@
 #define MOEJIT_MOE_H
 
 #include "cudrv.h"
+#include "model.h"
 #include "ref.h"
+
+/* The MoE layer's fields of a model's config, and of GLM-5's own
+ * (model_config_glm5). */
+ref_moe_cfg moe_cfg_of(const model_config *c);
+ref_moe_cfg moe_cfg_glm5(void);
 
 /* ---- the device layout (host side, no GPU needed) ---------------------------------- */
 

@@ -20,10 +20,6 @@ uint32_t replay_rnd(uint64_t *s) {
   return (uint32_t)(*s >> 32);
 }
 
-void replay_glm5_moe(ref_moe_cfg *c) {
-  *c = (ref_moe_cfg){.hidden = 6144, .inter = 2048, .n_experts = 256, .topk = 8, .n_group = 1, .topk_group = 1,
-                     .norm_topk_prob = true, .scaling = 2.5f};
-}
 
 /* ---- buckets ---------------------------------------------------------------------------- */
 static int cmp_bucket(const void *a, const void *b) {

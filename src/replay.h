@@ -64,7 +64,5 @@ void replay_tables_free(replay_tables *t);
 /* The 64-bit LCG the replay draws its random numbers from (advances *s). */
 uint32_t replay_rnd(uint64_t *s);
 
-/* The MoE widths of GLM-5 (glm5.md): what `--synthetic glm5` replays. */
-void replay_glm5_moe(ref_moe_cfg *c);
 
 #endif

@@ -449,7 +449,7 @@ static int run_steps(const ropts *o, const char *file, const trace_file *tf, dou
   mj_arena a;
   mj_arena_init(&a, 4096);
   model_config mc;
-  gpu_glm5_config(&mc, layers, MJ_MIN(3, layers - 1), &a);
+  model_config_glm5(&mc, layers, MJ_MIN(3, layers - 1), &a);
   gpu_model *g = NULL;
   skind *kinds = NULL;
   int nk = 0, rc;
@@ -695,16 +695,12 @@ int cmd_replay(int argc, char **argv, mj_err *err) {
   bstat *st = NULL;
   vstate vs = {0};
   if ((rc = trace_read(file, &tf, err))) return rc;
-  ref_moe_cfg cfg;
-  replay_glm5_moe(&cfg);
+  ref_moe_cfg cfg = moe_cfg_glm5();
   const char *model_name = "synthetic GLM-5 (random NVFP4 experts)";
   if (o.dir) {
     if ((rc = model_load(o.dir, &W.m, err))) goto out;
     const model_config *mc = &W.m->cfg;
-    cfg = (ref_moe_cfg){.hidden = (int)mc->hidden_size, .inter = (int)mc->moe_intermediate_size,
-                        .n_experts = (int)mc->n_routed_experts, .topk = (int)mc->num_experts_per_tok,
-                        .n_group = (int)mc->n_group, .topk_group = (int)mc->topk_group,
-                        .norm_topk_prob = mc->norm_topk_prob, .scaling = (float)mc->routed_scaling_factor};
+    cfg = moe_cfg_of(mc);
     model_name = o.dir;
   }
   if ((rc = check_widths(file, tf, &cfg, o.dir ? o.dir : "the synthetic GLM-5 model", err))) goto out;

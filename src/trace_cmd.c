@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "model.h"
 #include "trace.h"
 
 /* "zipf:S" or "uniform" -> S. */
@@ -21,8 +22,13 @@ static int parse_skew(const char *s, double *out) {
 }
 
 static int trace_cmd_synth(int argc, char **argv, mj_err *err) {
-  int64_t experts = 256, topk = 8, batch = 1, steps = 16, seed = 0, layers = 1, hidden = 6144,
-          inter = 2048;
+  mj_arena a;
+  mj_arena_init(&a, 1024);
+  model_config glm5; /* the defaults: GLM-5's MoE widths */
+  model_config_glm5(&glm5, 1, 0, &a);
+  mj_arena_free(&a);
+  int64_t experts = glm5.n_routed_experts, topk = glm5.num_experts_per_tok, batch = 1, steps = 16, seed = 0,
+          layers = 1, hidden = glm5.hidden_size, inter = glm5.moe_intermediate_size;
   const char *skew = "uniform", *out = NULL;
   cli_opt opts[] = {
       {"experts", 0, CLI_INT, &experts}, {"topk", 0, CLI_INT, &topk},

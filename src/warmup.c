@@ -117,7 +117,7 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
     sh = gpu_bf16_shared_inter(m);
     if ((rc = gpu_model_supports(m, err))) goto out;
   } else {
-    gpu_glm5_config(&cfg, (int)layers, (int)dense, &a);
+    model_config_glm5(&cfg, (int)layers, (int)dense, &a);
   }
   /* The target: named, or the GPU's. */
   mj_err ge = {0};

@@ -155,6 +155,40 @@ static void test_topk_torch(void) {
   mj_arena_free(&a);
 }
 
+/* model_config_glm5: GLM-5's widths (glm5.md) from the parser's defaults,
+ * with the layer count and the dense prefix asked for. */
+static void test_glm5_config(void) {
+  mj_arena a;
+  mj_arena_init(&a, 1024);
+  model_config c;
+  model_config_glm5(&c, 78, 3, &a);
+  T_EQ_INT(c.hidden_size, 6144);
+  T_EQ_INT(c.vocab_size, 154880);
+  T_EQ_INT(c.intermediate_size, 12288);
+  T_EQ_INT(c.moe_intermediate_size, 2048);
+  T_EQ_INT(c.num_attention_heads, 64);
+  T_EQ_INT(c.q_lora_rank, 2048);
+  T_EQ_INT(c.kv_lora_rank, 512);
+  T_EQ_INT(c.qk_nope_head_dim + c.qk_rope_head_dim, 256);
+  T_EQ_INT(c.v_head_dim, 256);
+  T_EQ_INT(c.index_n_heads, 32);
+  T_EQ_INT(c.index_head_dim, 128);
+  T_EQ_INT(c.index_topk, 2048);
+  T_EQ_INT(c.n_routed_experts, 256);
+  T_EQ_INT(c.num_experts_per_tok, 8);
+  T_EQ_INT(c.n_shared_experts, 1);
+  T_CHECK(c.rope_theta == 1e6 && c.routed_scaling_factor == 2.5 && c.rms_norm_eps == 1e-5 && c.norm_topk_prob);
+  T_EQ_INT(c.num_hidden_layers, 78);
+  int sparse = 0, full = 0;
+  for (int i = 0; i < 78; i++) sparse += c.layer_sparse[i], full += c.layer_indexer_full[i];
+  T_EQ_INT(sparse, 75);
+  T_EQ_INT(full, 78);
+  T_CHECK(!c.layer_sparse[2] && c.layer_sparse[3]);
+  model_config_glm5(&c, 2, 0, &a);
+  T_CHECK(c.num_hidden_layers == 2 && c.layer_sparse[0] && c.layer_sparse[1]);
+  mj_arena_free(&a);
+}
+
 static void test_route(void) {
   /* 8 experts in 4 groups of 2, keep 2 groups, pick 2 experts. */
   model_config c = {0};
@@ -500,6 +534,7 @@ int main(void) {
   T_RUN(test_topk);
   T_RUN(test_topk_torch);
   T_RUN(test_route);
+  T_RUN(test_glm5_config);
   T_RUN(test_rope);
   T_RUN(test_nvfp4_dequant);
   T_RUN(test_decode_equals_prefill);

@@ -73,8 +73,7 @@ static void check_tables(const moe_plan *p, const trace_moe *m, const replay_tab
 
 static void test_tables(void) {
   t_current = "tables";
-  ref_moe_cfg c;
-  replay_glm5_moe(&c);
+  ref_moe_cfg c = moe_cfg_glm5();
   uint64_t rng = 1;
   mj_err err = {0};
   /* Batch 1: 8 experts, one row each. */
@@ -222,8 +221,7 @@ static int write_trace(const char *path, int hidden) {
 }
 
 static int compile_bucket(int bucket, const char *arch) {
-  ref_moe_cfg c;
-  replay_glm5_moe(&c);
+  ref_moe_cfg c = moe_cfg_glm5();
   moe_plan p;
   moe_plan_default(&c, bucket, &p);
   moe_kernels k;

@@ -49,7 +49,7 @@ static model_config preset_config(const char *name) {
 
 static model_config glm5_config(void) {
   model_config c;
-  gpu_glm5_config(&c, 78, 3, &arena);
+  model_config_glm5(&c, 78, 3, &arena);
   return c;
 }
 
