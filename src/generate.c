@@ -298,7 +298,7 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
     mo.sp.min_p = (float)min_p, mo.sp.repeat_penalty = (float)rep;
     mo.sp.seed = seed >= 0 ? (uint64_t)seed : (uint64_t)mj_now_ns();
     mo.go.quiet = quiet || as_json;
-    mo.go.sampling = (gop_sampling){(float)temp, (int)top_k, (float)top_p, (float)min_p, mo.sp.seed};
+    mo.go.sampling = mo.sp; /* the device reads the filters and the seed */
     mo.gpu = pick_gpu(backend, m, quiet || as_json);
     r = generate_many(&mo, m, tok, &cf, have_chat, err);
     goto out;
@@ -334,8 +334,8 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
     go.slots = 1;
     go.max_ctx = cp.max_ctx;
     go.quiet = quiet || as_json;
-    go.sampling = (gop_sampling){(float)temp, (int)top_k, (float)top_p, (float)min_p,
-                                 seed >= 0 ? (uint64_t)seed : mj_now_ns()};
+    go.sampling = sample_filters((float)temp, (int32_t)top_k, (float)top_p, (float)min_p,
+                                 seed >= 0 ? (uint64_t)seed : mj_now_ns());
     if ((r = gpu_model_create(m, &go, &be.gm, err))) goto out;
     be.host_sample = rep != 1.0;
     if (be.host_sample) be.rows_logits = mj_xmalloc((size_t)gpu_max_rows(be.gm) * c->vocab_size * sizeof(float));

@@ -130,7 +130,7 @@ int gop_gemv(CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K, C
 }
 
 /* ---- sampling ------------------------------------------------------------------------- */
-int gop_sample(CUdeviceptr logits, int B, int V, const gop_sampling *sp, gop_rows rows, CUdeviceptr out,
+int gop_sample(CUdeviceptr logits, int B, int V, const sample_params *sp, gop_rows rows, CUdeviceptr out,
                CUstream s, mj_err *err) {
   if (B < 1 || V < 1 || !sp)
     return mj_fail(err, MJ_EINPUT, "gop_sample: batch %d and vocabulary %d must be positive, with parameters", B, V);

@@ -76,8 +76,7 @@ void gpu_opts_default(gpu_opts *o) {
   o->slots = 1;
   o->max_ctx = 4096;
   o->use_graphs = true;
-  o->sampling.temperature = 0;
-  o->sampling.top_p = 1;
+  o->sampling = sample_filters(0, 0, 1, 0, 0); /* greedy */
 }
 
 CUstream gpu_stream(const gpu_model *g) { return g->s; }

@@ -37,7 +37,7 @@ typedef struct gpu_opts {
   int n_graph_batches;            /* 0 with use_graphs: the default 1,2,4,8,16,32,64 */
   bool use_graphs;
   int max_rows;                   /* rows per step at most (0: the largest captured size, at least 64) */
-  gop_sampling sampling;
+  sample_params sampling;          /* the device sampler reads the filters and the seed */
   bool quiet;                     /* no progress bar or summary line */
   bool trace;                     /* keep each layer's routing and DSA selection (gpu_read_routing, _sel) */
 } gpu_opts;

@@ -31,6 +31,7 @@
 
 #include "cudrv.h"
 #include "jit.h"
+#include "sample.h"
 
 /* The target kernels are obtained for: NULL (the default) means the GPU's;
  * a name ("sm_90a") with no GPU makes every launcher compile-only. */
@@ -86,18 +87,12 @@ int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, CUstream s, mj_err
 
 /* Sampling on the device, as sample.h does on the host (temperature, then
  * top-k, top-p, min-p, then a draw; temperature <= 0 is greedy, lowest id
- * on ties).  No repetition penalty.  The draw's random number comes from a
- * counter-based hash of (seed, the row's slot, the row's pos), so a replay
- * of the same step draws the same token. */
-typedef struct gop_sampling {
-  float temperature;
-  int top_k;   /* <= 0: off */
-  float top_p; /* >= 1: off */
-  float min_p; /* <= 0: off */
-  uint64_t seed;
-} gop_sampling;
+ * on ties).  No repetition penalty (sp's penalty fields are not read: a
+ * caller that needs one samples on the host).  The draw's random number
+ * comes from a counter-based hash of (seed, the row's slot, the row's pos),
+ * so a replay of the same step draws the same token. */
 /* out[b] = the token drawn from logits f32 [B][V]. */
-int gop_sample(CUdeviceptr logits, int B, int V, const gop_sampling *sp, gop_rows rows, CUdeviceptr out,
+int gop_sample(CUdeviceptr logits, int B, int V, const sample_params *sp, gop_rows rows, CUdeviceptr out,
                CUstream s, mj_err *err);
 
 /* ---- MLA attention (src/gop_mla.c, templates/mla.cu) ------------------------------------ */

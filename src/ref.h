@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "dtype.h"
+#include "sample.h"
 
 /* y[n] = sum_k W[n][k] * x[k]; W bf16 [N, K] row-major, f32 accumulation. */
 void ref_gemv_bf16(const bf16 *W, const bf16 *x, float *y, int N, int K);
@@ -90,21 +91,14 @@ void ref_silu_mul(const float *gu, bf16 *h, int B, int I);
  * no repetition penalty): thresholds on the scaled logits with ties at a
  * cutoff kept, then an exponential race on a counter-based hash of
  * (seed, slot, pos, token). */
-typedef struct ref_sampling {
-  float temperature; /* <= 0: greedy */
-  int top_k;         /* <= 0: off */
-  float top_p;       /* >= 1: off */
-  float min_p;       /* <= 0: off */
-  uint64_t seed;
-} ref_sampling;
 /* keep[i] = 1 for each token of logits[0..V) that survives the filters
  * (greedy: the argmax alone, lowest id on ties), else 0; returns how many. */
-size_t ref_sample_keep(const float *logits, int V, const ref_sampling *sp, uint8_t *keep);
+size_t ref_sample_keep(const float *logits, int V, const sample_params *sp, uint8_t *keep);
 /* The hash behind the draw: a row's key, and token i's uniform in (0, 1]. */
 uint64_t ref_sample_row_hash(uint64_t seed, int32_t slot, int32_t pos);
 float ref_sample_uniform(uint64_t row, int32_t i);
 /* out[b] = the token drawn for row b of logits [B][V]. */
-void ref_sample(const float *logits, int B, int V, const ref_sampling *sp, const int32_t *slot,
+void ref_sample(const float *logits, int B, int V, const sample_params *sp, const int32_t *slot,
                 const int32_t *pos, int32_t *out);
 
 /* ---- MLA attention and the DSA indexer's selection (ref_attn.c) ----------

@@ -63,9 +63,9 @@ static int cmp_kv(const void *a, const void *b) { /* larger key first, then the 
   return x->id < y->id ? -1 : x->id > y->id;
 }
 
-static bool greedy(const ref_sampling *sp, int V) { return sp->temperature <= 0 || sp->top_k == 1 || V == 1; }
+static bool greedy(const sample_params *sp, int V) { return sp->temperature <= 0 || sp->top_k == 1 || V == 1; }
 
-size_t ref_sample_keep(const float *l, int V, const ref_sampling *sp, uint8_t *keep) {
+size_t ref_sample_keep(const float *l, int V, const sample_params *sp, uint8_t *keep) {
   for (int i = 0; i < V; i++) keep[i] = 0;
   int32_t am = argmax_lowest(l, V);
   if (greedy(sp, V)) {
@@ -120,7 +120,7 @@ float ref_sample_uniform(uint64_t row, int32_t i) {
   return ((float)r + 0.5f) * 0x1p-32f;
 }
 
-void ref_sample(const float *logits, int B, int V, const ref_sampling *sp, const int32_t *slot,
+void ref_sample(const float *logits, int B, int V, const sample_params *sp, const int32_t *slot,
                 const int32_t *pos, int32_t *out) {
   uint8_t *keep = malloc((size_t)V);
   for (int b = 0; b < B; b++) {

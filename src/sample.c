@@ -28,6 +28,12 @@ sample_params sample_defaults(void) {
                          .repeat_penalty = 1.0f, .repeat_last_n = 64, .seed = 0};
 }
 
+sample_params sample_filters(float temperature, int32_t top_k, float top_p, float min_p, uint64_t seed) {
+  sample_params p = sample_defaults();
+  p.temperature = temperature, p.top_k = top_k, p.top_p = top_p, p.min_p = min_p, p.seed = seed;
+  return p;
+}
+
 /* ---- xoshiro256** (Blackman and Vigna), seeded by splitmix64 ---------------------- */
 static uint64_t splitmix64(uint64_t *x) {
   uint64_t z = (*x += 0x9E3779B97F4A7C15ULL);

@@ -31,6 +31,10 @@ typedef struct sample_params {
 
 /* temperature 1, top_k off, top_p 1, min_p 0, no penalty (last 64), seed 0 */
 sample_params sample_defaults(void);
+/* The filters and the seed, no penalty: what the device sampler
+ * (gop_sample) and its reference (ref_sample) read of a sample_params; a
+ * repetition penalty is applied only by the host's sampler. */
+sample_params sample_filters(float temperature, int32_t top_k, float top_p, float min_p, uint64_t seed);
 
 /* The random generator, usable on its own. */
 typedef struct sample_rng {

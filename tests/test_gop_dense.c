@@ -54,7 +54,7 @@ static void test_dry_compile(void) {
       T_EQ_INT(gop_silu_mul(z, z, B, H, NULL, &err), 0);
     }
   }
-  gop_sampling sp = {0.8f, 40, 0.9f, 0.05f, 7};
+  sample_params sp = sample_filters(0.8f, 40, 0.9f, 0.05f, 7);
   T_EQ_INT(gop_sample(z, 3, 154880, &sp, (gop_rows){0, 0, 0}, z, NULL, &err), 0);
   if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
   T_EQ_INT(stat_of(CACHE_STAT_failures), 0);
@@ -150,14 +150,14 @@ static void test_ref_sample_greedy(void) {
   uint8_t keep[V];
   for (int i = 0; i < V; i++) l[i] = frand() * 5.0f;
   l[317] = 9.0f, l[802] = 9.0f; /* a tie: the lower id */
-  ref_sampling sp = {0.0f, 0, 1.0f, 0.0f, 1};
+  sample_params sp = sample_filters(0.0f, 0, 1.0f, 0.0f, 1);
   int32_t slot = 0, pos = 0, out;
   ref_sample(l, 1, V, &sp, &slot, &pos, &out);
   T_EQ_INT(out, sample_argmax(l, V));
   T_EQ_INT(out, 317);
   T_EQ_INT(ref_sample_keep(l, V, &sp, keep), 1);
   T_EQ_INT(keep[317], 1);
-  sp = (ref_sampling){0.7f, 1, 1.0f, 0.0f, 1}; /* top-k 1 is greedy too */
+  sp = sample_filters(0.7f, 1, 1.0f, 0.0f, 1); /* top-k 1 is greedy too */
   ref_sample(l, 1, V, &sp, &slot, &pos, &out);
   T_EQ_INT(out, 317);
 }
@@ -167,17 +167,16 @@ static void test_ref_sample_filter(void) {
   enum { V = 3000 };
   float *l = malloc(V * sizeof *l);
   uint8_t *keep = malloc(V);
-  const ref_sampling cases[] = {
-      {1.0f, 0, 1.0f, 0.0f, 0},   {0.7f, 50, 1.0f, 0.0f, 0},  {1.0f, 0, 0.9f, 0.0f, 0},
-      {1.3f, 0, 1.0f, 0.05f, 0},  {0.8f, 200, 0.95f, 0.02f, 0}, {0.5f, 10, 0.5f, 0.0f, 0},
-      {2.0f, 0, 0.3f, 0.0f, 0},   {1.0f, 2999, 0.99f, 0.0f, 0},
+  const sample_params cases[] = {
+      sample_filters(1.0f, 0, 1.0f, 0.0f, 0),    sample_filters(0.7f, 50, 1.0f, 0.0f, 0),
+      sample_filters(1.0f, 0, 0.9f, 0.0f, 0),    sample_filters(1.3f, 0, 1.0f, 0.05f, 0),
+      sample_filters(0.8f, 200, 0.95f, 0.02f, 0), sample_filters(0.5f, 10, 0.5f, 0.0f, 0),
+      sample_filters(2.0f, 0, 0.3f, 0.0f, 0),    sample_filters(1.0f, 2999, 0.99f, 0.0f, 0),
   };
   for (size_t c = 0; c < MJ_ARRAY_LEN(cases); c++) {
-    const ref_sampling *sp = &cases[c];
+    const sample_params *sp = &cases[c];
     for (int i = 0; i < V; i++) l[i] = frand() * 8.0f;
-    sample_params p = sample_defaults();
-    p.temperature = sp->temperature, p.top_k = sp->top_k, p.top_p = sp->top_p, p.min_p = sp->min_p;
-    sampler *s = sample_create(&p, V);
+    sampler *s = sample_create(sp, V); /* the host's sampler, same parameters */
     const sample_cand *cand;
     size_t n = sample_filter(s, l, NULL, 0, &cand);
     size_t m = ref_sample_keep(l, V, sp, keep);
@@ -191,7 +190,7 @@ static void test_ref_sample_filter(void) {
   }
   /* Ties at the top-k cutoff are kept (documented in sample.cu). */
   for (int i = 0; i < V; i++) l[i] = (float)(i % 7);
-  ref_sampling sp = {1.0f, 3, 1.0f, 0.0f, 0};
+  sample_params sp = sample_filters(1.0f, 3, 1.0f, 0.0f, 0);
   T_EQ_INT(ref_sample_keep(l, V, &sp, keep), 428); /* every id = 6 mod 7 below 3000 */
   T_EQ_INT(keep[6], 1);
   T_EQ_INT(keep[5], 0);
@@ -202,7 +201,7 @@ static void test_ref_sample_filter(void) {
 static void test_ref_sample_draw(void) {
   enum { V = 6, DRAWS = 200000 };
   float l[V] = {0.0f, 1.0f, 2.0f, -1.0f, 0.5f, -30.0f};
-  ref_sampling sp = {1.0f, 4, 1.0f, 0.0f, 12345};
+  sample_params sp = sample_filters(1.0f, 4, 1.0f, 0.0f, 12345);
   uint8_t keep[V];
   T_EQ_INT(ref_sample_keep(l, V, &sp, keep), 4); /* ids 2, 1, 4, 0 */
   double e[V], sum = 0;

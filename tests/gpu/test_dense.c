@@ -297,7 +297,7 @@ static void test_gemv(void) {
 
 /* ---- sampling ---------------------------------------------------------------------- */
 /* Run gop_sample on logits [B][V] with slot = b % 4 and pos = pos0 + b. */
-static bool sample_run(const float *logits, int B, int V, const gop_sampling *sp, int pos0, int32_t *out) {
+static bool sample_run(const float *logits, int B, int V, const sample_params *sp, int pos0, int32_t *out) {
   mj_err err = {0};
   bufs b = {0};
   int32_t *slot = mj_xmalloc((size_t)B * 4), *pos = mj_xmalloc((size_t)B * 4);
@@ -320,9 +320,7 @@ static bool sample_run(const float *logits, int B, int V, const gop_sampling *sp
   return ok;
 }
 
-static ref_sampling as_ref(const gop_sampling *sp) {
-  return (ref_sampling){sp->temperature, sp->top_k, sp->top_p, sp->min_p, sp->seed};
-}
+
 
 static void test_sample_greedy(void) {
   enum { V = 154880, B = 8 };
@@ -332,7 +330,7 @@ static void test_sample_greedy(void) {
   l[(size_t)2 * V + V - 1] = 30.0f;                                /* the last id */
   for (int i = 0; i < V; i++) l[(size_t)3 * V + i] = -5.0f;        /* all equal: id 0 */
   int32_t out[B];
-  const gop_sampling modes[] = {{0.0f, 0, 1.0f, 0.0f, 1}, {0.7f, 1, 1.0f, 0.0f, 1}};
+  const sample_params modes[] = {sample_filters(0.0f, 0, 1.0f, 0.0f, 1), sample_filters(0.7f, 1, 1.0f, 0.0f, 1)};
   for (size_t m = 0; m < MJ_ARRAY_LEN(modes); m++) {
     for (int i = 0; i < B; i++) out[i] = -2;
     if (!sample_run(l, B, V, &modes[m], 0, out)) continue;
@@ -353,22 +351,22 @@ static void test_sample_filtered(void) {
   float *l = mj_xmalloc((size_t)B * V * 4);
   uint8_t *keep = mj_xmalloc(V);
   int32_t out[B], again[B], want[B], slot[B], pos[B];
-  const gop_sampling cases[] = {
-      {1.0f, 0, 1.0f, 0.0f, 11},     {0.8f, 50, 1.0f, 0.0f, 12},    {1.0f, 0, 0.9f, 0.0f, 13},
-      {1.2f, 0, 1.0f, 0.02f, 14},    {0.7f, 40, 0.95f, 0.05f, 15},  {1.0f, 1000, 0.5f, 0.0f, 16},
+  const sample_params cases[] = {
+      sample_filters(1.0f, 0, 1.0f, 0.0f, 11),   sample_filters(0.8f, 50, 1.0f, 0.0f, 12),
+      sample_filters(1.0f, 0, 0.9f, 0.0f, 13),   sample_filters(1.2f, 0, 1.0f, 0.02f, 14),
+      sample_filters(0.7f, 40, 0.95f, 0.05f, 15), sample_filters(1.0f, 1000, 0.5f, 0.0f, 16),
   };
   int total = 0, outside = 0, same = 0, replay_diff = 0;
   for (size_t c = 0; c < MJ_ARRAY_LEN(cases); c++) {
-    const gop_sampling *sp = &cases[c];
+    const sample_params *sp = &cases[c];
     fill_f32(l, (size_t)B * V, 8.0f);
     if (!sample_run(l, B, V, sp, 1000, out) || !sample_run(l, B, V, sp, 1000, again)) continue;
-    ref_sampling rs = as_ref(sp);
     for (int b = 0; b < B; b++) slot[b] = b % 4, pos[b] = 1000 + b;
-    ref_sample(l, B, V, &rs, slot, pos, want);
+    ref_sample(l, B, V, sp, slot, pos, want);
     int c_out = 0, c_same = 0;
     size_t kept = 0;
     for (int b = 0; b < B; b++) {
-      kept = ref_sample_keep(l + (size_t)b * V, V, &rs, keep);
+      kept = ref_sample_keep(l + (size_t)b * V, V, sp, keep);
       bool in = out[b] >= 0 && out[b] < V && keep[out[b]];
       if (!in && c_out < 3) fprintf(stderr, "  row %d drew %d, outside the CPU's kept set\n", b, out[b]);
       c_out += !in;
@@ -386,14 +384,13 @@ static void test_sample_filtered(void) {
 }
 
 /* Frequencies over many positions on a small vocabulary. */
-static void freq_case(const gop_sampling *sp) {
+static void freq_case(const sample_params *sp) {
   enum { V = 16, B = 64, LAUNCHES = 400 };
   float base[V], *l = mj_xmalloc((size_t)B * V * 4);
   for (int i = 0; i < V; i++) base[i] = 1.5f * frand();
   for (int b = 0; b < B; b++) memcpy(l + (size_t)b * V, base, sizeof base);
-  ref_sampling rs = as_ref(sp);
   uint8_t keep[V];
-  ref_sample_keep(base, V, &rs, keep);
+  ref_sample_keep(base, V, sp, keep);
   double e[V], sum = 0;
   for (int i = 0; i < V; i++) sum += e[i] = keep[i] ? exp((double)base[i] / sp->temperature) : 0;
   long count[V] = {0}, draws = 0;
@@ -419,13 +416,13 @@ static void freq_case(const gop_sampling *sp) {
 }
 
 static void test_sample_freq(void) {
-  const gop_sampling a = {0.8f, 0, 1.0f, 0.0f, 77}, b = {1.0f, 6, 0.9f, 0.1f, 78};
+  const sample_params a = sample_filters(0.8f, 0, 1.0f, 0.0f, 77), b = sample_filters(1.0f, 6, 0.9f, 0.1f, 78);
   freq_case(&a);
   freq_case(&b);
 }
 
 /* Informational: the median time of one sampling launch at full width. */
-static void sample_speed(int B, const gop_sampling *sp) {
+static void sample_speed(int B, const sample_params *sp) {
   enum { V = 154880, REPS = 21 };
   mj_err err = {0};
   bufs b = {0};
@@ -456,8 +453,8 @@ static void sample_speed(int B, const gop_sampling *sp) {
 }
 
 static void test_sample_speed(void) {
-  const gop_sampling greedy = {0.0f, 0, 1.0f, 0.0f, 1}, plain = {1.0f, 0, 1.0f, 0.0f, 1},
-                     all = {0.7f, 40, 0.95f, 0.05f, 1};
+  const sample_params greedy = sample_filters(0.0f, 0, 1.0f, 0.0f, 1), plain = sample_filters(1.0f, 0, 1.0f, 0.0f, 1);
+  const sample_params all = sample_filters(0.7f, 40, 0.95f, 0.05f, 1);
   sample_speed(1, &greedy);
   sample_speed(1, &plain);
   sample_speed(1, &all);
