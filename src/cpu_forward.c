@@ -162,36 +162,6 @@ static void indexer(cpu_model *s, int64_t L, const model_layer *ly, layer_cache 
 }
 
 /* ---- MLA attention ---------------------------------------------------------------------- */
-/* One query against the visible, selected keys j < vis (sel[j] set):
- * score_j = (qa . ka_j + qr . kr_j) * scale, where ka_j = ka + j * stride
- * (na wide) and kr_j = kr + j * dr; softmax in float32 over those scores
- * (masked keys weigh exactly 0, as exp(min - max) does in the reference);
- * out = sum_j p_j * (val + j * stride)[0..nv).  p is scratch of vis. */
-static void attend(const float *qa, const float *ka, int64_t na, int64_t stride, const float *qr, const float *kr,
-                   int64_t dr, const uint8_t *sel, int64_t vis, float scale, const float *val, int64_t nv, float *p,
-                   float *out) {
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < vis; j++) {
-    if (!sel[j]) continue;
-    const float *kj = ka + j * stride, *rj = kr + j * dr;
-    float d = 0;
-    for (int64_t e = 0; e < na; e++) d += qa[e] * kj[e];
-    for (int64_t e = 0; e < dr; e++) d += qr[e] * rj[e];
-    p[j] = d * scale;
-    if (p[j] > mx) mx = p[j];
-  }
-  float sum = 0;
-  for (int64_t j = 0; j < vis; j++)
-    if (sel[j]) sum += (p[j] = expf(p[j] - mx));
-  memset(out, 0, (size_t)nv * sizeof *out);
-  for (int64_t j = 0; j < vis; j++) {
-    if (!sel[j]) continue;
-    float pj = p[j] / sum;
-    const float *vj = val + j * stride;
-    for (int64_t e = 0; e < nv; e++) out[e] += pj * vj[e];
-  }
-}
-
 static void attention(cpu_model *s, int64_t L, const float *xn, int64_t n, int64_t pos, uint8_t *sel,
                       float *out) {
   const model_config *c = &s->m->cfg;
@@ -228,8 +198,8 @@ static void attention(cpu_model *s, int64_t L, const float *xn, int64_t n, int64
     for (int64_t i = 0; i < n; i++)
       for (int64_t h = 0; h < nh; h++) {
         const float *qh = q + (i * nh + h) * dq, *kh = kv + h * (dn + dv);
-        attend(qh, kh, dn, kvw, qh + dn, lc->krope, dr, sel + i * T, pos + i + 1, scale, kh + dn, dv, p,
-               o + (i * nh + h) * dv);
+        ref_attend(qh, kh, dn, kvw, qh + dn, lc->krope, dr, dr, sel + i * T, pos + i + 1, scale, kh + dn, dv, kvw, p,
+                   o + (i * nh + h) * dv);
       }
     free(kv);
   } else {
@@ -245,7 +215,8 @@ static void attention(cpu_model *s, int64_t L, const float *xn, int64_t n, int64
           const float *wr = wkb + (h * (dn + dv) + e) * r;
           for (int64_t a = 0; a < r; a++) ql[a] += qh[e] * wr[a];
         }
-        attend(ql, lc->latent, r, r, qh + dn, lc->krope, dr, sel + i * T, pos + i + 1, scale, lc->latent, r, p, ol);
+        ref_attend(ql, lc->latent, r, r, qh + dn, lc->krope, dr, dr, sel + i * T, pos + i + 1, scale, lc->latent, r, r,
+                   p, ol);
         float *oh = o + (i * nh + h) * dv;
         for (int64_t e = 0; e < dv; e++) {
           const float *wr = wkb + (h * (dn + dv) + dn + e) * r;

@@ -1,9 +1,10 @@
 /* ref_attn.c: CPU references of the decode step's MLA attention and DSA
  * selection (ref.h), the oracle of templates/attend.cu and templates/dsa.cu.
  *
- * They follow cpu_forward.c's absorbed attention (attend) and indexer line
- * by line, in the GPU's cache layouts: a row's visible tokens are a byte
- * mask walked in ascending order, scores and softmax in f32, and the
+ * The attention is cpu_forward.c's own (ref_attend) on the GPU's cache
+ * layout (bf16 rows of [latent | rope key] per slot, the selection as a
+ * list); the indexer follows cpu_forward.c's line by line: a row's visible
+ * tokens are a byte mask walked in ascending order, scores in f32, and the
  * selection is ref_topk's, so the GPU kernels can be held to the same
  * numbers and, for the selection, the same set.
  */
@@ -25,7 +26,7 @@ void ref_mla_attend(const float *qlat, const bf16 *kv, const int *slot, const in
                     int heads, int kv_rank, int rope, int max_ctx, int topk, float scale, float *olat) {
   int D = kv_rank + rope;
   uint8_t *mask = mj_xmalloc((size_t)max_ctx);
-  float *p = mj_xmalloc((size_t)max_ctx * sizeof *p);
+  float *p = mj_xmalloc((size_t)max_ctx * sizeof *p), *rf = mj_xmalloc((size_t)max_ctx * D * sizeof *rf);
   for (int b = 0; b < B; b++) {
     int vis = row_len(pos[b], max_ctx);
     if (sel && vis > topk) {
@@ -39,31 +40,14 @@ void ref_mla_attend(const float *qlat, const bf16 *kv, const int *slot, const in
       memset(mask, 1, (size_t)vis);
     }
     const bf16 *rows = kv + (size_t)slot[b] * max_ctx * D;
+    for (size_t i = 0; i < (size_t)vis * D; i++) rf[i] = dt_bf16_to_f32(rows[i]);
     for (int h = 0; h < heads; h++) {
       const float *q = qlat + ((size_t)b * heads + h) * D;
-      float *out = olat + ((size_t)b * heads + h) * kv_rank;
-      float mx = -INFINITY;
-      for (int j = 0; j < vis; j++) {
-        if (!mask[j]) continue;
-        const bf16 *r = rows + (size_t)j * D;
-        float d = 0;
-        for (int e = 0; e < D; e++) d += q[e] * dt_bf16_to_f32(r[e]);
-        p[j] = d * scale;
-        if (p[j] > mx) mx = p[j];
-      }
-      float sum = 0;
-      for (int j = 0; j < vis; j++)
-        if (mask[j]) sum += (p[j] = expf(p[j] - mx));
-      memset(out, 0, (size_t)kv_rank * sizeof *out);
-      for (int j = 0; j < vis; j++) {
-        if (!mask[j]) continue;
-        float pj = p[j] / sum;
-        const bf16 *r = rows + (size_t)j * D;
-        for (int e = 0; e < kv_rank; e++) out[e] += pj * dt_bf16_to_f32(r[e]);
-      }
+      ref_attend(q, rf, kv_rank, D, q + kv_rank, rf + kv_rank, rope, D, mask, vis, scale, rf, kv_rank, D, p,
+                 olat + ((size_t)b * heads + h) * kv_rank);
     }
   }
-  free(mask), free(p);
+  free(mask), free(p), free(rf);
 }
 
 void ref_dsa_select(const float *iq, const float *iw, const float *ikey, const int *slot, const int *pos, int B,

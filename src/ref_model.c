@@ -126,6 +126,31 @@ void ref_rope_interleaved(float *x, int64_t dim, int64_t pos, const float *inv) 
   if (o != tmp) free(o);
 }
 
+void ref_attend(const float *qa, const float *ka, int64_t na, int64_t ka_stride, const float *qr, const float *kr,
+                int64_t dr, int64_t kr_stride, const uint8_t *sel, int64_t vis, float scale, const float *val,
+                int64_t nv, int64_t v_stride, float *p, float *out) {
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < vis; j++) {
+    if (!sel[j]) continue;
+    const float *kj = ka + j * ka_stride, *rj = kr + j * kr_stride;
+    float d = 0;
+    for (int64_t e = 0; e < na; e++) d += qa[e] * kj[e];
+    for (int64_t e = 0; e < dr; e++) d += qr[e] * rj[e];
+    p[j] = d * scale;
+    if (p[j] > mx) mx = p[j];
+  }
+  float sum = 0;
+  for (int64_t j = 0; j < vis; j++)
+    if (sel[j]) sum += (p[j] = expf(p[j] - mx));
+  memset(out, 0, (size_t)nv * sizeof *out);
+  for (int64_t j = 0; j < vis; j++) {
+    if (!sel[j]) continue;
+    float pj = p[j] / sum;
+    const float *vj = val + j * v_stride;
+    for (int64_t e = 0; e < nv; e++) out[e] += pj * vj[e];
+  }
+}
+
 typedef struct {
   float v;
   int64_t i;

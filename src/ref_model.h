@@ -37,6 +37,19 @@ void ref_rope_inv_freq(double theta, int64_t dim, float *inv);
  * [x'[0], x'[2], ... | x'[1], x'[3], ...], the reference's output layout. */
 void ref_rope_interleaved(float *x, int64_t dim, int64_t pos, const float *inv);
 
+/* One query's attention over a masked set of keys, as the reference's eager
+ * attention computes it under its causal and DSA masks: for keys j < vis
+ * with sel[j] set, score_j = (qa . ka_j + qr . kr_j) * scale with ka_j = ka
+ * + j * ka_stride (na wide) and kr_j = kr + j * kr_stride (dr wide), one f32
+ * sum in that order; softmax in f32 over those keys only (a masked key
+ * weighs exactly 0, as exp(finfo.min - max) does there); out[0..nv) = sum_j
+ * p_j * (val + j * v_stride)[0..nv).  p: scratch of vis floats.  The CPU
+ * forward (expanded and absorbed) and ref_mla_attend (the GPU's layout) both
+ * call it, so there is one masked softmax. */
+void ref_attend(const float *qa, const float *ka, int64_t na, int64_t ka_stride, const float *qr, const float *kr,
+                int64_t dr, int64_t kr_stride, const uint8_t *sel, int64_t vis, float scale, const float *val,
+                int64_t nv, int64_t v_stride, float *p, float *out);
+
 /* Indices of the k largest of v[0..n) (k <= n), largest first; equal values
  * go to the lower index. */
 void ref_topk(const float *v, int64_t n, int64_t k, int64_t *idx);
