@@ -23,6 +23,7 @@
 #include "cli.h"
 #include "jit.h"
 #include "moe.h"
+#include "ref.h"
 #include "timing.h"
 
 #define NPOOL 3
@@ -95,7 +96,7 @@ int bench_moe(int argc, char **argv, mj_err *err) {
                      "16:256:8:0:0:0:4,16:256:8:0:0:0:6,16:128:8:0:0:0:4,16:256:8:0:0:2:4";
   const char *dn_s = "4:256:8:0,4:256:8:48,2:256:8:0,8:256:8:0,4:128:8:0,4:256:4:0,"
                      "16:256:8:0:0:0:4,16:256:8:0:0:0:8,16:128:8:0:0:0:4,16:256:8:0:0:2:4";
-  const ref_moe_cfg glm5 = moe_cfg_glm5();
+  const model_moe_cfg glm5 = model_moe_glm5();
   int64_t mt = 0, nsets = 8, ncopies = 4, check_tokens = 2, E = glm5.n_experts, H = glm5.hidden, I = glm5.inter;
   cli_opt opts[] = {{"batches", 0, CLI_STR, &batches_s}, {"gu-configs", 0, CLI_STR, &gu_s},
                     {"dn-configs", 0, CLI_STR, &dn_s},   {"mt", 0, CLI_INT, &mt},
@@ -114,7 +115,7 @@ int bench_moe(int argc, char **argv, mj_err *err) {
   const cu_device *d = cu_dev();
   double copy_bps;
   if ((rc = tm_copy_bandwidth((size_t)1 << 30, &copy_bps, err))) return rc;
-  ref_moe_cfg cfg = {.hidden = (int)H, .inter = (int)I, .n_experts = (int)E, .topk = 8, .n_group = 1, .topk_group = 1,
+  model_moe_cfg cfg = {.hidden = (int)H, .inter = (int)I, .n_experts = (int)E, .topk = 8, .n_group = 1, .topk_group = 1,
                      .norm_topk_prob = true, .scaling = 2.5f};
   rng = (uint64_t)time(NULL);
   size_t gub = moe_gate_up_bytes(&cfg), dnb = moe_down_bytes(&cfg), expert_bytes = gub + dnb;
@@ -123,7 +124,7 @@ int bench_moe(int argc, char **argv, mj_err *err) {
   /* Host weights: NPOOL random experts, reused round-robin. */
   moe_random R;
   moe_random_make(&R, &cfg, NPOOL, rng);
-  const ref_nvfp4 *G = R.gate, *U = R.up, *D = R.down;
+  const model_nvfp4 *G = R.gate, *U = R.up, *D = R.down;
   bf16 *router = mj_xmalloc(router_bytes);
   float *bias = mj_xmalloc((size_t)E * 4);
   for (size_t i = 0; i < (size_t)E * H; i++) router[i] = dt_f32_to_bf16(((float)(rnd() % 2001) - 1000.0f) / 1000.0f / sqrtf((float)H) * 3.0f);

@@ -67,7 +67,7 @@ int cpu_model_create(const model *m, const cpu_params *p, cpu_model **out, mj_er
     if (m->layers[L].has_indexer) s->lc[L].ikey = xalloc_f((size_t)(T * c->index_head_dim));
   }
   s->inv_freq = xalloc_f((size_t)c->qk_rope_head_dim / 2);
-  ref_rope_inv_freq(c->rope_theta, c->qk_rope_head_dim, s->inv_freq);
+  model_rope_inv_freq(c->rope_theta, c->qk_rope_head_dim, s->inv_freq);
   *out = s;
   return 0;
 }

@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ref_model.h"
 
 typedef struct gpu_layer {
   CUdeviceptr in_norm, post_norm;
@@ -46,7 +45,7 @@ typedef struct moe_bucket {
 
 struct gpu_model {
   gop_dims d;
-  ref_moe_cfg mc;
+  model_moe_cfg mc;
   gpu_opts o;
   int n_layers, inter, sh_inter, mlp_max; /* dense, bf16 shared expert, and the larger */
   int64_t vocab_real;
@@ -220,7 +219,7 @@ static void setup_dims(gpu_model *g, const model_config *c, int sh_inter, const 
                     .kv_rank = (int)c->kv_lora_rank, .q_rank = (int)c->q_lora_rank, .idx_heads = (int)c->index_n_heads,
                     .idx_dim = (int)c->index_head_dim, .idx_topk = (int)c->index_topk, .max_ctx = (int)ctx,
                     .rms_eps = (float)c->rms_norm_eps};
-  g->mc = moe_cfg_of(c);
+  g->mc = model_moe_of(c);
   g->inter = (int)c->intermediate_size;
   g->n_layers = (int)c->num_hidden_layers;
   g->L = mj_xcalloc((size_t)g->n_layers, sizeof *g->L);
@@ -254,7 +253,7 @@ static int setup(gpu_model *g, const model_config *c, int sh_inter, const gpu_op
   /* The spare slot's cache and every buffer start as zeros, not NaN bits. */
   CU_CHECK(err, cu.cuMemsetD8(g->abase, 0, g->abytes));
   float *inv = mj_xmalloc((size_t)d->rope / 2 * 4);
-  ref_rope_inv_freq(c->rope_theta, d->rope, inv);
+  model_rope_inv_freq(c->rope_theta, d->rope, inv);
   CUresult r = cu.cuMemcpyHtoD(g->inv_freq, inv, (size_t)d->rope / 2 * 4);
   free(inv);
   CU_CHECK(err, r);
@@ -307,8 +306,8 @@ static int put_vec(CUdeviceptr dst, const model_vec *v, bool f32, mj_err *err) {
   return 0;
 }
 
-static ref_nvfp4 as_nvfp4(const model_weight *w) {
-  return (ref_nvfp4){w->w, w->scale, w->scale2, (int)w->rows, (int)w->cols};
+static model_nvfp4 as_nvfp4(const model_weight *w) {
+  return (model_nvfp4){w->w, w->scale, w->scale2, (int)w->rows, (int)w->cols};
 }
 
 static int upload_layer(gpu_model *g, upload *u, const model_layer *ml, gpu_layer *l, mj_err *err) {
@@ -346,7 +345,7 @@ static int upload_layer(gpu_model *g, upload *u, const model_layer *ml, gpu_laye
                    (rc = put_weight(u, l->sh_gu + (size_t)g->sh_inter * H * 2, &ml->shared.up, err)) ||
                    (rc = put_weight(u, l->sh_down, &ml->shared.down, err))))
     return rc;
-  const ref_moe_cfg *mc = &g->mc;
+  const model_moe_cfg *mc = &g->mc;
   double eb = (double)(moe_gate_up_bytes(mc) + moe_down_bytes(mc));
   for (int e = 0; e <= mc->n_experts; e++) {
     const model_mlp *x = e < mc->n_experts ? &ml->experts[e] : &ml->shared;
@@ -361,7 +360,7 @@ static int upload_layer(gpu_model *g, upload *u, const model_layer *ml, gpu_laye
       return mj_fail(err, MJ_EINPUT,
                      "%s: the GPU backend needs NVFP4 experts (%s is %s); use --backend cpu or an NVFP4 checkpoint",
                      x->gate.name, x->gate.name, model_wfmt_name(x->gate.fmt));
-    ref_nvfp4 G = as_nvfp4(&x->gate), U = as_nvfp4(&x->up), D = as_nvfp4(&x->down);
+    model_nvfp4 G = as_nvfp4(&x->gate), U = as_nvfp4(&x->up), D = as_nvfp4(&x->down);
     if ((rc = moe_weights_set_expert(&l->moe, mc, e, &G, &U, &D, err))) return rc;
     mj_progress_add(&u->prog, eb);
   }
@@ -446,7 +445,7 @@ static int fill_w(gpu_model *g, CUdeviceptr p, size_t rows, size_t cols, uint64_
 /* The first MoE layer's experts from moe_random (three distinct experts
  * repeated over the 257 slots), every other MoE layer a device copy. */
 static int synth_experts(gpu_model *g, uint64_t seed, mj_err *err) {
-  const ref_moe_cfg *c = &g->mc;
+  const model_moe_cfg *c = &g->mc;
   gpu_layer *first = NULL;
   int rc = 0;
   for (int i = 0; i < g->n_layers && !rc; i++) {

@@ -739,3 +739,31 @@ void model_weight_row(const model_weight *w, int64_t r, float *out) {
 float model_vec_at(const model_vec *v, int64_t i) {
   return v->f32 ? ((const float *)v->p)[i] : dt_bf16_to_f32(((const bf16 *)v->p)[i]);
 }
+
+model_moe_cfg model_moe_of(const model_config *c) {
+  return (model_moe_cfg){.hidden = (int)c->hidden_size, .inter = (int)c->moe_intermediate_size,
+                         .n_experts = (int)c->n_routed_experts, .topk = (int)c->num_experts_per_tok,
+                         .n_group = (int)c->n_group, .topk_group = (int)c->topk_group,
+                         .norm_topk_prob = c->norm_topk_prob, .scaling = (float)c->routed_scaling_factor};
+}
+
+model_moe_cfg model_moe_glm5(void) {
+  mj_arena a;
+  mj_arena_init(&a, 1024);
+  model_config mc;
+  model_config_glm5(&mc, 4, 3, &a);
+  model_moe_cfg c = model_moe_of(&mc);
+  mj_arena_free(&a);
+  return c;
+}
+
+void model_rope_inv_freq(double theta, int64_t dim, float *inv) {
+  /* transformers: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), all in
+   * float32: the exponent is a float32 quotient, the power is rounded to
+   * float32, then the reciprocal. */
+  for (int64_t i = 0; i < dim / 2; i++) {
+    float e = (float)(2 * i) / (float)dim;
+    float p = (float)pow(theta, (double)e);
+    inv[i] = 1.0f / p;
+  }
+}

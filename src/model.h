@@ -55,6 +55,36 @@ typedef struct model_config {
   int n_quant_exclude;
 } model_config;
 
+/* The MoE fields of config.json that the layer needs. */
+typedef struct model_moe_cfg {
+  int hidden;       /* hidden_size */
+  int inter;        /* moe_intermediate_size */
+  int n_experts;    /* n_routed_experts */
+  int topk;         /* num_experts_per_tok */
+  int n_group, topk_group;
+  bool norm_topk_prob;
+  float scaling;    /* routed_scaling_factor */
+} model_moe_cfg;
+
+/* One NVFP4 linear as the checkpoint stores it: W [n, k] with codes [n, k/2]
+ * (even column in the low nibble), e4m3 scales [n, k/16] and the global
+ * scale s2; W[r][c] = e2m1(code) * e4m3(scale[r][c/16]) * s2. */
+typedef struct model_nvfp4 {
+  const uint8_t *w;
+  const uint8_t *s;
+  float s2;
+  int n, k;
+} model_nvfp4;
+
+/* The MoE layer's fields of a config, and of GLM-5's own (model_config_glm5). */
+model_moe_cfg model_moe_of(const model_config *c);
+model_moe_cfg model_moe_glm5(void);
+
+/* RoPE inverse frequencies inv[i] = 1 / theta^(2i/dim), i < dim/2, rounded
+ * as the reference's float32 computation rounds them (the CPU reference and
+ * the GPU engine both use these). */
+void model_rope_inv_freq(double theta, int64_t dim, float *inv);
+
 /* Parse config.json text (name is used in messages).  Arrays are allocated
  * in a.  Impossible or unsupported values are an MJ_EINPUT naming name and
  * the field. */

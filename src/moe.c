@@ -17,23 +17,6 @@
 #include "moe.h"
 #include "jit.h"
 
-ref_moe_cfg moe_cfg_of(const model_config *c) {
-  return (ref_moe_cfg){.hidden = (int)c->hidden_size, .inter = (int)c->moe_intermediate_size,
-                       .n_experts = (int)c->n_routed_experts, .topk = (int)c->num_experts_per_tok,
-                       .n_group = (int)c->n_group, .topk_group = (int)c->topk_group,
-                       .norm_topk_prob = c->norm_topk_prob, .scaling = (float)c->routed_scaling_factor};
-}
-
-ref_moe_cfg moe_cfg_glm5(void) {
-  mj_arena a;
-  mj_arena_init(&a, 1024);
-  model_config mc;
-  model_config_glm5(&mc, 4, 3, &a);
-  ref_moe_cfg c = moe_cfg_of(&mc);
-  mj_arena_free(&a);
-  return c;
-}
-
 /* Where the bits m, e0, e1, s (e2m1: s e1 e0 m) of output o's low value sit
  * in the word; the high value's are 16 higher.  The kernel's decode:
  *   o0 = v & 0x81C081C0            bits 6,7,8,15  -> 6,7,8,15
@@ -44,8 +27,8 @@ ref_moe_cfg moe_cfg_glm5(void) {
  * leaving each value as bf16 bits s<<15 | e<<7 | m<<6 = e2m1 * 2^-126. */
 static const int bitpos[4][4] = {{6, 7, 8, 15}, {3, 4, 5, 12}, {0, 1, 2, 9}, {10, 11, 13, 14}};
 
-size_t moe_gate_up_bytes(const ref_moe_cfg *c) { return 2 * (size_t)c->inter * moe_record_bytes(c->hidden); }
-size_t moe_down_bytes(const ref_moe_cfg *c) { return (size_t)c->hidden * moe_record_bytes(c->inter); }
+size_t moe_gate_up_bytes(const model_moe_cfg *c) { return 2 * (size_t)c->inter * moe_record_bytes(c->hidden); }
+size_t moe_down_bytes(const model_moe_cfg *c) { return (size_t)c->hidden * moe_record_bytes(c->inter); }
 
 void moe_repack_row(const uint8_t *codes, const uint8_t *scales, int k, uint8_t *rec) {
   for (int c = 0; c < k / 32; c++)
@@ -64,7 +47,7 @@ void moe_repack_row(const uint8_t *codes, const uint8_t *scales, int k, uint8_t 
   memcpy(rec + k / 2, scales, (size_t)k / 16);
 }
 
-void moe_repack_gate_up(const ref_nvfp4 *gate, const ref_nvfp4 *up, uint8_t *dst) {
+void moe_repack_gate_up(const model_nvfp4 *gate, const model_nvfp4 *up, uint8_t *dst) {
   size_t rb = moe_record_bytes(gate->k);
   for (int r = 0; r < gate->n; r++) {
     moe_repack_row(gate->w + (size_t)r * gate->k / 2, gate->s + (size_t)r * gate->k / 16, gate->k, dst + 2 * r * rb);
@@ -72,7 +55,7 @@ void moe_repack_gate_up(const ref_nvfp4 *gate, const ref_nvfp4 *up, uint8_t *dst
   }
 }
 
-void moe_repack_down(const ref_nvfp4 *down, uint8_t *dst) {
+void moe_repack_down(const model_nvfp4 *down, uint8_t *dst) {
   size_t rb = moe_record_bytes(down->k);
   for (int r = 0; r < down->n; r++)
     moe_repack_row(down->w + (size_t)r * down->k / 2, down->s + (size_t)r * down->k / 16, down->k, dst + r * rb);
@@ -90,7 +73,7 @@ float moe_record_value(const uint8_t *rec, int k, int col) {
 }
 
 /* ---- plan -------------------------------------------------------------------------- */
-void moe_plan_default(const ref_moe_cfg *c, int bcap, moe_plan *p) {
+void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p) {
   memset(p, 0, sizeof *p);
   p->cfg = *c;
   p->bcap = bcap;
@@ -193,7 +176,7 @@ static int load_one(moe_kernels *k, int id, const char *file, const defs *d, con
 static const char *const kernel_files[MOE_NK] = {"moe_router.k", "moe_route.k", "moe_expert.k", "moe_expert.k",
                                                  "moe_combine.k"};
 static void plan_defs(const moe_plan *p, defs d[MOE_NK]) {
-  const ref_moe_cfg *c = &p->cfg;
+  const model_moe_cfg *c = &p->cfg;
   memset(d, 0, MOE_NK * sizeof *d);
   defs *r = &d[MOE_K_router];
   def_i(r, "E", c->n_experts), def_i(r, "K", c->hidden), def_i(r, "TB", p->router_tb);
@@ -259,7 +242,7 @@ static size_t carve(CUdeviceptr base, size_t *off, size_t bytes, CUdeviceptr *p)
   return *off;
 }
 
-size_t moe_weights_carve(moe_weights *w, const ref_moe_cfg *c, CUdeviceptr base) {
+size_t moe_weights_carve(moe_weights *w, const model_moe_cfg *c, CUdeviceptr base) {
   size_t E = (size_t)c->n_experts, off = 0;
   carve(base, &off, E * (size_t)c->hidden * 2, &w->router);
   carve(base, &off, E * 4, &w->bias);
@@ -268,7 +251,7 @@ size_t moe_weights_carve(moe_weights *w, const ref_moe_cfg *c, CUdeviceptr base)
   return carve(base, &off, (E + 1) * 16, &w->gscale);
 }
 
-int moe_weights_alloc(moe_weights *w, const ref_moe_cfg *c, mj_err *err) {
+int moe_weights_alloc(moe_weights *w, const model_moe_cfg *c, mj_err *err) {
   memset(w, 0, sizeof *w);
   int rc = cu_alloc(&w->base, moe_weights_carve(w, c, 0), "MoE layer weights", err);
   if (!rc) moe_weights_carve(w, c, w->base);
@@ -280,8 +263,8 @@ void moe_weights_free(moe_weights *w) {
   memset(w, 0, sizeof *w);
 }
 
-int moe_weights_set_expert(const moe_weights *w, const ref_moe_cfg *c, int e, const ref_nvfp4 *gate,
-                           const ref_nvfp4 *up, const ref_nvfp4 *down, mj_err *err) {
+int moe_weights_set_expert(const moe_weights *w, const model_moe_cfg *c, int e, const model_nvfp4 *gate,
+                           const model_nvfp4 *up, const model_nvfp4 *down, mj_err *err) {
   if (gate->n != c->inter || gate->k != c->hidden || up->n != c->inter || up->k != c->hidden ||
       down->n != c->hidden || down->k != c->inter || e < 0 || e > c->n_experts)
     return mj_fail(err, MJ_EINPUT, "moe: expert %d has the wrong shape for this layer", e);
@@ -300,8 +283,8 @@ out:
   return rc;
 }
 
-int moe_weights_set_all(const moe_weights *w, const ref_moe_cfg *c, const ref_nvfp4 *gate, const ref_nvfp4 *up,
-                        const ref_nvfp4 *down, mj_err *err) {
+int moe_weights_set_all(const moe_weights *w, const model_moe_cfg *c, const model_nvfp4 *gate, const model_nvfp4 *up,
+                        const model_nvfp4 *down, mj_err *err) {
   size_t gub = moe_gate_up_bytes(c), dnb = moe_down_bytes(c);
   for (int e = 0; e <= c->n_experts; e++) {
     int same = 0;
@@ -322,7 +305,7 @@ int moe_weights_set_all(const moe_weights *w, const ref_moe_cfg *c, const ref_nv
   return 0;
 }
 
-int moe_weights_copy_experts(const moe_weights *dst, const moe_weights *src, const ref_moe_cfg *c, CUstream s,
+int moe_weights_copy_experts(const moe_weights *dst, const moe_weights *src, const model_moe_cfg *c, CUstream s,
                              mj_err *err) {
   size_t n = (size_t)c->n_experts + 1;
   CU_CHECK(err, cu.cuMemcpyDtoDAsync(dst->gate_up, src->gate_up, n * moe_gate_up_bytes(c), s));
@@ -331,7 +314,7 @@ int moe_weights_copy_experts(const moe_weights *dst, const moe_weights *src, con
   return 0;
 }
 
-void moe_random_make(moe_random *r, const ref_moe_cfg *c, int npool, uint64_t seed) {
+void moe_random_make(moe_random *r, const model_moe_cfg *c, int npool, uint64_t seed) {
   memset(r, 0, sizeof *r);
   r->npool = npool < 1 ? 1 : npool > MOE_RANDOM_POOL ? MOE_RANDOM_POOL : npool;
   uint64_t st = seed * 0x9e3779b97f4a7c15ull + 1;
@@ -350,9 +333,9 @@ void moe_random_make(moe_random *r, const ref_moe_cfg *c, int npool, uint64_t se
   for (int e = 0; e <= E; e++) {
     uint8_t *const *b = r->buf[e % r->npool];
     float f = 0.25f * (1.0f + (float)e / 512.0f);
-    r->gate[e] = (ref_nvfp4){b[0], b[1], f / sqrtf((float)H), I, H};
-    r->up[e] = (ref_nvfp4){b[2], b[3], f / sqrtf((float)H), I, H};
-    r->down[e] = (ref_nvfp4){b[4], b[5], f / sqrtf((float)I), H, I};
+    r->gate[e] = (model_nvfp4){b[0], b[1], f / sqrtf((float)H), I, H};
+    r->up[e] = (model_nvfp4){b[2], b[3], f / sqrtf((float)H), I, H};
+    r->down[e] = (model_nvfp4){b[4], b[5], f / sqrtf((float)I), H, I};
   }
 }
 
@@ -396,7 +379,7 @@ static int launch2(CUfunction fn, unsigned gx, unsigned gy, unsigned block, CUst
 
 int moe_launch(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
                CUdeviceptr x_in, int B, moe_kernel_id which, CUstream s, mj_err *err) {
-  const ref_moe_cfg *c = &p->cfg;
+  const model_moe_cfg *c = &p->cfg;
   if (B < 1 || B > p->bcap) return mj_fail(err, MJ_EINPUT, "moe: batch %d outside 1..%d", B, p->bcap);
   unsigned slots = (unsigned)moe_slots(p);
   CUdeviceptr x = x_in;

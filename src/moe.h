@@ -14,13 +14,9 @@
 #define MOEJIT_MOE_H
 
 #include "cudrv.h"
+#include "dtype.h"
 #include "model.h"
-#include "ref.h"
 
-/* The MoE layer's fields of a model's config, and of GLM-5's own
- * (model_config_glm5). */
-ref_moe_cfg moe_cfg_of(const model_config *c);
-ref_moe_cfg moe_cfg_glm5(void);
 
 /* ---- the device layout (host side, no GPU needed) ---------------------------------- */
 
@@ -29,15 +25,15 @@ ref_moe_cfg moe_cfg_glm5(void);
 static inline size_t moe_record_bytes(int k) { return (size_t)k / 2 + (size_t)k / 16; }
 /* Bytes of one expert's gate_up (2 * inter records of hidden values) and
  * down (hidden records of inter values) blocks. */
-size_t moe_gate_up_bytes(const ref_moe_cfg *c);
-size_t moe_down_bytes(const ref_moe_cfg *c);
+size_t moe_gate_up_bytes(const model_moe_cfg *c);
+size_t moe_down_bytes(const model_moe_cfg *c);
 
 /* Repack one row (codes[k/2], scales[k/16] as on disk) into a record. */
 void moe_repack_row(const uint8_t *codes, const uint8_t *scales, int k, uint8_t *rec);
 /* gate and up [inter, hidden] -> records gate 0, up 0, gate 1, up 1, ... */
-void moe_repack_gate_up(const ref_nvfp4 *gate, const ref_nvfp4 *up, uint8_t *dst);
+void moe_repack_gate_up(const model_nvfp4 *gate, const model_nvfp4 *up, uint8_t *dst);
 /* down [hidden, inter] -> one record per row. */
-void moe_repack_down(const ref_nvfp4 *down, uint8_t *dst);
+void moe_repack_down(const model_nvfp4 *down, uint8_t *dst);
 /* Column col of a record, decoded exactly as the kernel does (bit ops to
  * bf16 bits, times 2^126) and times its block scale: e2m1 * e4m3 (no s2). */
 float moe_record_value(const uint8_t *rec, int k, int col);
@@ -55,7 +51,7 @@ typedef struct moe_tile {
 } moe_tile;
 
 typedef struct moe_plan {
-  ref_moe_cfg cfg;
+  model_moe_cfg cfg;
   int bcap;     /* batch-size bucket: at most bcap tokens */
   int mt;       /* rows of a slot per pass (MT) */
   moe_tile gu, dn;
@@ -65,7 +61,7 @@ typedef struct moe_plan {
 /* The default plan for a bucket: MT grows with the expected rows per
  * expert, tiles as measured (bench/results); buckets of 4 and more take
  * the tensor-core path, whose ALU cost does not grow with MT. */
-void moe_plan_default(const ref_moe_cfg *c, int bcap, moe_plan *p);
+void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p);
 static inline int moe_slots(const moe_plan *p) {
   int r = p->cfg.topk * p->bcap;
   return 1 + (r < p->cfg.n_experts ? r : p->cfg.n_experts);
@@ -114,22 +110,22 @@ typedef struct moe_weights {
 
 /* Point w's pieces into base (0: only count) and return the bytes they
  * take, so a model can carve every layer out of one allocation. */
-size_t moe_weights_carve(moe_weights *w, const ref_moe_cfg *c, CUdeviceptr base);
-int moe_weights_alloc(moe_weights *w, const ref_moe_cfg *c, mj_err *err);
+size_t moe_weights_carve(moe_weights *w, const model_moe_cfg *c, CUdeviceptr base);
+int moe_weights_alloc(moe_weights *w, const model_moe_cfg *c, mj_err *err);
 void moe_weights_free(moe_weights *w);
 /* Repack expert e (e == n_experts: the shared one) and copy it in. */
-int moe_weights_set_expert(const moe_weights *w, const ref_moe_cfg *c, int e, const ref_nvfp4 *gate,
-                           const ref_nvfp4 *up, const ref_nvfp4 *down, mj_err *err);
+int moe_weights_set_expert(const moe_weights *w, const model_moe_cfg *c, int e, const model_nvfp4 *gate,
+                           const model_nvfp4 *up, const model_nvfp4 *down, mj_err *err);
 
 /* Set every expert (and the shared one, index n_experts) from the
  * checkpoint-format tensors gate/up/down [E + 1]: an expert whose three
  * tensors are those of an earlier one (the same code and scale pointers)
  * becomes a device copy of it with its own global scales, every other is
  * repacked.  Waits for the copies (they run on the legacy stream). */
-int moe_weights_set_all(const moe_weights *w, const ref_moe_cfg *c, const ref_nvfp4 *gate, const ref_nvfp4 *up,
-                        const ref_nvfp4 *down, mj_err *err);
+int moe_weights_set_all(const moe_weights *w, const model_moe_cfg *c, const model_nvfp4 *gate, const model_nvfp4 *up,
+                        const model_nvfp4 *down, mj_err *err);
 /* Copy src's experts and global scales to dst (the router stays). */
-int moe_weights_copy_experts(const moe_weights *dst, const moe_weights *src, const ref_moe_cfg *c, CUstream s,
+int moe_weights_copy_experts(const moe_weights *dst, const moe_weights *src, const model_moe_cfg *c, CUstream s,
                              mj_err *err);
 
 /* Random experts for benchmarks and replays (quantising gigabytes of floats
@@ -142,9 +138,9 @@ int moe_weights_copy_experts(const moe_weights *dst, const moe_weights *src, con
 typedef struct moe_random {
   int npool;
   uint8_t *buf[MOE_RANDOM_POOL][6]; /* codes, scales of gate, up, down */
-  ref_nvfp4 *gate, *up, *down;      /* [E + 1] */
+  model_nvfp4 *gate, *up, *down;      /* [E + 1] */
 } moe_random;
-void moe_random_make(moe_random *r, const ref_moe_cfg *c, int npool, uint64_t seed);
+void moe_random_make(moe_random *r, const model_moe_cfg *c, int npool, uint64_t seed);
 void moe_random_free(moe_random *r);
 
 typedef struct moe_bufs {

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "dtype.h"
+#include "model.h"
 #include "sample.h"
 
 /* y[n] = sum_k W[n][k] * x[k]; W bf16 [N, K] row-major, f32 accumulation. */
@@ -29,48 +30,29 @@ void ref_rmsnorm_bf16(bf16 *out, const bf16 *x, const bf16 *w, int rows, int n, 
  * Straight from the on-disk NVFP4 format (glm5.md): nothing here knows the
  * device layout of src/moe.c, so the two can only agree by both being right. */
 
-/* One NVFP4 linear as the checkpoint stores it: W [n, k] with codes [n, k/2]
- * (even column in the low nibble), e4m3 scales [n, k/16] and the global
- * scale s2; W[r][c] = e2m1(code) * e4m3(scale[r][c/16]) * s2. */
-typedef struct ref_nvfp4 {
-  const uint8_t *w;
-  const uint8_t *s;
-  float s2;
-  int n, k;
-} ref_nvfp4;
 
-/* The MoE fields of config.json that the layer needs. */
-typedef struct ref_moe_cfg {
-  int hidden;       /* hidden_size */
-  int inter;        /* moe_intermediate_size */
-  int n_experts;    /* n_routed_experts */
-  int topk;         /* num_experts_per_tok */
-  int n_group, topk_group;
-  bool norm_topk_prob;
-  float scaling;    /* routed_scaling_factor */
-} ref_moe_cfg;
 
 /* Quantise W [n, k] (k a multiple of 16) with NVIDIA ModelOpt's formulas:
  * s2 = amax(W) / (6 * 448); block scale = e4m3(block_amax / (6 * s2));
  * code = e2m1(w / (scale * s2)) rounded to nearest even. */
 void ref_nvfp4_quantize(const float *W, int n, int k, uint8_t *codes, uint8_t *scales, float *s2);
 /* W[r][c] of an on-disk tensor, in f32. */
-float ref_nvfp4_value(const ref_nvfp4 *t, int r, int c);
+float ref_nvfp4_value(const model_nvfp4 *t, int r, int c);
 /* y[r] = sum_c W[r][c] x[c], f32 accumulation. */
-void ref_nvfp4_gemv(const ref_nvfp4 *t, const float *x, float *y);
+void ref_nvfp4_gemv(const model_nvfp4 *t, const float *x, float *y);
 
 /* logits[b][e] = x[b] . router[e] in f32 (the reference casts both to f32). */
-void ref_moe_logits(const ref_moe_cfg *c, const bf16 *router, const bf16 *x, int B, float *logits);
+void ref_moe_logits(const model_moe_cfg *c, const bf16 *router, const bf16 *x, int B, float *logits);
 /* The router's choices: ids[b][topk] in rank order (ties: the lower id) and
  * their weights (sigmoid, normalised by their sum when norm_topk_prob, times
  * scaling), with the bias used only to choose and n_group/topk_group
  * group selection (experts of dropped groups score 0, as the reference). */
-void ref_moe_route(const ref_moe_cfg *c, const float *logits, const float *bias, int B, int *ids, float *w);
+void ref_moe_route(const model_moe_cfg *c, const float *logits, const float *bias, int B, int *ids, float *w);
 /* out[b] = shared(x[b]) + sum_k w[b][k] * expert_ids[b][k](x[b]), expert(x) =
  * down(bf16(silu(gate x) * (up x))) (h is rounded to bf16, as the GPU hands
  * it to the down projection).  gate, up and down hold n_experts + 1 tensors,
  * the last being the shared expert.  out is f32 [B, hidden]. */
-void ref_moe_experts(const ref_moe_cfg *c, const ref_nvfp4 *gate, const ref_nvfp4 *up, const ref_nvfp4 *down,
+void ref_moe_experts(const model_moe_cfg *c, const model_nvfp4 *gate, const model_nvfp4 *up, const model_nvfp4 *down,
                      const bf16 *x, int B, const int *ids, const float *w, float *out);
 
 /* ---- dense ops of the decode step (ref_dense.c; GPU: gop_dense.c) ------

@@ -98,17 +98,6 @@ void ref_swiglu(const model_mlp *m, const float *x, int64_t n, float *y, int nth
   free(g), free(u);
 }
 
-void ref_rope_inv_freq(double theta, int64_t dim, float *inv) {
-  /* transformers: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), all in
-   * float32: the exponent is a float32 quotient, the power is rounded to
-   * float32, then the reciprocal. */
-  for (int64_t i = 0; i < dim / 2; i++) {
-    float e = (float)(2 * i) / (float)dim;
-    float p = (float)pow(theta, (double)e);
-    inv[i] = 1.0f / p;
-  }
-}
-
 void ref_rope_interleaved(float *x, int64_t dim, int64_t pos, const float *inv) {
   int64_t h = dim / 2;
   float tmp[1024];

@@ -29,9 +29,6 @@ void ref_swiglu(const model_mlp *m, const float *x, int64_t n, float *y, int nth
 float ref_silu(float x);
 float ref_sigmoid(float x);
 
-/* RoPE inverse frequencies inv[i] = 1 / theta^(2i/dim), i < dim/2, rounded
- * as the reference's float32 computation rounds them. */
-void ref_rope_inv_freq(double theta, int64_t dim, float *inv);
 /* Interleaved RoPE at position pos, in place: pair (x[2i], x[2i+1]) is
  * rotated by angle pos * inv[i] and the results are written de-interleaved,
  * [x'[0], x'[2], ... | x'[1], x'[3], ...], the reference's output layout. */

@@ -34,13 +34,13 @@ void ref_nvfp4_quantize(const float *W, int n, int k, uint8_t *codes, uint8_t *s
     }
 }
 
-float ref_nvfp4_value(const ref_nvfp4 *t, int r, int c) {
+float ref_nvfp4_value(const model_nvfp4 *t, int r, int c) {
   uint8_t byte = t->w[(size_t)r * (t->k / 2) + c / 2];
   uint8_t code = (c & 1) ? byte >> 4 : byte & 15;
   return dt_e2m1_to_f32(code) * dt_e4m3_to_f32(t->s[(size_t)r * (t->k / 16) + c / 16]) * t->s2;
 }
 
-void ref_nvfp4_gemv(const ref_nvfp4 *t, const float *x, float *y) {
+void ref_nvfp4_gemv(const model_nvfp4 *t, const float *x, float *y) {
   for (int r = 0; r < t->n; r++) {
     const uint8_t *codes = t->w + (size_t)r * (t->k / 2);
     const uint8_t *sc = t->s + (size_t)r * (t->k / 16);
@@ -57,7 +57,7 @@ void ref_nvfp4_gemv(const ref_nvfp4 *t, const float *x, float *y) {
   }
 }
 
-void ref_moe_logits(const ref_moe_cfg *c, const bf16 *router, const bf16 *x, int B, float *logits) {
+void ref_moe_logits(const model_moe_cfg *c, const bf16 *router, const bf16 *x, int B, float *logits) {
   for (int b = 0; b < B; b++)
     for (int e = 0; e < c->n_experts; e++) {
       float acc = 0.0f;
@@ -67,7 +67,7 @@ void ref_moe_logits(const ref_moe_cfg *c, const bf16 *router, const bf16 *x, int
     }
 }
 
-void ref_moe_route(const ref_moe_cfg *c, const float *logits, const float *bias, int B, int *ids, float *w) {
+void ref_moe_route(const model_moe_cfg *c, const float *logits, const float *bias, int B, int *ids, float *w) {
   int E = c->n_experts, G = c->n_group > 0 ? c->n_group : 1, gs = E / G;
   float *s = malloc((size_t)E * sizeof *s), *ch = malloc((size_t)E * sizeof *ch);
   for (int b = 0; b < B; b++) {
@@ -117,7 +117,7 @@ void ref_moe_route(const ref_moe_cfg *c, const float *logits, const float *bias,
 }
 
 /* One SwiGLU expert on one token, added into out with weight wt. */
-static void expert_add(const ref_nvfp4 *gate, const ref_nvfp4 *up, const ref_nvfp4 *down, const float *x, float wt,
+static void expert_add(const model_nvfp4 *gate, const model_nvfp4 *up, const model_nvfp4 *down, const float *x, float wt,
                        float *g, float *u, float *y, float *out) {
   ref_nvfp4_gemv(gate, x, g);
   ref_nvfp4_gemv(up, x, u);
@@ -129,7 +129,7 @@ static void expert_add(const ref_nvfp4 *gate, const ref_nvfp4 *up, const ref_nvf
   for (int i = 0; i < down->n; i++) out[i] += wt * y[i];
 }
 
-void ref_moe_experts(const ref_moe_cfg *c, const ref_nvfp4 *gate, const ref_nvfp4 *up, const ref_nvfp4 *down,
+void ref_moe_experts(const model_moe_cfg *c, const model_nvfp4 *gate, const model_nvfp4 *up, const model_nvfp4 *down,
                      const bf16 *x, int B, const int *ids, const float *w, float *out) {
   int H = c->hidden, I = c->inter;
   float *xf = malloc((size_t)H * sizeof *xf), *g = malloc((size_t)I * sizeof *g);

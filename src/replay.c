@@ -70,7 +70,7 @@ static int cmp_i32(const void *a, const void *b) {
 
 int replay_tables_build(const moe_plan *p, const trace_moe *m, int rows, uint64_t *rng, replay_tables *t,
                         mj_err *err) {
-  const ref_moe_cfg *c = &p->cfg;
+  const model_moe_cfg *c = &p->cfg;
   int bcap = p->bcap, K = c->topk, S = moe_slots(p), P = moe_pairs(p);
   memset(t, 0, sizeof *t);
   for (int i = 0; i < m->n; i++)

@@ -23,6 +23,7 @@
 #include "jit.h"
 #include "json.h"
 #include "model.h"
+#include "ref.h"
 #include "replay.h"
 #include "timing.h"
 
@@ -50,7 +51,7 @@ static const char *arch_of(const ropts *o, const trace_file *t) {
 
 /* The model's MoE widths against the trace header's: a replay on other
  * widths would time other kernels. */
-static int check_widths(const char *file, const trace_file *t, const ref_moe_cfg *c, const char *what, mj_err *err) {
+static int check_widths(const char *file, const trace_file *t, const model_moe_cfg *c, const char *what, mj_err *err) {
   const trace_header *h = &t->h;
   int ng = h->n_group > 0 ? h->n_group : 1, tg = h->topk_group > 0 ? h->topk_group : 1;
   if (h->hidden != c->hidden || h->inter != c->inter || h->n_experts != c->n_experts || h->topk != c->topk ||
@@ -71,10 +72,10 @@ static int check_widths(const char *file, const trace_file *t, const ref_moe_cfg
  * launches can rotate over them, and the same tensors on the host in the
  * checkpoint format for ref_moe_experts. */
 typedef struct rweights {
-  ref_moe_cfg cfg;
+  model_moe_cfg cfg;
   moe_weights w[MAXCOPIES];
   int ncopies;
-  ref_nvfp4 *G, *U, *D;    /* [E + 1], the shared expert last */
+  model_nvfp4 *G, *U, *D;    /* [E + 1], the shared expert last */
   moe_random pool;         /* synthetic: their storage */
   uint8_t *zero[4];        /* -m without an NVFP4 shared expert: its zero slot */
   model *m;
@@ -92,14 +93,14 @@ static void rweights_free(rweights *W) {
   memset(W, 0, sizeof *W);
 }
 
-static ref_nvfp4 as_nvfp4(const model_weight *w) {
-  return (ref_nvfp4){w->w, w->scale, w->scale2, (int)w->rows, (int)w->cols};
+static model_nvfp4 as_nvfp4(const model_weight *w) {
+  return (model_nvfp4){w->w, w->scale, w->scale2, (int)w->rows, (int)w->cols};
 }
 
 /* Copy 0 is filled (synthetic: NPOOL random experts repeated, as bench_moe;
  * -m: the checkpoint's first MoE layer), then duplicated on the device. */
 static int rweights_make(rweights *W, const ropts *o, const bf16 *router, const float *bias, mj_err *err) {
-  const ref_moe_cfg *c = &W->cfg;
+  const model_moe_cfg *c = &W->cfg;
   int E = c->n_experts, rc;
   size_t gub = moe_gate_up_bytes(c), dnb = moe_down_bytes(c), rb = (size_t)E * c->hidden * 2;
   mj_progress pg;
@@ -129,7 +130,7 @@ static int rweights_make(rweights *W, const ropts *o, const bf16 *router, const 
 /* Random NVFP4 experts at GLM-5's widths (random codes and scales: quantising
  * 5 GB of floats on the host would take minutes, and changes no timing). */
 static int rweights_synthetic(rweights *W, const ropts *o, uint64_t *rng, mj_err *err) {
-  const ref_moe_cfg *c = &W->cfg;
+  const model_moe_cfg *c = &W->cfg;
   int E = c->n_experts, H = c->hidden;
   moe_random_make(&W->pool, c, NPOOL, replay_rnd(rng));
   W->G = W->pool.gate, W->U = W->pool.up, W->D = W->pool.down;
@@ -150,7 +151,7 @@ static int rweights_model(rweights *W, const ropts *o, mj_err *err) {
   for (int64_t i = 0; i < m->cfg.num_hidden_layers && !L; i++)
     if (m->layers[i].sparse) L = &m->layers[i];
   if (!L) return mj_fail(err, MJ_EINPUT, "%s: the model has no MoE layer to replay", o->dir);
-  const ref_moe_cfg *c = &W->cfg;
+  const model_moe_cfg *c = &W->cfg;
   int E = c->n_experts, H = c->hidden, I = c->inter;
   W->G = mj_xcalloc((size_t)E + 1, sizeof *W->G), W->U = mj_xcalloc((size_t)E + 1, sizeof *W->U);
   W->D = mj_xcalloc((size_t)E + 1, sizeof *W->D);
@@ -164,8 +165,8 @@ static int rweights_model(rweights *W, const ropts *o, mj_err *err) {
             "decode engine (which runs it as a dense MLP)", o->dir);
     W->zero[0] = mj_xcalloc((size_t)I * H / 2, 1), W->zero[1] = mj_xcalloc((size_t)I * H / 16, 1);
     W->zero[2] = mj_xcalloc((size_t)H * I / 2, 1), W->zero[3] = mj_xcalloc((size_t)H * I / 16, 1);
-    W->G[E] = W->U[E] = (ref_nvfp4){W->zero[0], W->zero[1], 0.0f, I, H};
-    W->D[E] = (ref_nvfp4){W->zero[2], W->zero[3], 0.0f, H, I};
+    W->G[E] = W->U[E] = (model_nvfp4){W->zero[0], W->zero[1], 0.0f, I, H};
+    W->D[E] = (model_nvfp4){W->zero[2], W->zero[3], 0.0f, H, I};
   }
   for (int e = 0; e <= E; e++) {
     if (e == E && W->zero[0]) break;
@@ -271,7 +272,7 @@ typedef struct vstate {
  * same routing, for up to verify_tokens tokens spread over the batch. */
 static int verify_record(const ropts *o, const rweights *W, const moe_bufs *b, const replay_tables *t,
                          const bf16 *xh, vstate *vs, mj_err *err) {
-  const ref_moe_cfg *c = &W->cfg;
+  const model_moe_cfg *c = &W->cfg;
   int H = c->hidden, K = c->topk, nt = (int)(o->verify_tokens < t->B ? o->verify_tokens : t->B);
   bf16 *out = mj_xmalloc((size_t)t->B * H * 2);
   float *ref = mj_xmalloc((size_t)H * 4);
@@ -283,7 +284,7 @@ static int verify_record(const ropts *o, const rweights *W, const moe_bufs *b, c
   double num = 0, den = 0;
   for (int i = 0; i < nt; i++) {
     int tok = nt > 1 ? (int)((long)i * (t->B - 1) / (nt - 1)) : 0;
-    ref_moe_cfg one = *c;
+    model_moe_cfg one = *c;
     one.topk = t->tok_n[tok]; /* this token's routed pairs (topk, or fewer when the record is short) */
     ref_moe_experts(&one, W->G, W->U, W->D, xh + (size_t)tok * H, 1, t->tok_expert + (size_t)tok * K,
                     t->tok_weight + (size_t)tok * K, ref);
@@ -302,7 +303,7 @@ static int verify_record(const ropts *o, const rweights *W, const moe_bufs *b, c
 
 static int run_bucket(const ropts *o, const char *file, const trace_file *tf, const rweights *W, int bucket,
                       bstat *st, rprog *pr, vstate *vs, uint64_t *rng, mj_err *err) {
-  const ref_moe_cfg *c = &W->cfg;
+  const model_moe_cfg *c = &W->cfg;
   int H = c->hidden, K = c->topk, NL = 2 * W->ncopies, reps = (int)o->reps, rc;
   moe_plan plan;
   moe_plan_default(c, bucket, &plan);
@@ -513,7 +514,7 @@ out:
 /* ---- output ------------------------------------------------------------------------------ */
 static const char *kstatus(bool cached) { return cached ? "cached" : "compile"; }
 
-static int dry_run(const ropts *o, const char *file, const trace_file *tf, const ref_moe_cfg *c,
+static int dry_run(const ropts *o, const char *file, const trace_file *tf, const model_moe_cfg *c,
                    const replay_bucket *bk, int nb, mj_err *err) {
   const char *arch = arch_of(o, tf);
   bool (*cached)[MOE_NK] = mj_xcalloc((size_t)(nb ? nb : 1), sizeof *cached);
@@ -695,12 +696,12 @@ int cmd_replay(int argc, char **argv, mj_err *err) {
   bstat *st = NULL;
   vstate vs = {0};
   if ((rc = trace_read(file, &tf, err))) return rc;
-  ref_moe_cfg cfg = moe_cfg_glm5();
+  model_moe_cfg cfg = model_moe_glm5();
   const char *model_name = "synthetic GLM-5 (random NVFP4 experts)";
   if (o.dir) {
     if ((rc = model_load(o.dir, &W.m, err))) goto out;
     const model_config *mc = &W.m->cfg;
-    cfg = moe_cfg_of(mc);
+    cfg = model_moe_of(mc);
     model_name = o.dir;
   }
   if ((rc = check_widths(file, tf, &cfg, o.dir ? o.dir : "the synthetic GLM-5 model", err))) goto out;

@@ -22,13 +22,9 @@ static int parse_skew(const char *s, double *out) {
 }
 
 static int trace_cmd_synth(int argc, char **argv, mj_err *err) {
-  mj_arena a;
-  mj_arena_init(&a, 1024);
-  model_config glm5; /* the defaults: GLM-5's MoE widths */
-  model_config_glm5(&glm5, 1, 0, &a);
-  mj_arena_free(&a);
-  int64_t experts = glm5.n_routed_experts, topk = glm5.num_experts_per_tok, batch = 1, steps = 16, seed = 0,
-          layers = 1, hidden = glm5.hidden_size, inter = glm5.moe_intermediate_size;
+  const model_moe_cfg glm5 = model_moe_glm5(); /* the defaults: GLM-5's MoE widths */
+  int64_t experts = glm5.n_experts, topk = glm5.topk, batch = 1, steps = 16, seed = 0, layers = 1,
+          hidden = glm5.hidden, inter = glm5.inter;
   const char *skew = "uniform", *out = NULL;
   cli_opt opts[] = {
       {"experts", 0, CLI_INT, &experts}, {"topk", 0, CLI_INT, &topk},

@@ -92,14 +92,10 @@ static int synth_check(const trace_synth_opts *o, mj_err *err) {
 int trace_synth(const trace_synth_opts *o, const char *path, mj_err *err) {
   if (synth_check(o, err)) return MJ_EINPUT;
   const int E = o->experts, K = o->topk, B = o->batch, L = o->layers ? o->layers : 1;
-  mj_arena ga;
-  mj_arena_init(&ga, 1024);
-  model_config glm5; /* the default widths */
-  model_config_glm5(&glm5, 1, 0, &ga);
-  mj_arena_free(&ga);
+  const model_moe_cfg glm5 = model_moe_glm5(); /* the default widths */
   trace_header h = {.version = TRACE_VERSION,
-                    .hidden = o->hidden ? o->hidden : (int)glm5.hidden_size,
-                    .inter = o->inter ? o->inter : (int)glm5.moe_intermediate_size,
+                    .hidden = o->hidden ? o->hidden : glm5.hidden,
+                    .inter = o->inter ? o->inter : glm5.inter,
                     .n_experts = E, .topk = K, .n_group = 1, .topk_group = 1,
                     .layers = MJ_MAX(SYNTH_MODEL_LAYERS, SYNTH_FIRST_LAYER + L)};
   snprintf(h.moejit_version, sizeof h.moejit_version, "%s", PACKAGE_VERSION);

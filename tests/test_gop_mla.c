@@ -159,7 +159,7 @@ static void test_absorbed_equals_expanded(void) {
   int32_t slot[T], pos[T];
   for (int t = 0; t < T; t++) slot[t] = SLOT, pos[t] = t;
   float inv[4];
-  ref_rope_inv_freq(10000.0, dr, inv);
+  model_rope_inv_freq(10000.0, dr, inv);
 
   ref_mla_prep(&d, P, pw, qnw, kvnw, knw, knb, slot, pos, inv, kv, ikey, qa, iw, T);
   ref_mla_q(&d, Q, kv_b, pos, inv, qlat, iq, T);

@@ -226,7 +226,7 @@ static void test_route(void) {
 
 static void test_rope(void) {
   float inv[8];
-  ref_rope_inv_freq(10000, 16, inv);
+  model_rope_inv_freq(10000, 16, inv);
   T_NEAR(inv[0], 1.0, 0);
   T_NEAR(inv[1], pow(10000, -2.0 / 16), 1e-7);
   float q[16], k[16];

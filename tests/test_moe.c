@@ -29,7 +29,7 @@ static void test_quantize(void) {
   T_EQ_INT(scales[1], 0);                            /* zero block: scale 0 */
   T_EQ_INT(scales[0], dt_f32_to_e4m3(7.5f / (6.0f * s2))); /* = 448 */
   T_EQ_INT(scales[0], 0x7E);
-  ref_nvfp4 t = {codes, scales, s2, N, K};
+  model_nvfp4 t = {codes, scales, s2, N, K};
   T_NEAR(ref_nvfp4_value(&t, 0, 5), -7.5, 1e-5);     /* the amax is exact: code -6 at scale 448 */
   /* every value within half an e2m1 step (relative to its block's scale) */
   double worst = 0;
@@ -53,7 +53,7 @@ static void test_repack_roundtrip(void) {
   for (int i = 0; i < N * K / 2; i++) codes[i] = (uint8_t)(i * 37 + (i >> 5));
   for (int i = 0; i < N * K / 16; i++) scales[i] = (uint8_t)((i * 13 + 1) % 0x7F); /* finite (not 0x7F), incl. subnormals */
   scales[0] = 0x01, scales[1] = 0x80 | 0x30;                                     /* smallest subnormal, negative */
-  ref_nvfp4 t = {codes, scales, 1.0f, N, K};
+  model_nvfp4 t = {codes, scales, 1.0f, N, K};
   T_EQ_INT(moe_record_bytes(K), sizeof rec[0]);
   for (int r = 0; r < N; r++) moe_repack_row(codes + r * K / 2, scales + r * K / 16, K, rec[r]);
   int bad = 0, seen[16] = {0};
@@ -75,8 +75,8 @@ static void test_repack_gate_up(void) {
   uint8_t gc[I * H / 2], gs[I * H / 16], uc[I * H / 2], us[I * H / 16];
   for (int i = 0; i < I * H / 2; i++) gc[i] = (uint8_t)(i * 7), uc[i] = (uint8_t)(i * 11 + 3);
   for (int i = 0; i < I * H / 16; i++) gs[i] = (uint8_t)(0x30 + i), us[i] = (uint8_t)(0x38 + i);
-  ref_nvfp4 g = {gc, gs, 1.0f, I, H}, u = {uc, us, 1.0f, I, H};
-  ref_moe_cfg c = {.hidden = H, .inter = I};
+  model_nvfp4 g = {gc, gs, 1.0f, I, H}, u = {uc, us, 1.0f, I, H};
+  model_moe_cfg c = {.hidden = H, .inter = I};
   uint8_t *buf = malloc(moe_gate_up_bytes(&c));
   T_EQ_INT(moe_gate_up_bytes(&c), 2 * I * moe_record_bytes(H));
   moe_repack_gate_up(&g, &u, buf);
@@ -93,7 +93,7 @@ static void test_repack_gate_up(void) {
 
 static void test_route(void) {
   /* 8 experts, top 3; logits chosen so sigmoid order and bias order differ */
-  ref_moe_cfg c = {.hidden = 0, .inter = 0, .n_experts = 8, .topk = 3, .n_group = 1, .topk_group = 1,
+  model_moe_cfg c = {.hidden = 0, .inter = 0, .n_experts = 8, .topk = 3, .n_group = 1, .topk_group = 1,
                    .norm_topk_prob = true, .scaling = 2.5f};
   float logits[8] = {0.0f, 1.0f, -1.0f, 2.0f, 0.5f, 0.5f, -2.0f, 3.0f};
   float bias[8] = {0, 0, 0, 0, 0, 0, 5.0f, 0};
@@ -135,7 +135,7 @@ static void test_route(void) {
  * expert of ones and a shared expert of zeros, out = w * down(h). */
 static void test_experts(void) {
   enum { H = 32, I = 16, E = 2 };
-  ref_moe_cfg c = {.hidden = H, .inter = I, .n_experts = E, .topk = 1, .n_group = 1, .topk_group = 1,
+  model_moe_cfg c = {.hidden = H, .inter = I, .n_experts = E, .topk = 1, .n_group = 1, .topk_group = 1,
                    .norm_topk_prob = true, .scaling = 1.0f};
   uint8_t one_gu[I * H / 2], one_dn[H * I / 2], zero[H * I / 2], sc_gu[I * H / 16], sc_dn[H * I / 16];
   for (size_t i = 0; i < sizeof one_gu; i++) one_gu[i] = 0x22; /* code 2 = 1.0 */
@@ -143,12 +143,12 @@ static void test_experts(void) {
   memset(zero, 0, sizeof zero);
   memset(sc_gu, 0x38, sizeof sc_gu); /* e4m3 1.0 */
   memset(sc_dn, 0x38, sizeof sc_dn);
-  ref_nvfp4 gate[E + 1], up[E + 1], down[E + 1];
+  model_nvfp4 gate[E + 1], up[E + 1], down[E + 1];
   for (int e = 0; e <= E; e++) {
     const uint8_t *gu = e == 1 ? one_gu : zero, *dn = e == 1 ? one_dn : zero;
-    gate[e] = (ref_nvfp4){gu, sc_gu, 0.125f, I, H};
-    up[e] = (ref_nvfp4){gu, sc_gu, 0.25f, I, H};
-    down[e] = (ref_nvfp4){dn, sc_dn, 1.0f, H, I};
+    gate[e] = (model_nvfp4){gu, sc_gu, 0.125f, I, H};
+    up[e] = (model_nvfp4){gu, sc_gu, 0.25f, I, H};
+    down[e] = (model_nvfp4){dn, sc_dn, 1.0f, H, I};
   }
   bf16 x[H];
   for (int i = 0; i < H; i++) x[i] = dt_f32_to_bf16(0.25f);
@@ -162,7 +162,7 @@ static void test_experts(void) {
 }
 
 static void test_plan(void) {
-  ref_moe_cfg c = {.hidden = 6144, .inter = 2048, .n_experts = 256, .topk = 8, .n_group = 1, .topk_group = 1,
+  model_moe_cfg c = {.hidden = 6144, .inter = 2048, .n_experts = 256, .topk = 8, .n_group = 1, .topk_group = 1,
                    .norm_topk_prob = true, .scaling = 2.5f};
   moe_plan p;
   moe_plan_default(&c, 1, &p);
@@ -200,7 +200,7 @@ static void test_mma_prescale(void) {
 /* Which expert path each bucket takes, and that its tiles satisfy the
  * kernel's static_asserts at GLM-5 width. */
 static void test_plan_paths(void) {
-  ref_moe_cfg c = {.hidden = 6144, .inter = 2048, .n_experts = 256, .topk = 8, .n_group = 1, .topk_group = 1,
+  model_moe_cfg c = {.hidden = 6144, .inter = 2048, .n_experts = 256, .topk = 8, .n_group = 1, .topk_group = 1,
                    .norm_topk_prob = true, .scaling = 2.5f};
   for (int bcap = 1; bcap <= 256; bcap *= 2) {
     moe_plan p;
@@ -223,7 +223,7 @@ static void test_plan_paths(void) {
  * global scales, so moe_weights_set_all copies what it may and a wrong id
  * still changes the output. */
 static void test_random_experts(void) {
-  ref_moe_cfg c = {.hidden = 1024, .inter = 1024, .n_experts = 32, .topk = 4, .n_group = 1, .topk_group = 1,
+  model_moe_cfg c = {.hidden = 1024, .inter = 1024, .n_experts = 32, .topk = 4, .n_group = 1, .topk_group = 1,
                    .norm_topk_prob = true, .scaling = 2.5f};
   moe_random a, b, d;
   moe_random_make(&a, &c, 3, 7);

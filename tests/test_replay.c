@@ -24,7 +24,7 @@
 
 /* The invariants of a routing table (docs/moe.md "Routing on the device"). */
 static void check_tables(const moe_plan *p, const trace_moe *m, const replay_tables *t) {
-  const ref_moe_cfg *c = &p->cfg;
+  const model_moe_cfg *c = &p->cfg;
   int K = c->topk, B = t->B;
   T_CHECK(B >= 1 && B <= p->bcap);
   T_EQ_INT(t->slot_expert[0], c->n_experts);
@@ -73,7 +73,7 @@ static void check_tables(const moe_plan *p, const trace_moe *m, const replay_tab
 
 static void test_tables(void) {
   t_current = "tables";
-  ref_moe_cfg c = moe_cfg_glm5();
+  model_moe_cfg c = model_moe_glm5();
   uint64_t rng = 1;
   mj_err err = {0};
   /* Batch 1: 8 experts, one row each. */
@@ -132,7 +132,7 @@ static void test_tables(void) {
   }
   /* Over-full: 3 experts of 2 rows in bucket 1 (top-8 allows 8 pairs, 1 per expert). */
   {
-    ref_moe_cfg c2 = c;
+    model_moe_cfg c2 = c;
     c2.topk = 2;
     moe_plan p;
     moe_plan_default(&c2, 1, &p);
@@ -221,7 +221,7 @@ static int write_trace(const char *path, int hidden) {
 }
 
 static int compile_bucket(int bucket, const char *arch) {
-  ref_moe_cfg c = moe_cfg_glm5();
+  model_moe_cfg c = model_moe_glm5();
   moe_plan p;
   moe_plan_default(&c, bucket, &p);
   moe_kernels k;

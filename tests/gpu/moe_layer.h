@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "moe.h"
+#include "ref.h"
 
 static uint64_t rng;
 static float frand(void) { /* uniform in [-1, 1) */
@@ -23,11 +24,11 @@ static float frand(void) { /* uniform in [-1, 1) */
  * its device copy after layer_upload. */
 #define NPOOL 5
 typedef struct layer {
-  ref_moe_cfg cfg;
+  model_moe_cfg cfg;
   int npool;
   uint8_t *codes[NPOOL][3], *scales[NPOOL][3];
   float s2[NPOOL][3];
-  ref_nvfp4 *gate, *up, *down; /* [E + 1] */
+  model_nvfp4 *gate, *up, *down; /* [E + 1] */
   bf16 *router;
   float *bias;
   moe_weights w;
@@ -42,7 +43,7 @@ static void quant(int n, int k, float amp, uint8_t **codes, uint8_t **scales, fl
   free(W);
 }
 
-static void layer_make(layer *L, const ref_moe_cfg *c, int npool) {
+static void layer_make(layer *L, const model_moe_cfg *c, int npool) {
   memset(L, 0, sizeof *L);
   L->cfg = *c;
   L->npool = npool;
@@ -59,9 +60,9 @@ static void layer_make(layer *L, const ref_moe_cfg *c, int npool) {
   for (int e = 0; e <= E; e++) {
     int p = e % npool;
     float f = 1.0f + (float)e / 64.0f;
-    L->gate[e] = (ref_nvfp4){L->codes[p][0], L->scales[p][0], L->s2[p][0] * f, I, H};
-    L->up[e] = (ref_nvfp4){L->codes[p][1], L->scales[p][1], L->s2[p][1] / f, I, H};
-    L->down[e] = (ref_nvfp4){L->codes[p][2], L->scales[p][2], L->s2[p][2] * f, H, I};
+    L->gate[e] = (model_nvfp4){L->codes[p][0], L->scales[p][0], L->s2[p][0] * f, I, H};
+    L->up[e] = (model_nvfp4){L->codes[p][1], L->scales[p][1], L->s2[p][1] / f, I, H};
+    L->down[e] = (model_nvfp4){L->codes[p][2], L->scales[p][2], L->s2[p][2] * f, H, I};
   }
   L->router = malloc((size_t)E * H * 2);
   L->bias = malloc((size_t)E * 4);
@@ -78,7 +79,7 @@ static void layer_free(layer *L) {
 
 /* Upload into L->w: each pool set repacked once, the other experts copied. */
 static int layer_upload(layer *L, mj_err *err) {
-  const ref_moe_cfg *c = &L->cfg;
+  const model_moe_cfg *c = &L->cfg;
   int rc = moe_weights_alloc(&L->w, c, err);
   if (!rc) rc = moe_weights_set_all(&L->w, c, L->gate, L->up, L->down, err);
   if (!rc) rc = cu.cuMemcpyHtoD(L->w.router, L->router, (size_t)c->n_experts * c->hidden * 2) ? MJ_ECUDA : 0;

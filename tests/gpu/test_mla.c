@@ -108,7 +108,7 @@ static int run_case(const mcase *c, mj_err *err) {
   for (int i = 0; i < qr; i++) qnw[i] = dt_f32_to_bf16(1 + 0.5f * frand());
   for (int i = 0; i < r; i++) kvnw[i] = dt_f32_to_bf16(1 + 0.5f * frand());
   for (int i = 0; i < di; i++) knw[i] = dt_f32_to_bf16(1 + 0.5f * frand()), knb[i] = dt_f32_to_bf16(frand());
-  ref_rope_inv_freq(1e6, dr, inv);
+  model_rope_inv_freq(1e6, dr, inv);
   /* Row b: slot b % 3; positions distinct within a slot, spread over the
    * whole context (the last rows reach far positions). */
   int per = (B + SLOTS - 1) / SLOTS, step = (T - SLOTS) / per;
@@ -246,7 +246,7 @@ static int time_ops(mj_err *err) {
   for (size_t i = 0; i < kvb_n; i++) w[i] = dt_f32_to_bf16(0.1f * frand());
   for (int i = 0; i < BMAX * qw; i++) q[i] = frand();
   for (int i = 0; i < BMAX * d.heads * d.kv_rank; i++) ol[i] = frand();
-  ref_rope_inv_freq(1e6, d.rope, inv);
+  model_rope_inv_freq(1e6, d.rope, inv);
   int32_t zero[BMAX] = {0};
   dbufs db = {0};
   CUdeviceptr kvb[NW], dq, dol, dinv, dpos, dql, diq, dout;

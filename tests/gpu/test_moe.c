@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "moe.h"
+#include "ref.h"
 #include "moe_layer.h"
 #include "t.h"
 
@@ -29,7 +30,7 @@ static const moe_tile mma_t = {.rows = 16, .threads = 256, .chain = 8, .mma = 4}
 /* One batch: run the layer, check logits, choices, weights and output.
  * path forces the FMA or the tensor-core expert kernels; mt > 0 forces MT. */
 static void run_case(const layer *L, const moe_weights *w, int B, int bcap, int check_tokens, int path, int mt) {
-  const ref_moe_cfg *c = &L->cfg;
+  const model_moe_cfg *c = &L->cfg;
   int H = c->hidden, E = c->n_experts, K = c->topk;
   mj_err err = {0};
   moe_plan p;
@@ -141,7 +142,7 @@ static void run_case(const layer *L, const moe_weights *w, int B, int bcap, int 
   if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
   cu.cuMemcpyDtoH(out2, b.out, (size_t)B * H * 2);
   moe_side_destroy(&side);
-  ref_nvfp4 *g0 = malloc((size_t)(E + 1) * sizeof *g0);
+  model_nvfp4 *g0 = malloc((size_t)(E + 1) * sizeof *g0);
   memcpy(g0, L->gate, (size_t)(E + 1) * sizeof *g0);
   g0[E].s2 = 0; /* a zero shared expert */
   int t2 = B - 1; /* one token: the CPU reference at full width is slow */
@@ -169,7 +170,7 @@ static int bucket(int B) {
 }
 
 static void test_reduced(void) {
-  ref_moe_cfg c = {.hidden = 2048, .inter = 1024, .n_experts = 64, .topk = 8, .n_group = 1, .topk_group = 1,
+  model_moe_cfg c = {.hidden = 2048, .inter = 1024, .n_experts = 64, .topk = 8, .n_group = 1, .topk_group = 1,
                    .norm_topk_prob = true, .scaling = 2.5f};
   layer L;
   layer_make(&L, &c, NPOOL);
@@ -190,7 +191,7 @@ static void test_reduced(void) {
 }
 
 static void test_grouped(void) {
-  ref_moe_cfg c = {.hidden = 1024, .inter = 1024, .n_experts = 64, .topk = 6, .n_group = 8, .topk_group = 3,
+  model_moe_cfg c = {.hidden = 1024, .inter = 1024, .n_experts = 64, .topk = 6, .n_group = 8, .topk_group = 3,
                    .norm_topk_prob = true, .scaling = 1.5f};
   layer L;
   layer_make(&L, &c, NPOOL);
@@ -203,7 +204,7 @@ static void test_grouped(void) {
 }
 
 static void test_full_width(void) {
-  ref_moe_cfg c = {.hidden = 6144, .inter = 2048, .n_experts = 256, .topk = 8, .n_group = 1, .topk_group = 1,
+  model_moe_cfg c = {.hidden = 6144, .inter = 2048, .n_experts = 256, .topk = 8, .n_group = 1, .topk_group = 1,
                    .norm_topk_prob = true, .scaling = 2.5f};
   layer L;
   layer_make(&L, &c, NPOOL);

@@ -27,7 +27,7 @@ static bf16 *random_x(int B, int H) {
 
 /* (1) The device's own routing of B tokens, turned into a record and back. */
 static void slots_match(layer *L, int B, int bcap) {
-  const ref_moe_cfg *c = &L->cfg;
+  const model_moe_cfg *c = &L->cfg;
   moe_plan p;
   moe_plan_default(c, bcap, &p);
   moe_kernels k;
@@ -69,7 +69,7 @@ static void slots_match(layer *L, int B, int bcap) {
 
 /* (2) A record on the host tables against the CPU reference. */
 static void record_matches(layer *L, int bcap, int rows, int n, const int32_t *rw, const char *what) {
-  const ref_moe_cfg *c = &L->cfg;
+  const model_moe_cfg *c = &L->cfg;
   int H = c->hidden, K = c->topk;
   moe_plan p;
   moe_plan_default(c, bcap, &p);
@@ -108,7 +108,7 @@ static void record_matches(layer *L, int bcap, int rows, int n, const int32_t *r
   cu.cuMemcpyDtoH(out, b.out, (size_t)t.B * H * 2);
   double worst = 0;
   for (int tok = 0; tok < t.B; tok++) {
-    ref_moe_cfg one = *c;
+    model_moe_cfg one = *c;
     one.topk = t.tok_n[tok];
     ref_moe_experts(&one, L->gate, L->up, L->down, xh + (size_t)tok * H, 1, t.tok_expert + (size_t)tok * K,
                     t.tok_weight + (size_t)tok * K, ref);
@@ -128,7 +128,7 @@ static void record_matches(layer *L, int bcap, int rows, int n, const int32_t *r
 }
 
 static void test_replay_tables(void) {
-  ref_moe_cfg c = {.hidden = 2048, .inter = 1024, .n_experts = 64, .topk = 8, .n_group = 1, .topk_group = 1,
+  model_moe_cfg c = {.hidden = 2048, .inter = 1024, .n_experts = 64, .topk = 8, .n_group = 1, .topk_group = 1,
                    .norm_topk_prob = true, .scaling = 2.5f};
   layer L;
   mj_err err = {0};
