@@ -38,6 +38,9 @@
 // arguments, scalar loads, kv_rank <= MLA_MAX_CPT * BLOCK).  Both take the
 // same arguments.  Shared memory is dynamic; the launcher computes its size
 // with the same formula as mla_smem_layout below.
+//
+// Why NVRTC (docs/dsl.md, "DSL or NVRTC"): the generic variant sizes its
+// shared memory at launch (extern __shared__), which the DSL lacks.
 
 #include <cuda_bf16.h>
 

@@ -25,6 +25,9 @@
 //     [topk - ties, topk), placed by block-wide prefix sums.  Equal scores
 //     therefore go to the lower t, as ref_topk.
 // Scratch: score f32 [B][max_ctx].
+//
+// Why NVRTC (docs/dsl.md, "DSL or NVRTC"): dsa_score's shared memory is
+// sized at launch (extern __shared__), which the DSL lacks.
 
 #define DSA_BINS 256
 

@@ -8,6 +8,9 @@
 // a stream for a given number of clock cycles: a profiled step is queued
 // behind it, so the per-op events measure the GPU and not the host's
 // launch rate.
+//
+// Why NVRTC: benchmark support, where either language would do
+// (docs/dsl.md, "DSL or NVRTC").
 
 #include <cuda_bf16.h>
 

@@ -38,6 +38,10 @@
 //   mla_q     grid heads * (R / 64) (generic: heads * ceil(R / 256)) main
 //             blocks, then the RoPE blocks; block 256.
 //   mla_vout  grid heads * V / 32 (generic: ceil(heads * V / 8)), block 256.
+//
+// Why NVRTC (docs/dsl.md, "DSL or NVRTC"): mla_prep and mla_q rotate with
+// sincosf, and the DSL's sin/cos are the SFU approximations; mla_vout needs
+// nothing the DSL lacks and is to move there.
 
 #include <cuda_bf16.h>
 

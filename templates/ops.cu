@@ -18,6 +18,9 @@
 // the specialised paths.
 //
 // bf16 pairs: the even element is the low half of a 32-bit word.
+//
+// Why NVRTC (docs/dsl.md, "DSL or NVRTC"): nothing the DSL lacks; these
+// per-row kernels are to move there.
 
 #include <cuda_bf16.h>
 

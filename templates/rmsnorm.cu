@@ -15,6 +15,10 @@
 // arguments, so the JIT can launch the generic one in place of a
 // specialisation that did not compile.  An odd HIDDEN does not compile (the
 // bf16x2 pairs need an even length): that is the generic variant's job.
+//
+// Why NVRTC: it is the fixture of the front door's NVRTC path and its
+// generic fallback (tests/test_jit.c, gputest rmsnorm); the decode step's
+// RMSNorm is ops.cu's add_rmsnorm.
 
 #include <cuda_bf16.h>
 

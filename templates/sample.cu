@@ -31,6 +31,9 @@
 // token, so replaying a captured step is deterministic.
 //
 // Specialisation: sample_rows<BLOCK>; V and the parameters are arguments.
+//
+// Why NVRTC (docs/dsl.md, "DSL or NVRTC"): nothing the DSL lacks; this
+// per-row kernel is to move there.
 
 // splitmix64's finaliser: the counter-based hash (same constants as
 // ref_sample_hash in src/ref_dense.c).
