@@ -1,7 +1,7 @@
 /* bench.c: `moejit bench`, the GPU benchmarks whose tables go into
  * bench/results/.
  *
- * Every benchmark follows METHOD.md: correctness first (poisoned outputs,
+ * Every benchmark follows docs/method.md: correctness first (poisoned outputs,
  * fresh random inputs, relative error against the CPU reference), then the
  * median of CUDA-graph replays, with the device-to-device copy bandwidth
  * measured in the same run so each figure is also a fraction of the

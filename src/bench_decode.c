@@ -8,7 +8,7 @@
  * is filled as if it held --ctx tokens, and each batch size then runs
  * decode steps at position ctx (so each row attends to ctx + 1 tokens).
  *
- * Per batch size, as METHOD.md asks: correctness first (the graph's sampled
+ * Per batch size, as docs/method.md asks: correctness first (the graph's sampled
  * tokens equal an eager step's, every logit finite), then the median time
  * of graph replays and of eager steps, one profiled eager step for the
  * per-op breakdown (events around every launch, which cost ~1.7 us each,

@@ -4,7 +4,7 @@
  * followed by its text (<|system|>..., <|user|>..., <|assistant|>...,
  * <|observation|>...), then the generation prompt <|assistant|><think>
  * (thinking on) or <|assistant|></think> (thinking off); no newlines are
- * inserted anywhere (shared/glm5.md).  The role tokens are looked up by
+ * inserted anywhere (docs/glm5.md).  The role tokens are looked up by
  * their content among the tokenizer's added tokens, so a tokenizer.json
  * that lacks them is refused with the name of the missing token, and the
  * text of each turn is encoded separately (special-token strings inside a

@@ -59,7 +59,7 @@ int gpu_bf16_shared_inter(const model *m);
 int gpu_warm(const model_config *c, int sh_inter, const gpu_opts *o, const char *arch, const int *batches, int nb,
              void (*progress)(void *ctx, int i, int n), void *ctx, mj_err *err);
 /* Upload a loaded checkpoint.  Needs NVFP4 routed experts; other NVFP4
- * linears are dequantised to bf16.  Out of memory is an MJ_EOOM naming the
+ * linears are dequantised to bf16.  Out of memory is an MJ_ENOMEM naming the
  * bytes needed and free. */
 int gpu_model_create(const model *m, const gpu_opts *o, gpu_model **out, mj_err *err);
 /* A model of cfg's widths with random weights made on the device (for

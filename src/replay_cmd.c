@@ -4,7 +4,7 @@
  * The routing tables of each record come from replay_tables_build (replay.c);
  * this file runs them.  Router and route, whose cost depends only on the
  * bucket, are timed once per bucket on random inputs; gate_up, down and
- * combine run on each record's tables.  Timing follows METHOD.md as
+ * combine run on each record's tables.  Timing follows docs/method.md as
  * bench_moe does: each kernel is a CUDA graph of several launches rotating
  * over copies of all the weights (the 60 MB L2 cannot serve a repeated
  * expert), the median of a few replays per record, the median over the

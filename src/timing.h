@@ -1,7 +1,7 @@
 /* timing.h: how moejit times GPU work, in one place.
  *
  * Every figure moejit reports is a median of event-timed runs on a stream
- * (METHOD.md), and a fraction of the device copy bandwidth measured in the
+ * (docs/method.md), and a fraction of the device copy bandwidth measured in the
  * same run.  The benchmarks, replay, the copy probe and the compiler's
  * --repeat all take their medians and timings from here.  Prefix: tm_.
  */
