@@ -8,7 +8,9 @@
  *
  * DSA: for each query, the layer's indexer scores every visible cached key;
  * when more than index_topk keys are visible only the index_topk best may be
- * attended to.  "shared" layers reuse the previous layer's selection.  A
+ * attended to, equal scores decided as transformers' torch.topk decides them
+ * (ref_topk_torch: ties are common, a key whose every head is negative
+ * scores exactly 0).  "shared" layers reuse the previous layer's selection.  A
  * query's selection is a byte mask over the cache, kept across layers of one
  * call so shared layers can read it.
  */

@@ -2,8 +2,8 @@
  * `moejit mkmodel` and `moejit forward`.
  *
  * They are linked into the program only (not libmoejit.a), because they use
- * the CLI's option parser, which lives with the dispatcher in main.c; the
- * work itself is in model.c and mkmodel.c, where tests call it directly.
+ * the CLI's option parser (cli.c); the work itself is in model.c,
+ * mkmodel.c and cpu_forward.c / gpu_model.c, where tests call it directly.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -245,11 +245,11 @@ static int fwd_choices(fwd_engine *e, int row, int64_t pos, mj_err *err) {
 /* Rows tok[0..n) at positions pos..: logits of every row into lg[n][V]. */
 static int fwd_run(fwd_engine *e, const int32_t *tok, int64_t n, int64_t pos, float *lg, int64_t V, mj_err *err) {
   if (e->cm) return cpu_forward(e->cm, tok, n, pos, lg, true, err);
-  int max = gpu_max_rows(e->gm);
-  int32_t slot[1024], p[1024], out[1024];
-  for (int64_t i0 = 0; i0 < n; i0 += max) {
-    int k = (int)(n - i0 < max ? n - i0 : max);
-    if (k > 1024) k = 1024;
+  enum { CHUNK = 1024 };
+  int max = MJ_MIN(gpu_max_rows(e->gm), CHUNK), k;
+  int32_t slot[CHUNK], p[CHUNK], out[CHUNK];
+  for (int64_t i0 = 0; i0 < n; i0 += k) {
+    k = (int)MJ_MIN(n - i0, (int64_t)max);
     for (int i = 0; i < k; i++) slot[i] = 0, p[i] = (int32_t)(pos + i0 + i);
     int r = gpu_step(e->gm, tok + i0, slot, p, k, out, lg + i0 * V, err);
     if (!r && e->choices) r = gpu_read_routing(e->gm, e->routing, err);

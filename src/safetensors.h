@@ -89,7 +89,7 @@ const char *st_path(const st_set *s, const st_tensor *t);
  * *truncated when the file is now shorter than addr's offset (otherwise the
  * fault was an I/O error).  Async-signal-safe: it reads a fixed table of
  * the open mappings and calls fstat.  The library installs no handler; the
- * CLI does (src/main.c). */
+ * CLI does (src/main.c: on_sigbus). */
 const char *st_fault_file(const void *addr, bool *truncated);
 
 /* "[6144, 2048]" into buf. */
