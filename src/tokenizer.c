@@ -662,6 +662,18 @@ static int load_normalizer(tok_tokenizer *t, const json *n, const char *name, mj
 static const char gpt2_pattern[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
+/* A Split behavior by its name in tokenizer.json, or -1. */
+static int split_behavior(const char *name) {
+  static const char *const behaviors[] = {
+#define X(name) #name,
+      SPLIT_BEHAVIORS(X)
+#undef X
+  };
+  for (int k = 0; k < (int)MJ_ARRAY_LEN(behaviors); k++)
+    if (strcmp(name, behaviors[k]) == 0) return k;
+  return -1;
+}
+
 static int add_step(tok_tokenizer *t, const json *p, const char *name, mj_err *err) {
   const char *type = type_of(p);
   if (!type) return bad(err, name, p, "%s", "pre_tokenizer has no \"type\"");
@@ -672,14 +684,7 @@ static int add_step(tok_tokenizer *t, const json *p, const char *name, mj_err *e
   if (strcmp(type, "Split") == 0) {
     const json *pat = json_get(p, "pattern"), *beh = json_get(p, "behavior");
     const json *rx = pat ? json_get(pat, "Regex") : NULL, *str = pat ? json_get(pat, "String") : NULL;
-    static const char *const behaviors[] = {
-#define X(name) #name,
-        SPLIT_BEHAVIORS(X)
-#undef X
-    };
-    s->behavior = -1;
-    for (int k = 0; beh && beh->type == JSON_STR && k < (int)MJ_ARRAY_LEN(behaviors); k++)
-      if (strcmp(beh->str, behaviors[k]) == 0) s->behavior = k;
+    s->behavior = beh && beh->type == JSON_STR ? split_behavior(beh->str) : -1;
     if (s->behavior < 0)
       return bad(err, name, p,
                  "pre_tokenizer Split behavior \"%s\" is not one of Removed, Isolated, MergedWithPrevious, "
@@ -701,8 +706,39 @@ static int add_step(tok_tokenizer *t, const json *p, const char *name, mj_err *e
     }
   } else if (strcmp(type, "Sequence") == 0) {
     return load_sequence(t, p, "pretokenizers", "pre_tokenizer", add_step, name, err);
+  } else if (strcmp(type, "Whitespace") == 0 || strcmp(type, "WhitespaceSplit") == 0 || strcmp(type, "Digits") == 0 ||
+             strcmp(type, "Punctuation") == 0) {
+    /* The reference's fixed splitters, as Splits: a pattern (one character
+     * for those that test a character) and a behavior.  Rust's \w is
+     * Alphabetic, marks, Nd, Pc and Join_Control; char::is_whitespace is
+     * White_Space; char::is_numeric is the N categories; Punctuation's test
+     * is ASCII punctuation or the P categories. */
+    const char *pat;
+    s->behavior = SPLIT_Removed;
+    if (strcmp(type, "Whitespace") == 0) {
+      pat = "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]+|"
+            "[^\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}\\p{White_Space}]+";
+      s->invert = true; /* the matches are the words: keep them, drop the rest */
+    } else if (strcmp(type, "WhitespaceSplit") == 0) {
+      pat = "\\p{White_Space}";
+    } else if (strcmp(type, "Digits") == 0) {
+      pat = "\\p{N}";
+      s->behavior = get_flag(p, "individual_digits", false) ? SPLIT_Isolated : SPLIT_Contiguous;
+    } else {
+      pat = "[\\p{P}!-/:-@\\[-`{-~]";
+      const json *beh = json_get(p, "behavior");
+      s->behavior = SPLIT_Isolated;
+      if (beh && !is_null(beh) && (beh->type != JSON_STR || (s->behavior = split_behavior(beh->str)) < 0))
+        return bad(err, name, p, "pre_tokenizer Punctuation behavior \"%s\" is not one of Removed, Isolated, "
+                   "MergedWithPrevious, MergedWithNext, Contiguous", beh->type == JSON_STR ? beh->str : "?");
+    }
+    s->re = compile_re(pat, strlen(pat), false, name, p, err);
+    if (!s->re) return MJ_EINPUT;
+    s->kind = STEP_SPLIT;
   } else {
-    return bad(err, name, p, "pre_tokenizer \"%s\" is not supported (Split, ByteLevel, Sequence)", type);
+    return bad(err, name, p,
+               "pre_tokenizer \"%s\" is not supported (Split, ByteLevel, Whitespace, WhitespaceSplit, Digits, "
+               "Punctuation, Sequence)", type);
   }
   if (s->re) s->md = pcre2_match_data_create_from_pattern(s->re, NULL);
   t->nsteps++;

@@ -214,27 +214,50 @@ static void piece_cat(void *ctx, const char *p, size_t n) {
   mj_buf_put(b, p, n);
 }
 
-static bool pieces_are(const char *pattern, const char *behavior, bool invert, const char *text, const char *want) {
+/* The pieces of text under a pre-tokenizer of `step` (one JSON object)
+ * followed by ByteLevel, joined by |, equal want. */
+static bool step_pieces_are(const char *step, const char *text, const char *want) {
   mj_buf j = {0}, got = {0};
   mj_buf_printf(&j,
                 "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"added_tokens\": [],"
-                " \"normalizer\": null, \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": ["
-                "{\"type\": \"Split\", \"pattern\": %s, \"behavior\": \"%s\", \"invert\": %s},"
+                " \"normalizer\": null, \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [%s,"
                 "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}]},"
                 " \"post_processor\": null, \"decoder\": {\"type\": \"ByteLevel\"}}",
-                pattern, behavior, invert ? "true" : "false");
+                step);
   tok_tokenizer *t = NULL;
   mj_err err = {0};
   bool ok = tok_load_mem(j.data, j.len, "split.json", &t, &err) == 0 &&
             tok_pre_pieces(t, text, strlen(text), piece_cat, &got, &err) == 0;
   ok = ok && strcmp(got.len ? got.data : "", want) == 0;
-  if (!ok)
-    fprintf(stderr, "  %s %s%s on '%s': got '%s', want '%s' %s\n", pattern, behavior, invert ? " inverted" : "", text,
-            got.len ? got.data : "", want, err.msg);
+  if (!ok) fprintf(stderr, "  %s on '%s': got '%s', want '%s' %s\n", step, text, got.len ? got.data : "", want, err.msg);
   tok_destroy(t);
   mj_err_clear(&err);
   mj_buf_free(&j), mj_buf_free(&got);
   return ok;
+}
+
+static bool pieces_are(const char *pattern, const char *behavior, bool invert, const char *text, const char *want) {
+  char step[512];
+  snprintf(step, sizeof step, "{\"type\": \"Split\", \"pattern\": %s, \"behavior\": \"%s\", \"invert\": %s}",
+           pattern, behavior, invert ? "true" : "false");
+  return step_pieces_are(step, text, want);
+}
+
+/* The fixed splitters, by the reference's (Rust) definitions: Whitespace
+ * keeps the runs of \w (Unicode: letters, marks, Nd, Pc) and of other
+ * non-space characters; WhitespaceSplit drops each White_Space character;
+ * Digits isolates each numeric character or keeps runs; Punctuation isolates
+ * ASCII punctuation and the P categories (or as its behavior says). */
+static void test_fixed_splitters(void) {
+  T_CHECK(step_pieces_are("{\"type\": \"Whitespace\"}", "Hello, world!! x_y 12", "Hello|,|world|!!|x_y|12"));
+  T_CHECK(step_pieces_are("{\"type\": \"Whitespace\"}", "caf\xc3\xa9\xe2\x80\x94ol\xc3\xa9", "caf\xc3\xa9|\xe2\x80\x94|ol\xc3\xa9"));
+  T_CHECK(step_pieces_are("{\"type\": \"WhitespaceSplit\"}", " a  b\tc\xc2\xa0" "d ", "a|b|c|d"));
+  T_CHECK(step_pieces_are("{\"type\": \"Digits\", \"individual_digits\": true}", "a123b", "a|1|2|3|b"));
+  T_CHECK(step_pieces_are("{\"type\": \"Digits\", \"individual_digits\": false}", "a123b45", "a|123|b|45"));
+  T_CHECK(step_pieces_are("{\"type\": \"Digits\", \"individual_digits\": true}", "x\xd9\xa3\xd9\xa4", "x|\xd9\xa3|\xd9\xa4"));
+  T_CHECK(step_pieces_are("{\"type\": \"Punctuation\"}", "hi...there! $5", "hi|.|.|.|there|!| |$|5"));
+  T_CHECK(step_pieces_are("{\"type\": \"Punctuation\", \"behavior\": \"Contiguous\"}", "hi...there", "hi|...|there"));
+  T_CHECK(step_pieces_are("{\"type\": \"Punctuation\"}", "a\xe2\x80\x94" "b", "a|\xe2\x80\x94|" "b"));
 }
 
 static void test_split_behaviors(void) {
@@ -350,6 +373,7 @@ int main(void) {
   T_RUN(test_post_processor);
   T_RUN(test_load_errors);
   T_RUN(test_split_behaviors);
+  T_RUN(test_fixed_splitters);
   T_RUN(test_chat);
   tok_destroy(tk);
   free(fixture_text);

