@@ -5,11 +5,12 @@
  *   1. invalid UTF-8 becomes U+FFFD (the reference only sees strings);
  *   2. added tokens whose "normalized" is false are found in the raw text,
  *      leftmost-longest, honouring single_word, lstrip and rstrip;
- *   3. the text between them is normalized (NFC or nothing), then split on
- *      the added tokens whose "normalized" is true;
- *   4. each remaining piece goes through the pre-tokenizer steps (regex
- *      Splits with behaviour Isolated, then ByteLevel), each step splitting
- *      the pieces of the one before independently;
+ *   3. the text between them is normalized (the normalizer's steps in
+ *      order: NFC, NFD, Strip, Replace, Prepend), then split on the added
+ *      tokens whose "normalized" is true;
+ *   4. each remaining piece goes through the pre-tokenizer steps (Splits
+ *      with any behaviour, the fixed splitters as Splits, then ByteLevel),
+ *      each step splitting the pieces of the one before independently;
  *   5. each final piece (a "word") is merged by BPE, through a word cache;
  *   6. the post-processor adds its special tokens.
  * BPE works on bytes: ByteLevel maps every byte to one character, one to
@@ -182,6 +183,18 @@ typedef struct {
 
 #define MAX_STEPS 8
 
+/* Normalizer steps, applied in order (a Sequence flattened). */
+enum { NORM_NFC, NORM_NFD, NORM_STRIP, NORM_REPLACE, NORM_PREPEND };
+typedef struct {
+  int kind;
+  bool left, right;   /* Strip */
+  pcre2_code *re;     /* Replace: the pattern */
+  pcre2_match_data *md;
+  const char *text;   /* Replace: the content; Prepend: the prefix (in the arena) */
+  size_t text_len;
+} norm_op;
+#define MAX_NORMS 16
+
 /* The word cache: word bytes -> ids, cleared when full. */
 typedef struct {
   uint64_t h;
@@ -212,7 +225,8 @@ struct tok_tokenizer {
   pcre2_code *word_re; /* single_word: is a character a word character */
   pcre2_match_data *word_md;
 
-  bool nfc;
+  norm_op norms[MAX_NORMS]; /* the normalizer, in order */
+  int nnorms;
   pre_step steps[MAX_STEPS];
   int nsteps;
   tok_ids prefix, suffix; /* TemplateProcessing around $A */
@@ -221,7 +235,7 @@ struct tok_tokenizer {
   pcre2_jit_stack *jit_stack;
 
   /* encode scratch */
-  mj_buf repair, norm, prefixed[MAX_STEPS];
+  mj_buf repair, norm, norm2, prefixed[MAX_STEPS];
   int32_t *sym_id, *sym_prev, *sym_next;
   size_t sym_cap;
   heap_item *heap;
@@ -613,15 +627,83 @@ static int load_added(tok_tokenizer *t, const json *added, const char *name, mj_
   return 0;
 }
 
+/* ---- normalization ------------------------------------------------------------------------- */
+static bool is_white(uint32_t c);
+
+/* s[0..n) after every normalizer step, in t->norm or t->norm2 (or s itself
+ * when nothing changes it); *out_n its length.  Valid UTF-8 in and out. */
+static const char *normalize(tok_tokenizer *t, const char *s, size_t n, size_t *out_n) {
+  mj_buf *dst = &t->norm;
+  for (int i = 0; i < t->nnorms; i++) {
+    const norm_op *o = &t->norms[i];
+    mj_buf *b = dst;
+    switch (o->kind) {
+    case NORM_NFC:
+      if (utf8_is_nfc(s, n)) continue; /* the common case: no copy */
+      b->len = 0;
+      utf8_nfc(s, n, b);
+      break;
+    case NORM_NFD:
+      b->len = 0;
+      utf8_nfd(s, n, b);
+      break;
+    case NORM_STRIP: {
+      size_t a = 0, e = n, l;
+      while (o->left && a < e && is_white((uint32_t)utf8_next((const unsigned char *)s + a, e - a, &l))) a += l;
+      while (o->right && e > a) {
+        size_t c = e - 1;
+        while (c > a && ((unsigned char)s[c] & 0xC0) == 0x80) c--;
+        if (!is_white((uint32_t)utf8_next((const unsigned char *)s + c, e - c, &l))) break;
+        e = c;
+      }
+      s += a, n = e - a;
+      continue;
+    }
+    case NORM_PREPEND:
+      if (n == 0) continue; /* the reference prepends to non-empty text only */
+      b->len = 0;
+      mj_buf_put(b, o->text, o->text_len);
+      mj_buf_put(b, s, n);
+      break;
+    case NORM_REPLACE: {
+      b->len = 0;
+      size_t pos = 0, prev = 0;
+      while (pos <= n) {
+        int rc = pcre2_match(o->re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, o->md, t->mctx);
+        if (rc < 0) break; /* no more matches (a match-limit failure leaves the rest as is) */
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(o->md);
+        if (ov[0] == ov[1]) { /* an empty match replaces nothing */
+          size_t len = 1;
+          if (ov[0] < n) utf8_next((const unsigned char *)s + ov[0], n - ov[0], &len);
+          pos = ov[0] + len;
+          continue;
+        }
+        mj_buf_put(b, s + prev, ov[0] - prev);
+        mj_buf_put(b, o->text, o->text_len);
+        prev = pos = ov[1];
+      }
+      mj_buf_put(b, s + prev, n - prev);
+      break;
+    }
+    }
+    s = b->data ? b->data : "", n = b->len;
+    dst = b == &t->norm ? &t->norm2 : &t->norm; /* the next step writes the other buffer */
+  }
+  *out_n = n;
+  return s;
+}
+
 /* The normalized trie needs the normalizer (an added token marked
  * "normalized" is matched in its normalized form). */
 static void build_tries(tok_tokenizer *t) {
   mj_buf b = {0};
   for (int i = 0; i < t->nadded; i++) {
     added_token *k = &t->added[i];
-    if (k->normalized && t->nfc) {
+    if (k->normalized && t->nnorms) {
+      size_t n;
+      const char *s = normalize(t, k->content, k->len, &n);
       b.len = 0;
-      utf8_nfc(k->content, k->len, &b);
+      mj_buf_put(&b, s, n);
       trie_add(&t->norm_trie, b.data, b.len, i);
     } else if (k->normalized) {
       trie_add(&t->norm_trie, k->content, k->len, i);
@@ -650,13 +732,40 @@ static int load_normalizer(tok_tokenizer *t, const json *n, const char *name, mj
   if (is_null(n)) return 0;
   const char *type = type_of(n);
   if (!type) return bad(err, name, n, "%s", "normalizer has no \"type\"");
-  if (strcmp(type, "NFC") == 0) {
-    t->nfc = true;
-    return 0;
-  }
   if (strcmp(type, "Sequence") == 0)
     return load_sequence(t, n, "normalizers", "normalizer", load_normalizer, name, err);
-  return bad(err, name, n, "normalizer \"%s\" is not supported (NFC, Sequence or null)", type);
+  if (t->nnorms == MAX_NORMS) return bad(err, name, n, "%s", "too many normalizer steps");
+  norm_op *o = &t->norms[t->nnorms];
+  memset(o, 0, sizeof *o);
+  if (strcmp(type, "NFC") == 0) {
+    o->kind = NORM_NFC;
+  } else if (strcmp(type, "NFD") == 0) {
+    o->kind = NORM_NFD;
+  } else if (strcmp(type, "Strip") == 0) {
+    o->kind = NORM_STRIP;
+    o->left = get_flag(n, "strip_left", true), o->right = get_flag(n, "strip_right", true);
+  } else if (strcmp(type, "Prepend") == 0 || strcmp(type, "Replace") == 0) {
+    bool rep = type[0] == 'R';
+    const json *v = json_get(n, rep ? "content" : "prepend");
+    if (!v || v->type != JSON_STR)
+      return bad(err, name, n, "normalizer %s has no string to insert (\"content\" or \"prepend\")", type);
+    o->kind = rep ? NORM_REPLACE : NORM_PREPEND;
+    o->text = mj_arena_strndup(&t->arena, v->str, v->len), o->text_len = v->len;
+    if (rep) {
+      const json *pat = json_get(n, "pattern");
+      const json *rx = pat ? json_get(pat, "Regex") : NULL, *str = pat ? json_get(pat, "String") : NULL;
+      if (rx && rx->type == JSON_STR) o->re = compile_re(rx->str, rx->len, false, name, rx, err);
+      else if (str && str->type == JSON_STR) o->re = compile_re(str->str, str->len, true, name, str, err);
+      else return bad(err, name, n, "%s", "normalizer Replace has no Regex or String pattern");
+      if (!o->re) return MJ_EINPUT;
+      o->md = pcre2_match_data_create_from_pattern(o->re, NULL);
+    }
+  } else {
+    return bad(err, name, n,
+               "normalizer \"%s\" is not supported (NFC, NFD, Strip, Replace, Prepend, Sequence or null)", type);
+  }
+  t->nnorms++;
+  return 0;
 }
 
 static const char gpt2_pattern[] =
@@ -837,10 +946,10 @@ int tok_load_mem(const char *text, size_t len, const char *name, tok_tokenizer *
     tok_destroy(t);
     return r;
   }
-  build_tries(t);
   t->mctx = pcre2_match_context_create(NULL);
   t->jit_stack = pcre2_jit_stack_create(64 * 1024, 64 * 1024 * 1024, NULL);
   if (t->jit_stack) pcre2_jit_stack_assign(t->mctx, NULL, t->jit_stack);
+  build_tries(t); /* after the match context: the normalizer may run a Replace */
   t->cache = mj_xcalloc(CACHE_SLOTS, sizeof *t->cache);
   *out = t;
   return 0;
@@ -885,6 +994,11 @@ void tok_destroy(tok_tokenizer *t) {
   tok_ids_free(&t->suffix);
   mj_buf_free(&t->repair);
   mj_buf_free(&t->norm);
+  mj_buf_free(&t->norm2);
+  for (int i = 0; i < t->nnorms; i++) {
+    pcre2_code_free(t->norms[i].re);
+    pcre2_match_data_free(t->norms[i].md);
+  }
   free(t->sym_id);
   free(t->sym_prev);
   free(t->sym_next);
@@ -1263,14 +1377,9 @@ static void model_segment(tok_tokenizer *t, const char *s, size_t n, tok_ids *ou
 }
 
 static void raw_segment(tok_tokenizer *t, const char *s, size_t n, tok_ids *out) {
-  if (t->nfc && !utf8_is_nfc(s, n)) {
-    /* The normalized copy must outlive the recursion below; nothing inside
-     * normalizes again, so one buffer serves. */
-    t->norm.len = 0;
-    utf8_nfc(s, n, &t->norm);
-    s = t->norm.data;
-    n = t->norm.len;
-  }
+  /* The normalized copy must outlive the recursion below; nothing inside
+   * normalizes again, so one buffer pair serves. */
+  s = normalize(t, s, n, &n);
   split_added(t, &t->norm_trie, s, n, model_segment, out);
 }
 

@@ -207,8 +207,8 @@ static void cp_push(cpvec *c, uint32_t cp) {
   c->v[c->n++] = cp;
 }
 
-/* Decompose, reorder and recompose one segment, appending it to out. */
-static void nfc_segment(const unsigned char *s, size_t n, cpvec *c, mj_buf *out) {
+/* Canonical decomposition of s[0..n) into c, in canonical order (NFD). */
+static void decompose(const unsigned char *s, size_t n, cpvec *c) {
   c->n = 0;
   for (size_t i = 0; i < n;) {
     size_t len;
@@ -240,6 +240,25 @@ static void nfc_segment(const unsigned char *s, size_t n, cpvec *c, mj_buf *out)
     }
     c->v[j] = x;
   }
+}
+
+static void put_cps(const cpvec *c, size_t m, mj_buf *out) {
+  for (size_t i = 0; i < m; i++) {
+    char b[4];
+    mj_buf_put(out, b, (size_t)utf8_encode(c->v[i], b));
+  }
+}
+
+void utf8_nfd(const char *s, size_t n, mj_buf *out) {
+  cpvec c = {0};
+  decompose((const unsigned char *)s, n, &c);
+  put_cps(&c, c.n, out);
+  free(c.v);
+}
+
+/* Decompose, reorder and recompose one segment, appending it to out. */
+static void nfc_segment(const unsigned char *s, size_t n, cpvec *c, mj_buf *out) {
+  decompose(s, n, c);
   /* Canonical composition: C joins the last starter S unless some character
    * between them has class 0 or a class >= C's. */
   size_t m = 0;
@@ -262,10 +281,7 @@ static void nfc_segment(const unsigned char *s, size_t n, cpvec *c, mj_buf *out)
     c->v[m++] = x;
     last_cc = cx;
   }
-  for (size_t i = 0; i < m; i++) {
-    char b[4];
-    mj_buf_put(out, b, (size_t)utf8_encode(c->v[i], b));
-  }
+  put_cps(c, m, out);
 }
 
 void utf8_nfc(const char *s, size_t n, mj_buf *out) {

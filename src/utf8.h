@@ -51,5 +51,8 @@ bool utf8_is_nfc(const char *s, size_t n);
 
 /* Append the NFC form of the valid UTF-8 text s to out. */
 void utf8_nfc(const char *s, size_t n, mj_buf *out);
+/* Append the NFD form of valid UTF-8 s (canonical decomposition, canonical
+ * order, no composition). */
+void utf8_nfd(const char *s, size_t n, mj_buf *out);
 
 #endif

@@ -284,10 +284,31 @@ static void test_split_behaviors(void) {
   T_CHECK(pieces_are(digits, "Removed", false, "123", ""));
 }
 
+/* Normalizer steps where the JS oracle departs from the reference, held to
+ * the reference: Prepend leaves empty text empty (a Strip can empty it);
+ * Strip removes White_Space, U+0085 included, and keeps U+FEFF. */
+static void test_normalizers(void) {
+  tok_tokenizer *saved = tk, *t = NULL;
+  mj_err err = {0};
+  T_EQ_INT(load_variant("\"normalizer\": null",
+                        "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Strip\", "
+                        "\"strip_left\": true, \"strip_right\": true}, {\"type\": \"Prepend\", \"prepend\": \"x\"}]}",
+                        &t, &err),
+           0);
+  if (!t) return;
+  tk = t;
+  T_CHECK(enc_eq("  ", 2, (const int32_t[]){-1}));
+  T_CHECK(ENC("\xc2\x85" "a ", 120, 97));
+  T_CHECK(ENC("\xef\xbb\xbf" "a", 120, 239, 187, 191, 97));
+  tk = saved;
+  tok_destroy(t);
+}
+
 static void test_load_errors(void) {
   static const struct { const char *from, *to, *msg; } cases[] = {
       {"\"normalizer\": null", "\"normalizer\": {\"type\": \"Lowercase\"}",
        "normalizer \"Lowercase\" is not supported"},
+      {"\"normalizer\": null", "\"normalizer\": {\"type\": \"Prepend\"}", "normalizer Prepend has no string"},
       {"\"type\": \"BPE\"", "\"type\": \"WordPiece\"", "model type \"WordPiece\" is not supported"},
       {"\"byte_fallback\": false", "\"byte_fallback\": true", "byte_fallback is not supported"},
       {"\"behavior\": \"Isolated\"", "\"behavior\": \"Sideways\"",
@@ -374,6 +395,7 @@ int main(void) {
   T_RUN(test_load_errors);
   T_RUN(test_split_behaviors);
   T_RUN(test_fixed_splitters);
+  T_RUN(test_normalizers);
   T_RUN(test_chat);
   tok_destroy(tk);
   free(fixture_text);

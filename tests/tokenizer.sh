@@ -54,6 +54,39 @@ PY
   node "$dir/oracle.mjs" "$tmp/qwen3-$v.json" "$dir/corpus.txt" > "$tmp/qwen3-$v.expected"
   ./tests/tok_compare "$tmp/qwen3-$v.json" "$tmp/qwen3-$v.expected" "$dir/corpus.txt" || status=1
 done
+# Normalizers beside NFC, on Qwen3's vocabulary with its normalizer replaced:
+# NFD; Strip; Prepend; two Replaces (a String and a Regex pattern).
+# (tokenizers.js also prepends to empty text, which the reference's Prepend
+# leaves empty: a Strip before a Prepend, or a line that begins with an
+# added token, shows the difference, so Prepend runs alone on the lines
+# that do not begin with "<".)
+# Strip runs on the lines without U+0085 or U+FEFF: JavaScript's trim()
+# keeps U+0085 (White_Space, which the reference strips) and strips U+FEFF
+# (which the reference keeps).
+python3 -c 'import sys; sys.stdout.writelines(l for l in open(sys.argv[1], encoding="utf-8", newline="\n") if not l.lstrip().startswith("<"))' \
+  "$dir/corpus.txt" > "$tmp/no-lead-tag.txt"
+python3 -c 'import sys; sys.stdout.writelines(l for l in open(sys.argv[1], encoding="utf-8", newline="\n") if "\x85" not in l and "\ufeff" not in l)' \
+  "$dir/corpus.txt" > "$tmp/no-nel.txt"
+for v in nfd strip prepend replace; do
+  text=$dir/corpus.txt
+  [ "$v" = prepend ] && text=$tmp/no-lead-tag.txt
+  [ "$v" = strip ] && text=$tmp/no-nel.txt
+  python3 - "$qwen" "$tmp/qwen3-$v.json" "$v" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1], encoding="utf-8"))
+d["normalizer"] = {
+    "nfd": {"type": "NFD"},
+    "strip": {"type": "Strip", "strip_left": True, "strip_right": True},
+    "prepend": {"type": "Prepend", "prepend": "@@"},
+    "replace": {"type": "Sequence", "normalizers": [
+        {"type": "Replace", "pattern": {"String": "  "}, "content": " "},
+        {"type": "Replace", "pattern": {"Regex": "[0-9]+"}, "content": "#"}]},
+}[sys.argv[3]]
+json.dump(d, open(sys.argv[2], "w", encoding="utf-8"), ensure_ascii=False)
+PY
+  node "$dir/oracle.mjs" "$tmp/qwen3-$v.json" "$text" > "$tmp/qwen3-$v.expected"
+  ./tests/tok_compare "$tmp/qwen3-$v.json" "$tmp/qwen3-$v.expected" "$text" || status=1
+done
 # The fixed splitters (Whitespace, WhitespaceSplit, Digits, Punctuation)
 # in front of ByteLevel, on GPT-2's vocabulary (whose numbers of several
 # digits are tokens: Qwen3's are all single digits, so Digits' two modes
