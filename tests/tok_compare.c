@@ -89,8 +89,9 @@ static int check_record(tok_tokenizer *t, const char *text, size_t len, char *re
     if (utf8_valid_len(str.data + before, str.len - before) != str.len - before) (*bad_text)++;
   }
   tok_stream_finish(&s, &str);
-  bool same = dec.len == j->len && memcmp(dec.data, j->str, dec.len) == 0;
-  bool same_stream = str.len == dec.len && memcmp(str.data, dec.data, dec.len) == 0;
+  /* (An empty decode has no buffer: memcmp must not see its null.) */
+  bool same = dec.len == j->len && (dec.len == 0 || memcmp(dec.data, j->str, dec.len) == 0);
+  bool same_stream = str.len == dec.len && (dec.len == 0 || memcmp(str.data, dec.data, dec.len) == 0);
   if (!same || !same_stream) {
     (*bad_text)++;
     if (shown++ < 8)
