@@ -9,12 +9,14 @@ The output is committed, so a build needs neither Python nor unicode-data;
 rerun this script only to move to a newer Unicode version.  Hangul syllables
 are left out: src/utf8.c composes and decomposes them algorithmically.
 
-Three tables come out:
+Four tables come out:
   * a two-stage lookup cp -> 16-bit property: bits 0-7 the canonical
     combining class, bit 8 set when the character may change under NFC
     (NFC_Quick_Check No or Maybe, computed from the data below);
   * the full canonical decomposition of every character that has one,
     applied recursively, as (cp, offset, length) into one code-point array;
+  * the full compatibility decomposition (NFKD) of every character where it
+    differs from the canonical one, in the same form;
   * the primary composites: (first, second) -> composite, sorted by the
     64-bit key first << 21 | second for binary search.
 """
@@ -29,6 +31,7 @@ def main():
     ucd = sys.argv[1] if len(sys.argv) > 1 else "/usr/share/unicode"
     ccc = {}
     decomp = {}  # canonical decompositions only (no <tag>)
+    kdecomp = {}  # compatibility decompositions (<tag> removed)
     version = "unknown"
     readme = os.path.join(ucd, "ReadMe.txt")
     if os.path.exists(readme):
@@ -51,6 +54,8 @@ def main():
                 ccc[x] = c
         if f[5] and not f[5].startswith("<"):
             decomp[cp] = [int(x, 16) for x in f[5].split()]
+        elif f[5]:
+            kdecomp[cp] = [int(x, 16) for x in f[5].split()[1:]]
 
     excluded = set()
     for line in open(os.path.join(ucd, "CompositionExclusions.txt"), encoding="utf-8"):
@@ -64,6 +69,15 @@ def main():
         out = []
         for x in decomp[cp]:
             out.extend(full(x))
+        return out
+
+    def full_k(cp):
+        d = kdecomp.get(cp) or decomp.get(cp)
+        if d is None:
+            return [cp]
+        out = []
+        for x in d:
+            out.extend(full_k(x))
         return out
 
     # Primary composites: canonical pair decompositions that are not
@@ -128,6 +142,25 @@ def main():
     out.write("static const struct { uint32_t cp; uint16_t off; uint8_t len; } nfc_decomp[%d] = {\n"
               % len(entries))
     for cp, off, n in entries:
+        out.write("  {0x%X,%d,%d},\n" % (cp, off, n))
+    out.write("};\n")
+    # The full compatibility decomposition (NFKD) of every character whose
+    # differs from its canonical one; the rest use nfc_decomp.
+    kseq = []
+    kentries = []
+    for cp in sorted(set(kdecomp) | set(decomp)):
+        d = full_k(cp)
+        if cp in decomp and d == full(cp):
+            continue
+        kentries.append((cp, len(kseq), len(d)))
+        kseq.extend(d)
+    out.write("static const uint32_t nfkd_decomp_seq[%d] = {\n" % len(kseq))
+    for i in range(0, len(kseq), 12):
+        out.write("  " + ",".join("0x%X" % x for x in kseq[i:i + 12]) + ",\n")
+    out.write("};\n")
+    out.write("static const struct { uint32_t cp; uint16_t off; uint8_t len; } nfkd_decomp[%d] = {\n"
+              % len(kentries))
+    for cp, off, n in kentries:
         out.write("  {0x%X,%d,%d},\n" % (cp, off, n))
     out.write("};\n")
     pairs = sorted(((a << 21) | b, c) for (a, b), c in compose.items())

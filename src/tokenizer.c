@@ -6,8 +6,8 @@
  *   2. added tokens whose "normalized" is false are found in the raw text,
  *      leftmost-longest, honouring single_word, lstrip and rstrip;
  *   3. the text between them is normalized (the normalizer's steps in
- *      order: NFC, NFD, Strip, Replace, Prepend), then split on the added
- *      tokens whose "normalized" is true;
+ *      order: NFC, NFD, NFKC, NFKD, Strip, Replace, Prepend), then split
+ *      on the added tokens whose "normalized" is true;
  *   4. each remaining piece goes through the pre-tokenizer steps (Splits
  *      with any behaviour, the fixed splitters as Splits, then ByteLevel),
  *      each step splitting the pieces of the one before independently;
@@ -184,7 +184,7 @@ typedef struct {
 #define MAX_STEPS 8
 
 /* Normalizer steps, applied in order (a Sequence flattened). */
-enum { NORM_NFC, NORM_NFD, NORM_STRIP, NORM_REPLACE, NORM_PREPEND };
+enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_STRIP, NORM_REPLACE, NORM_PREPEND };
 typedef struct {
   int kind;
   bool left, right;   /* Strip */
@@ -644,8 +644,10 @@ static const char *normalize(tok_tokenizer *t, const char *s, size_t n, size_t *
       utf8_nfc(s, n, b);
       break;
     case NORM_NFD:
+    case NORM_NFKC:
+    case NORM_NFKD:
       b->len = 0;
-      utf8_nfd(s, n, b);
+      (o->kind == NORM_NFD ? utf8_nfd : o->kind == NORM_NFKC ? utf8_nfkc : utf8_nfkd)(s, n, b);
       break;
     case NORM_STRIP: {
       size_t a = 0, e = n, l;
@@ -741,6 +743,10 @@ static int load_normalizer(tok_tokenizer *t, const json *n, const char *name, mj
     o->kind = NORM_NFC;
   } else if (strcmp(type, "NFD") == 0) {
     o->kind = NORM_NFD;
+  } else if (strcmp(type, "NFKC") == 0) {
+    o->kind = NORM_NFKC;
+  } else if (strcmp(type, "NFKD") == 0) {
+    o->kind = NORM_NFKD;
   } else if (strcmp(type, "Strip") == 0) {
     o->kind = NORM_STRIP;
     o->left = get_flag(n, "strip_left", true), o->right = get_flag(n, "strip_right", true);
@@ -762,7 +768,8 @@ static int load_normalizer(tok_tokenizer *t, const json *n, const char *name, mj
     }
   } else {
     return bad(err, name, n,
-               "normalizer \"%s\" is not supported (NFC, NFD, Strip, Replace, Prepend, Sequence or null)", type);
+               "normalizer \"%s\" is not supported (NFC, NFD, NFKC, NFKD, Strip, Replace, Prepend, Sequence or null)",
+               type);
   }
   t->nnorms++;
   return 0;

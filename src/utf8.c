@@ -178,6 +178,22 @@ static const uint32_t *decomposition(uint32_t cp, int *len) {
   return NULL;
 }
 
+/* The full compatibility decomposition, where it differs from the
+ * canonical one. */
+static const uint32_t *kdecomposition(uint32_t cp, int *len) {
+  size_t lo = 0, hi = MJ_ARRAY_LEN(nfkd_decomp);
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (nfkd_decomp[mid].cp < cp) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo < MJ_ARRAY_LEN(nfkd_decomp) && nfkd_decomp[lo].cp == cp) {
+    *len = nfkd_decomp[lo].len;
+    return nfkd_decomp_seq + nfkd_decomp[lo].off;
+  }
+  return decomposition(cp, len);
+}
+
 static uint32_t compose(uint32_t a, uint32_t b) {
   if (a >= L_BASE && a < L_BASE + L_COUNT && b >= V_BASE && b < V_BASE + V_COUNT)
     return S_BASE + ((a - L_BASE) * V_COUNT + (b - V_BASE)) * T_COUNT;
@@ -207,8 +223,9 @@ static void cp_push(cpvec *c, uint32_t cp) {
   c->v[c->n++] = cp;
 }
 
-/* Canonical decomposition of s[0..n) into c, in canonical order (NFD). */
-static void decompose(const unsigned char *s, size_t n, cpvec *c) {
+/* Canonical (or, with compat, compatibility) decomposition of s[0..n)
+ * into c, in canonical order (NFD, NFKD). */
+static void decompose(const unsigned char *s, size_t n, bool compat, cpvec *c) {
   c->n = 0;
   for (size_t i = 0; i < n;) {
     size_t len;
@@ -221,7 +238,7 @@ static void decompose(const unsigned char *s, size_t n, cpvec *c) {
       cp_push(c, L_BASE + k / N_COUNT);
       cp_push(c, V_BASE + k % N_COUNT / T_COUNT);
       if (k % T_COUNT) cp_push(c, T_BASE + k % T_COUNT);
-    } else if ((d = decomposition(cp, &dl)) != NULL) {
+    } else if ((d = compat ? kdecomposition(cp, &dl) : decomposition(cp, &dl)) != NULL) {
       for (int k = 0; k < dl; k++) cp_push(c, d[k]);
     } else {
       cp_push(c, cp);
@@ -251,14 +268,35 @@ static void put_cps(const cpvec *c, size_t m, mj_buf *out) {
 
 void utf8_nfd(const char *s, size_t n, mj_buf *out) {
   cpvec c = {0};
-  decompose((const unsigned char *)s, n, &c);
+  decompose((const unsigned char *)s, n, false, &c);
   put_cps(&c, c.n, out);
+  free(c.v);
+}
+
+void utf8_nfkd(const char *s, size_t n, mj_buf *out) {
+  cpvec c = {0};
+  decompose((const unsigned char *)s, n, true, &c);
+  put_cps(&c, c.n, out);
+  free(c.v);
+}
+
+static size_t compose_all(cpvec *c);
+
+void utf8_nfkc(const char *s, size_t n, mj_buf *out) {
+  cpvec c = {0};
+  decompose((const unsigned char *)s, n, true, &c);
+  put_cps(&c, compose_all(&c), out);
   free(c.v);
 }
 
 /* Decompose, reorder and recompose one segment, appending it to out. */
 static void nfc_segment(const unsigned char *s, size_t n, cpvec *c, mj_buf *out) {
-  decompose(s, n, c);
+  decompose(s, n, false, c);
+  put_cps(c, compose_all(c), out);
+}
+
+/* Canonical composition of c in place; returns the new length. */
+static size_t compose_all(cpvec *c) {
   /* Canonical composition: C joins the last starter S unless some character
    * between them has class 0 or a class >= C's. */
   size_t m = 0;
@@ -281,7 +319,7 @@ static void nfc_segment(const unsigned char *s, size_t n, cpvec *c, mj_buf *out)
     c->v[m++] = x;
     last_cc = cx;
   }
-  put_cps(c, m, out);
+  return m;
 }
 
 void utf8_nfc(const char *s, size_t n, mj_buf *out) {

@@ -54,5 +54,9 @@ void utf8_nfc(const char *s, size_t n, mj_buf *out);
 /* Append the NFD form of valid UTF-8 s (canonical decomposition, canonical
  * order, no composition). */
 void utf8_nfd(const char *s, size_t n, mj_buf *out);
+/* Append the NFKD form (compatibility decomposition, canonical order) and
+ * the NFKC form (NFKD, then canonical composition) of valid UTF-8 s. */
+void utf8_nfkd(const char *s, size_t n, mj_buf *out);
+void utf8_nfkc(const char *s, size_t n, mj_buf *out);
 
 #endif

@@ -1,5 +1,5 @@
 #!/bin/sh
-# nfc_conformance.sh: runs utf8_nfc over the Unicode conformance file
+# nfc_conformance.sh: runs utf8_nfc, _nfd, _nfkc and _nfkd over the Unicode conformance file
 # NormalizationTest.txt, which Debian's unicode-data package ships
 # compressed.  Skips (77) where the package is not installed.
 set -eu

@@ -1,6 +1,6 @@
-/* test_utf8.c: UTF-8 repair (WHATWG rules) and NFC.
+/* test_utf8.c: UTF-8 repair (WHATWG rules) and the normalization forms.
  *
- * With an argument, also runs the NFC columns of the Unicode conformance
+ * With an argument, also runs the NFC, NFD, NFKC and NFKD columns of the Unicode conformance
  * file NormalizationTest.txt (tests/nfc_conformance.sh passes it where
  * Debian's unicode-data is installed). */
 #include <stdlib.h>
@@ -121,6 +121,22 @@ static void test_conformance(void) {
       p = strchr(p, ';') + 1;
     }
     lines++;
+    /* The file's invariants (c1..c5 = columns 0..4): NFC(c1..c3) = c2,
+     * NFC(c4, c5) = c4; NFD(c1..c3) = c3, NFD(c4, c5) = c5; NFKC(any) = c4;
+     * NFKD(any) = c5. */
+    static const int nfd_want[5] = {2, 2, 2, 4, 4};
+    static const struct {
+      const char *name;
+      void (*fn)(const char *, size_t, mj_buf *);
+    } forms[] = {{"NFD", utf8_nfd}, {"NFKC", utf8_nfkc}, {"NFKD", utf8_nfkd}};
+    for (int k = 0; k < 5; k++)
+      for (int f = 0; f < 3; f++) {
+        int w = f == 0 ? nfd_want[k] : f == 1 ? 3 : 4;
+        got.len = 0;
+        forms[f].fn(col[k].data, col[k].len, &got);
+        if ((got.len != col[w].len || memcmp(got.data, col[w].data, got.len) != 0) && bad++ < 5)
+          fprintf(stderr, "%s mismatch (column %d) on line: %s", forms[f].name, k + 1, line);
+      }
     static const int src[5] = {0, 1, 2, 3, 4}, want[5] = {1, 1, 1, 3, 3};
     for (int k = 0; k < 5; k++) {
       got.len = 0;
@@ -135,7 +151,7 @@ static void test_conformance(void) {
     }
   }
   fclose(f);
-  printf("conformance: %ld lines, %ld mismatches\n", lines, bad);
+  printf("conformance (NFC, NFD, NFKC, NFKD): %ld lines, %ld mismatches\n", lines, bad);
   T_CHECK(lines > 10000);
   T_EQ_INT(bad, 0);
   for (int k = 0; k < 5; k++) mj_buf_free(&col[k]);

@@ -55,7 +55,7 @@ PY
   ./tests/tok_compare "$tmp/qwen3-$v.json" "$tmp/qwen3-$v.expected" "$dir/corpus.txt" || status=1
 done
 # Normalizers beside NFC, on Qwen3's vocabulary with its normalizer replaced:
-# NFD; Strip; Prepend; two Replaces (a String and a Regex pattern).
+# NFD, NFKC, NFKD; Strip; Prepend; two Replaces (a String and a Regex pattern).
 # (tokenizers.js also prepends to empty text, which the reference's Prepend
 # leaves empty: a Strip before a Prepend, or a line that begins with an
 # added token, shows the difference, so Prepend runs alone on the lines
@@ -67,7 +67,7 @@ python3 -c 'import sys; sys.stdout.writelines(l for l in open(sys.argv[1], encod
   "$dir/corpus.txt" > "$tmp/no-lead-tag.txt"
 python3 -c 'import sys; sys.stdout.writelines(l for l in open(sys.argv[1], encoding="utf-8", newline="\n") if "\x85" not in l and "\ufeff" not in l)' \
   "$dir/corpus.txt" > "$tmp/no-nel.txt"
-for v in nfd strip prepend replace; do
+for v in nfd nfkc nfkd strip prepend replace; do
   text=$dir/corpus.txt
   [ "$v" = prepend ] && text=$tmp/no-lead-tag.txt
   [ "$v" = strip ] && text=$tmp/no-nel.txt
@@ -76,6 +76,8 @@ import json, sys
 d = json.load(open(sys.argv[1], encoding="utf-8"))
 d["normalizer"] = {
     "nfd": {"type": "NFD"},
+    "nfkc": {"type": "NFKC"},
+    "nfkd": {"type": "NFKD"},
     "strip": {"type": "Strip", "strip_left": True, "strip_right": True},
     "prepend": {"type": "Prepend", "prepend": "@@"},
     "replace": {"type": "Sequence", "normalizers": [
