@@ -6,8 +6,8 @@
  *   2. added tokens whose "normalized" is false are found in the raw text,
  *      leftmost-longest, honouring single_word, lstrip and rstrip;
  *   3. the text between them is normalized (the normalizer's steps in
- *      order: NFC, NFD, NFKC, NFKD, Strip, Replace, Prepend), then split
- *      on the added tokens whose "normalized" is true;
+ *      order: NFC, NFD, NFKC, NFKD, Lowercase, Strip, Replace, Prepend),
+ *      then split on the added tokens whose "normalized" is true;
  *   4. each remaining piece goes through the pre-tokenizer steps (Splits
  *      with any behaviour, the fixed splitters as Splits, then ByteLevel),
  *      each step splitting the pieces of the one before independently;
@@ -184,7 +184,7 @@ typedef struct {
 #define MAX_STEPS 8
 
 /* Normalizer steps, applied in order (a Sequence flattened). */
-enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_STRIP, NORM_REPLACE, NORM_PREPEND };
+enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_LOWER, NORM_STRIP, NORM_REPLACE, NORM_PREPEND };
 typedef struct {
   int kind;
   bool left, right;   /* Strip */
@@ -646,8 +646,12 @@ static const char *normalize(tok_tokenizer *t, const char *s, size_t n, size_t *
     case NORM_NFD:
     case NORM_NFKC:
     case NORM_NFKD:
+    case NORM_LOWER:
       b->len = 0;
-      (o->kind == NORM_NFD ? utf8_nfd : o->kind == NORM_NFKC ? utf8_nfkc : utf8_nfkd)(s, n, b);
+      (o->kind == NORM_NFD    ? utf8_nfd
+       : o->kind == NORM_NFKC ? utf8_nfkc
+       : o->kind == NORM_NFKD ? utf8_nfkd
+                              : utf8_lower)(s, n, b);
       break;
     case NORM_STRIP: {
       size_t a = 0, e = n, l;
@@ -743,6 +747,8 @@ static int load_normalizer(tok_tokenizer *t, const json *n, const char *name, mj
     o->kind = NORM_NFC;
   } else if (strcmp(type, "NFD") == 0) {
     o->kind = NORM_NFD;
+  } else if (strcmp(type, "Lowercase") == 0) {
+    o->kind = NORM_LOWER;
   } else if (strcmp(type, "NFKC") == 0) {
     o->kind = NORM_NFKC;
   } else if (strcmp(type, "NFKD") == 0) {
@@ -768,7 +774,8 @@ static int load_normalizer(tok_tokenizer *t, const json *n, const char *name, mj
     }
   } else {
     return bad(err, name, n,
-               "normalizer \"%s\" is not supported (NFC, NFD, NFKC, NFKD, Strip, Replace, Prepend, Sequence or null)",
+               "normalizer \"%s\" is not supported (NFC, NFD, NFKC, NFKD, Lowercase, Strip, Replace, Prepend, "
+               "Sequence or null)",
                type);
   }
   t->nnorms++;

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "nfc_tables.inc"
+#include "case_tables.inc"
 
 /* Hangul syllable arithmetic (Unicode chapter 3.12). */
 enum {
@@ -371,4 +372,31 @@ void utf8_nfc(const char *s, size_t n, mj_buf *out) {
   if (dirty) nfc_segment(p + seg, n - seg, &c, out);
   else mj_buf_put(out, s + seg, n - seg);
   free(c.v);
+}
+
+/* ---- lowercase ------------------------------------------------------------------------ */
+void utf8_lower(const char *s, size_t n, mj_buf *out) {
+  const unsigned char *p = (const unsigned char *)s;
+  for (size_t i = 0; i < n;) {
+    if (p[i] < 0x80) { /* ASCII: no table */
+      mj_buf_putc(out, (char)(p[i] >= 'A' && p[i] <= 'Z' ? p[i] + 32 : p[i]));
+      i++;
+      continue;
+    }
+    size_t len;
+    uint32_t cp = next_cp(p + i, n - i, &len);
+    size_t lo = 0, hi = MJ_ARRAY_LEN(case_lower);
+    while (lo < hi) {
+      size_t mid = (lo + hi) / 2;
+      if (case_lower[mid].cp < cp) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo < MJ_ARRAY_LEN(case_lower) && case_lower[lo].cp == cp) {
+      char b[4];
+      for (int k = 0; k < 2 && case_lower[lo].lo[k]; k++) mj_buf_put(out, b, (size_t)utf8_encode(case_lower[lo].lo[k], b));
+    } else {
+      mj_buf_put(out, s + i, len);
+    }
+    i += len;
+  }
 }

@@ -58,5 +58,9 @@ void utf8_nfd(const char *s, size_t n, mj_buf *out);
  * the NFKC form (NFKD, then canonical composition) of valid UTF-8 s. */
 void utf8_nfkd(const char *s, size_t n, mj_buf *out);
 void utf8_nfkc(const char *s, size_t n, mj_buf *out);
+/* Append valid UTF-8 s lowercased character by character with the full
+ * (unconditional) Unicode mappings: Rust's char::to_lowercase, which Hugging
+ * Face's Lowercase normalizer applies (so no final-sigma rule: Σ is σ). */
+void utf8_lower(const char *s, size_t n, mj_buf *out);
 
 #endif

@@ -302,12 +302,24 @@ static void test_normalizers(void) {
   T_CHECK(ENC("\xef\xbb\xbf" "a", 120, 239, 187, 191, 97));
   tk = saved;
   tok_destroy(t);
+  /* Lowercase is Rust's char::to_lowercase, character by character: a
+   * final capital sigma becomes σ (CF 83), not ς (the JS oracle's
+   * toLowerCase applies the final-sigma rule); İ becomes i + U+0307. */
+  t = NULL;
+  T_EQ_INT(load_variant("\"normalizer\": null", "\"normalizer\": {\"type\": \"Lowercase\"}", &t, &err), 0);
+  if (!t) return;
+  tk = t;
+  T_CHECK(ENC("AB", 97, 98));
+  T_CHECK(ENC("\xce\xa3\xce\xa3", 207, 131, 207, 131));      /* ΣΣ -> σσ */
+  T_CHECK(ENC("\xc4\xb0", 105, 204, 135));                  /* İ -> i U+0307 */
+  tk = saved;
+  tok_destroy(t);
 }
 
 static void test_load_errors(void) {
   static const struct { const char *from, *to, *msg; } cases[] = {
-      {"\"normalizer\": null", "\"normalizer\": {\"type\": \"Lowercase\"}",
-       "normalizer \"Lowercase\" is not supported"},
+      {"\"normalizer\": null", "\"normalizer\": {\"type\": \"BertNormalizer\"}",
+       "normalizer \"BertNormalizer\" is not supported"},
       {"\"normalizer\": null", "\"normalizer\": {\"type\": \"Prepend\"}", "normalizer Prepend has no string"},
       {"\"type\": \"BPE\"", "\"type\": \"WordPiece\"", "model type \"WordPiece\" is not supported"},
       {"\"byte_fallback\": false", "\"byte_fallback\": true", "byte_fallback is not supported"},

@@ -55,7 +55,10 @@ PY
   ./tests/tok_compare "$tmp/qwen3-$v.json" "$tmp/qwen3-$v.expected" "$dir/corpus.txt" || status=1
 done
 # Normalizers beside NFC, on Qwen3's vocabulary with its normalizer replaced:
-# NFD, NFKC, NFKD; Strip; Prepend; two Replaces (a String and a Regex pattern).
+# NFD, NFKC, NFKD; Lowercase; Strip; Prepend; two Replaces (a String and a
+# Regex pattern).  Lowercase runs on the lines without a capital sigma:
+# JavaScript's toLowerCase applies the final-sigma rule, the reference
+# (char::to_lowercase, one character at a time) does not.
 # (tokenizers.js also prepends to empty text, which the reference's Prepend
 # leaves empty: a Strip before a Prepend, or a line that begins with an
 # added token, shows the difference, so Prepend runs alone on the lines
@@ -67,10 +70,13 @@ python3 -c 'import sys; sys.stdout.writelines(l for l in open(sys.argv[1], encod
   "$dir/corpus.txt" > "$tmp/no-lead-tag.txt"
 python3 -c 'import sys; sys.stdout.writelines(l for l in open(sys.argv[1], encoding="utf-8", newline="\n") if "\x85" not in l and "\ufeff" not in l)' \
   "$dir/corpus.txt" > "$tmp/no-nel.txt"
-for v in nfd nfkc nfkd strip prepend replace; do
+python3 -c 'import sys; sys.stdout.writelines(l for l in open(sys.argv[1], encoding="utf-8", newline="\n") if "\u03a3" not in l)' \
+  "$dir/corpus.txt" > "$tmp/no-sigma.txt"
+for v in nfd nfkc nfkd lowercase strip prepend replace; do
   text=$dir/corpus.txt
   [ "$v" = prepend ] && text=$tmp/no-lead-tag.txt
   [ "$v" = strip ] && text=$tmp/no-nel.txt
+  [ "$v" = lowercase ] && text=$tmp/no-sigma.txt
   python3 - "$qwen" "$tmp/qwen3-$v.json" "$v" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1], encoding="utf-8"))
@@ -78,6 +84,7 @@ d["normalizer"] = {
     "nfd": {"type": "NFD"},
     "nfkc": {"type": "NFKC"},
     "nfkd": {"type": "NFKD"},
+    "lowercase": {"type": "Lowercase"},
     "strip": {"type": "Strip", "strip_left": True, "strip_right": True},
     "prepend": {"type": "Prepend", "prepend": "@@"},
     "replace": {"type": "Sequence", "normalizers": [
