@@ -129,40 +129,27 @@ def main():
         out.write("},\n")
     out.write("};\n")
 
-    seq = []
-    entries = []
-    for cp in sorted(decomp):
-        d = full(cp)
-        entries.append((cp, len(seq), len(d)))
-        seq.extend(d)
-    out.write("static const uint32_t nfc_decomp_seq[%d] = {\n" % len(seq))
-    for i in range(0, len(seq), 12):
-        out.write("  " + ",".join("0x%X" % x for x in seq[i:i + 12]) + ",\n")
-    out.write("};\n")
-    out.write("static const struct { uint32_t cp; uint16_t off; uint8_t len; } nfc_decomp[%d] = {\n"
-              % len(entries))
-    for cp, off, n in entries:
-        out.write("  {0x%X,%d,%d},\n" % (cp, off, n))
-    out.write("};\n")
-    # The full compatibility decomposition (NFKD) of every character whose
-    # differs from its canonical one; the rest use nfc_decomp.
-    kseq = []
-    kentries = []
-    for cp in sorted(set(kdecomp) | set(decomp)):
-        d = full_k(cp)
-        if cp in decomp and d == full(cp):
-            continue
-        kentries.append((cp, len(kseq), len(d)))
-        kseq.extend(d)
-    out.write("static const uint32_t nfkd_decomp_seq[%d] = {\n" % len(kseq))
-    for i in range(0, len(kseq), 12):
-        out.write("  " + ",".join("0x%X" % x for x in kseq[i:i + 12]) + ",\n")
-    out.write("};\n")
-    out.write("static const struct { uint32_t cp; uint16_t off; uint8_t len; } nfkd_decomp[%d] = {\n"
-              % len(kentries))
-    for cp, off, n in kentries:
-        out.write("  {0x%X,%d,%d},\n" % (cp, off, n))
-    out.write("};\n")
+    def write_decomp(name, rows):
+        """rows: (cp, its full decomposition) in cp order -> NAME_seq and NAME."""
+        seq, entries = [], []
+        for cp, d in rows:
+            entries.append((cp, len(seq), len(d)))
+            seq.extend(d)
+        out.write("static const uint32_t %s_seq[%d] = {\n" % (name, len(seq)))
+        for i in range(0, len(seq), 12):
+            out.write("  " + ",".join("0x%X" % x for x in seq[i:i + 12]) + ",\n")
+        out.write("};\n")
+        out.write("static const struct { uint32_t cp; uint16_t off; uint8_t len; } %s[%d] = {\n"
+                  % (name, len(entries)))
+        for cp, off, n in entries:
+            out.write("  {0x%X,%d,%d},\n" % (cp, off, n))
+        out.write("};\n")
+
+    write_decomp("nfc_decomp", [(cp, full(cp)) for cp in sorted(decomp)])
+    # The full compatibility decomposition (NFKD) of every character where it
+    # differs from the canonical one; the rest use nfc_decomp.
+    write_decomp("nfkd_decomp", [(cp, full_k(cp)) for cp in sorted(set(kdecomp) | set(decomp))
+                                 if cp not in decomp or full_k(cp) != full(cp)])
     pairs = sorted(((a << 21) | b, c) for (a, b), c in compose.items())
     out.write("static const struct { uint64_t key; uint32_t cp; } nfc_compose[%d] = {\n" % len(pairs))
     for k, c in pairs:

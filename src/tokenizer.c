@@ -676,7 +676,14 @@ static const char *normalize(tok_tokenizer *t, const char *s, size_t n, size_t *
       size_t pos = 0, prev = 0;
       while (pos <= n) {
         int rc = pcre2_match(o->re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, o->md, t->mctx);
-        if (rc < 0) break; /* no more matches (a match-limit failure leaves the rest as is) */
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) { /* a match limit or another regex failure: say so, as pre_tokenize does */
+          PCRE2_UCHAR msg[256];
+          pcre2_get_error_message(rc, msg, sizeof msg);
+          t->failed = mj_fail(t->err, MJ_EINPUT, "%s: normalizer Replace regex failed on the input: %s", t->name,
+                              (char *)msg);
+          break;
+        }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(o->md);
         if (ov[0] == ov[1]) { /* an empty match replaces nothing */
           size_t len = 1;

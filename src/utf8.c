@@ -165,34 +165,35 @@ bool utf8_is_nfc(const char *s, size_t n) {
   return true;
 }
 
-static const uint32_t *decomposition(uint32_t cp, int *len) {
-  size_t lo = 0, hi = MJ_ARRAY_LEN(nfc_decomp);
+/* Binary search of a table of n rows of stride bytes, sorted by a uint32_t
+ * code point that starts each row (nfc_decomp, nfkd_decomp, case_lower):
+ * the row of cp, or -1. */
+static long find_cp(const void *table, size_t n, size_t stride, uint32_t cp) {
+  const char *base = table;
+  size_t lo = 0, hi = n;
   while (lo < hi) {
     size_t mid = (lo + hi) / 2;
-    if (nfc_decomp[mid].cp < cp) lo = mid + 1;
+    if (*(const uint32_t *)(base + mid * stride) < cp) lo = mid + 1;
     else hi = mid;
   }
-  if (lo < MJ_ARRAY_LEN(nfc_decomp) && nfc_decomp[lo].cp == cp) {
-    *len = nfc_decomp[lo].len;
-    return nfc_decomp_seq + nfc_decomp[lo].off;
-  }
-  return NULL;
+  return lo < n && *(const uint32_t *)(base + lo * stride) == cp ? (long)lo : -1;
+}
+#define FIND_CP(table, cp) find_cp(table, MJ_ARRAY_LEN(table), sizeof table[0], cp)
+
+static const uint32_t *decomposition(uint32_t cp, int *len) {
+  long i = FIND_CP(nfc_decomp, cp);
+  if (i < 0) return NULL;
+  *len = nfc_decomp[i].len;
+  return nfc_decomp_seq + nfc_decomp[i].off;
 }
 
 /* The full compatibility decomposition, where it differs from the
  * canonical one. */
 static const uint32_t *kdecomposition(uint32_t cp, int *len) {
-  size_t lo = 0, hi = MJ_ARRAY_LEN(nfkd_decomp);
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    if (nfkd_decomp[mid].cp < cp) lo = mid + 1;
-    else hi = mid;
-  }
-  if (lo < MJ_ARRAY_LEN(nfkd_decomp) && nfkd_decomp[lo].cp == cp) {
-    *len = nfkd_decomp[lo].len;
-    return nfkd_decomp_seq + nfkd_decomp[lo].off;
-  }
-  return decomposition(cp, len);
+  long i = FIND_CP(nfkd_decomp, cp);
+  if (i < 0) return decomposition(cp, len);
+  *len = nfkd_decomp[i].len;
+  return nfkd_decomp_seq + nfkd_decomp[i].off;
 }
 
 static uint32_t compose(uint32_t a, uint32_t b) {
@@ -385,15 +386,10 @@ void utf8_lower(const char *s, size_t n, mj_buf *out) {
     }
     size_t len;
     uint32_t cp = next_cp(p + i, n - i, &len);
-    size_t lo = 0, hi = MJ_ARRAY_LEN(case_lower);
-    while (lo < hi) {
-      size_t mid = (lo + hi) / 2;
-      if (case_lower[mid].cp < cp) lo = mid + 1;
-      else hi = mid;
-    }
-    if (lo < MJ_ARRAY_LEN(case_lower) && case_lower[lo].cp == cp) {
+    long at = FIND_CP(case_lower, cp);
+    if (at >= 0) {
       char b[4];
-      for (int k = 0; k < 2 && case_lower[lo].lo[k]; k++) mj_buf_put(out, b, (size_t)utf8_encode(case_lower[lo].lo[k], b));
+      for (int k = 0; k < 2 && case_lower[at].lo[k]; k++) mj_buf_put(out, b, (size_t)utf8_encode(case_lower[at].lo[k], b));
     } else {
       mj_buf_put(out, s + i, len);
     }
