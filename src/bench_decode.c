@@ -26,7 +26,8 @@
 
 #include "bench.h"
 #include "cli.h"
-#include "gpu_model.h"
+#include "jit.h"
+#include "session.h"
 #include "nccldrv.h"
 #include "timing.h"
 
@@ -67,27 +68,30 @@ int bench_decode(int argc, char **argv, mj_err *err) {
   double copy_bps;
   if ((rc = tm_copy_bandwidth((size_t)1 << 30, &copy_bps, err))) return rc;
 
-  gpu_opts o;
-  gpu_opts_default(&o);
+  sess_opts o;
+  sess_opts_default(&o);
+  o.backend = SESS_CUDA;
   o.slots = (int)bmax;
   o.max_ctx = ctx + 2;
-  o.use_graphs = !no_graphs;
-  o.max_rows = (int)bmax;
+  o.gpu.use_graphs = !no_graphs;
+  o.gpu.max_rows = (int)bmax;
   model *m = NULL;
-  gpu_model *g = NULL;
+  session *S = NULL;
   gpu_prof *profs = NULL;
   mj_arena a;
   mj_arena_init(&a, 4096);
   double t0 = mj_now_ms();
   if (dir) {
-    if ((rc = model_load(dir, &m, err)) || (rc = gpu_model_create(m, &o, &g, err))) goto out;
+    if ((rc = model_load(dir, &m, err)) || (rc = sess_create(m, &o, &S, err))) goto out;
   } else {
     model_config c;
     model_config_glm5(&c, (int)layers, (int)dense, &a);
-    if ((rc = gpu_model_synthetic(&c, (uint64_t)seed, &o, &g, err))) goto out;
+    if ((rc = sess_create_synthetic(&c, (uint64_t)seed, &o, &S, err))) goto out;
   }
-  if ((rc = gpu_fill_cache(g, (uint64_t)seed + 99, err))) goto out;
-  const gop_dims *d = gpu_dims(g);
+  if ((rc = sess_fill_cache(S, (uint64_t)seed + 99, err))) goto out;
+  sess_info si;
+  sess_get_info(S, &si);
+  const gop_dims *d = si.dims;
   if (region) {
     /* For an external profiler (ncu --profile-from-start off): one eager
      * step of the first batch size, alone inside cuProfilerStart/Stop, after
@@ -95,20 +99,12 @@ int bench_decode(int argc, char **argv, mj_err *err) {
     int B = (int)batches[0];
     int32_t *r = mj_xcalloc((size_t)B * 4, 3);
     for (int i = 0; i < B; i++) r[B + i] = i, r[2 * B + i] = (int32_t)ctx;
-    bool graph;
-    int np = gpu_padded(g, B, &graph);
-    if (!(rc = gpu_set_rows(g, r, r + B, r + 2 * B, B, err)) && !(rc = gpu_enqueue(g, np, gpu_stream(g), NULL, err)) &&
-        !(rc = gpu_read_tokens(g, 1, r, err))) {
-      CUresult cr = cu.cuProfilerStart();
-      if (cr != CUDA_SUCCESS) rc = cu_fail(err, cr, "cuProfilerStart", __FILE__, __LINE__);
-      if (!rc && !(rc = gpu_enqueue(g, np, gpu_stream(g), NULL, err)) && !(rc = gpu_read_tokens(g, 1, r, err)) &&
-          (cr = cu.cuProfilerStop()) != CUDA_SUCCESS)
-        rc = cu_fail(err, cr, "cuProfilerStop", __FILE__, __LINE__);
-    }
+    sess_measure me = {.mode = SESS_REGION};
+    rc = sess_measure_rows(S, r, r + B, r + 2 * B, B, &me, err);
     free(r);
     if (rc) goto out;
-    printf("profiled region: one eager step of %d rows\n", np);
-    rc = 0;
+    bool graph;
+    printf("profiled region: one eager step of %d rows\n", sess_padded(S, B, &graph));
     goto out;
   }
   printf("decode step: %s, %d layers (%s), hidden %d, vocab %d, on %s (%s, %d SMs)\n",
@@ -116,7 +112,7 @@ int bench_decode(int argc, char **argv, mj_err *err) {
          dir ? "checkpoint" : "full width", d->hidden, d->vocab, dev->name, dev->arch, dev->sm_count);
   char wb[32];
   printf("weights on the device: %s; set-up %.1f s; context %lld (each row attends to %lld tokens)\n",
-         mj_fmt_bytes((double)gpu_weight_bytes(g), wb, sizeof wb), (mj_now_ms() - t0) / 1e3, (long long)ctx,
+         mj_fmt_bytes((double)si.weight_bytes, wb, sizeof wb), (mj_now_ms() - t0) / 1e3, (long long)ctx,
          (long long)ctx + 1);
   printf("device copy bandwidth (same run): %.0f GB/s\n\n", copy_bps / 1e9);
   printf("| batch | step us (graph) | tok/s | step us (eager) | ops us (events) | GB moved | GB/s | %% of copy | experts/layer | check |\n");
@@ -134,32 +130,32 @@ int bench_decode(int argc, char **argv, mj_err *err) {
     }
     float *logits = mj_xmalloc((size_t)B * d->vocab * 4);
     bool graph;
-    int np = gpu_padded(g, B, &graph);
+    int np = sess_padded(S, B, &graph);
     /* Correctness: the graph (or eager) step, then an eager step on the
      * same rows, must draw the same greedy tokens; logits finite. */
     const char *check = "ok";
-    if ((rc = gpu_step(g, tok, slot, pos, B, out1, logits, err))) goto next;
+    sess_measure ck = {.mode = SESS_CHECK, .ids = out1, .ids2 = out2, .logits = logits};
+    if ((rc = sess_measure_rows(S, tok, slot, pos, B, &ck, err))) goto next;
     size_t bad = 0;
     for (size_t i = 0; i < (size_t)B * d->vocab; i++) bad += !isfinite(logits[i]);
-    if ((rc = gpu_set_rows(g, tok, slot, pos, B, err)) || (rc = gpu_enqueue(g, np, gpu_stream(g), NULL, err)) ||
-        (rc = gpu_read_tokens(g, B, out2, err)))
-      goto next;
     if (bad) check = "NON-FINITE LOGITS";
     else if (memcmp(out1, out2, (size_t)B * 4)) check = "TOKENS DIFFER";
-    double tg = 0, te = 0;
-    if ((rc = gpu_set_rows(g, tok, slot, pos, B, err))) goto next;
-    if (graph && (rc = gpu_time_steps(g, np, true, (int)steps, (int)reps, &tg, err))) goto next;
-    if ((rc = gpu_time_steps(g, np, false, (int)steps, (int)reps, &te, err))) goto next;
-    if (!graph) tg = te;
+    sess_measure tg = {.mode = SESS_GRAPH, .steps = (int)steps, .reps = (int)reps};
+    sess_measure te = {.mode = SESS_EAGER, .steps = (int)steps, .reps = (int)reps};
+    if (graph && (rc = sess_measure_rows(S, tok, slot, pos, B, &tg, err))) goto next;
+    if ((rc = sess_measure_rows(S, tok, slot, pos, B, &te, err))) goto next;
+    if (!graph) tg.us = te.us;
+    sess_measure pm = {.mode = SESS_PROFILE};
+    if ((rc = sess_measure_rows(S, tok, slot, pos, B, &pm, err))) goto next;
     gpu_prof *p = &profs[bi];
-    if ((rc = gpu_profile_step(g, np, p, err))) goto next;
+    *p = pm.prof;
     double bytes = p->bytes_attn + p->bytes_dense + p->bytes_experts + p->bytes_router + p->bytes_head + p->bytes_kv;
-    double gbs = bytes / tg / 1e3;
+    double gbs = bytes / tg.us / 1e3;
     int moe_layers = 0;
     for (int i = 0; i < (dir ? (int)m->cfg.num_hidden_layers : (int)layers); i++)
       moe_layers += dir ? m->cfg.layer_sparse[i] : i >= dense;
     printf("| %d%s | %.1f | %.1f | %.1f | %.1f | %.3f | %.0f | %.1f%% | %.1f | %s |\n", B,
-           np != B ? " (padded)" : "", tg, B / (tg / 1e6), te, p->total_us, bytes / 1e9,
+           np != B ? " (padded)" : "", tg.us, B / (tg.us / 1e6), te.us, p->total_us, bytes / 1e9,
            gbs, 100.0 * gbs * 1e9 / copy_bps, moe_layers ? p->experts_touched / moe_layers : 0.0, check);
   next:
     free(tok), free(slot), free(pos), free(out1), free(out2), free(logits);
@@ -178,16 +174,15 @@ int bench_decode(int argc, char **argv, mj_err *err) {
   {
     cache_stats st;
     jit_stats(&st);
-    gpu_counters c;
-    gpu_counters_get(g, &c);
+    sess_get_info(S, &si);
     printf("\nfront door this run: %llu compiles, %llu disk hits, %llu memory hits; %d graphs captured in %.0f ms\n",
            (unsigned long long)st.v[CACHE_STAT_compiles], (unsigned long long)st.v[CACHE_STAT_disk_hits],
-           (unsigned long long)st.v[CACHE_STAT_mem_hits], c.graphs, c.capture_ms);
+           (unsigned long long)st.v[CACHE_STAT_mem_hits], si.counters.graphs, si.counters.capture_ms);
   }
   rc = 0;
 out:
   free(profs);
-  gpu_model_destroy(g);
+  sess_destroy(S);
   if (m) model_free(m);
   mj_arena_free(&a);
   return rc;

@@ -6,7 +6,7 @@
  * Upload: each tensor is converted to its device format on the host (bf16
  * as is, NVFP4 experts repacked by moe.c, anything else dequantised to
  * bf16) and copied in; a synthetic model fills the same layout on the
- * device instead.  The step: gpu_enqueue is the whole decode step as a
+ * device instead.  The step: enqueue is the whole decode step as a
  * flat list of launches, the readable heart of the file; gpu_step pads the
  * rows to a captured size and replays that size's graph (captured on first
  * use, after one eager run has brought every kernel through the front
@@ -78,7 +78,6 @@ void gpu_opts_default(gpu_opts *o) {
   o->sampling = sample_filters(0, 0, 1, 0, 0); /* greedy */
 }
 
-CUstream gpu_stream(const gpu_model *g) { return g->s; }
 size_t gpu_weight_bytes(const gpu_model *g) { return g->wbytes; }
 void gpu_counters_get(const gpu_model *g, gpu_counters *c) { *c = g->cnt; }
 
@@ -543,6 +542,8 @@ int gpu_fill_cache(gpu_model *g, uint64_t seed, mj_err *err) {
 }
 
 /* ---- the step --------------------------------------------------------------------- */
+static int read_tokens(gpu_model *g, int n, int32_t *out, mj_err *err);
+static int graph_launch(gpu_model *g, int np, CUstream s, mj_err *err);
 static int bucket(gpu_model *g, int np, moe_bucket **out, mj_err *err) {
   for (int i = 0; i < g->nbuckets; i++)
     if (g->buckets[i].bcap == np) return *out = &g->buckets[i], 0;
@@ -598,7 +599,7 @@ static int prof_done(gpu_prof *p, CUstream s, mj_err *err) {
     if (prof && (rc = prof_done(prof, s, err))) return rc;         \
   } while (0)
 
-int gpu_enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err) {
+static int enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err) {
   const gop_dims *d = &g->d;
   int H = d->hidden, rc;
   float scale = 1.0f / sqrtf((float)(d->nope + d->rope));
@@ -696,15 +697,10 @@ typedef struct {
 
 static int launch_step(void *ctx, int i, CUstream s, mj_err *err) {
   step_job *j = ctx;
-  return j->graph ? gpu_graph_launch(j->g, j->np, s, err) : gpu_enqueue(j->g, j->np, s, NULL, err);
+  return j->graph ? graph_launch(j->g, j->np, s, err) : enqueue(j->g, j->np, s, NULL, err);
 }
 
-int gpu_time_steps(gpu_model *g, int np, bool graph, int n, int reps, double *us, mj_err *err) {
-  step_job j = {g, np, graph};
-  return tm_launches_us(launch_step, &j, gpu_stream(g), n, reps, 1, us, err);
-}
-
-int gpu_graph_launch(gpu_model *g, int np, CUstream s, mj_err *err) {
+static int graph_launch(gpu_model *g, int np, CUstream s, mj_err *err) {
   int gi = 0;
   while (gi < g->o.n_graph_batches && g->o.graph_batches[gi] != np) gi++;
   if (gi == g->o.n_graph_batches) return mj_fail(err, MJ_EINTERNAL, "gpu: no captured size %d", np);
@@ -713,12 +709,12 @@ int gpu_graph_launch(gpu_model *g, int np, CUstream s, mj_err *err) {
      * (loading a module inside a capture is not allowed); the step is
      * idempotent, so the replay below recomputes the same values. */
     double t0 = mj_now_ms();
-    int rc = gpu_enqueue(g, np, s, NULL, err);
+    int rc = enqueue(g, np, s, NULL, err);
     if (rc) return rc;
     CU_CHECK(err, cu.cuStreamSynchronize(s));
     CUgraph graph = NULL;
     CU_CHECK(err, cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
-    rc = gpu_enqueue(g, np, s, NULL, err);
+    rc = enqueue(g, np, s, NULL, err);
     CUresult r = cu.cuStreamEndCapture(s, &graph);
     if (rc) {
       if (graph) cu.cuGraphDestroy(graph);
@@ -735,7 +731,7 @@ int gpu_graph_launch(gpu_model *g, int np, CUstream s, mj_err *err) {
   return 0;
 }
 
-int gpu_set_rows(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, mj_err *err) {
+static int set_rows(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, mj_err *err) {
   const gop_dims *d = &g->d;
   if (n < 1 || n > g->bmax) return mj_fail(err, MJ_EINPUT, "gpu: %d rows in a step; 1..%d fit", n, g->bmax);
   int B = g->bmax;
@@ -760,16 +756,17 @@ int gpu_set_rows(gpu_model *g, const int32_t *token, const int32_t *slot, const 
   return 0;
 }
 
-int gpu_step(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, int32_t *out,
-             float *logits, mj_err *err) {
-  int rc = gpu_set_rows(g, token, slot, pos, n, err);
+static int step_run(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, int32_t *out,
+                    float *logits, bool eager, mj_err *err) {
+  int rc = set_rows(g, token, slot, pos, n, err);
   if (rc) return rc;
   bool graph;
   int np = gpu_padded(g, n, &graph);
-  rc = graph ? gpu_graph_launch(g, np, g->s, err) : gpu_enqueue(g, np, g->s, NULL, err);
+  graph = graph && !eager;
+  rc = graph ? graph_launch(g, np, g->s, err) : enqueue(g, np, g->s, NULL, err);
   if (rc) return rc;
   if (logits) CU_CHECK(err, cu.cuMemcpyDtoHAsync(logits, g->logits, (size_t)n * g->d.vocab * 4, g->s));
-  if ((rc = gpu_read_tokens(g, n, out, err))) return rc;
+  if ((rc = read_tokens(g, n, out, err))) return rc;
   g->cnt.steps++;
   g->cnt.rows += (uint64_t)n;
   g->cnt.padded_rows += (uint64_t)(np - n);
@@ -778,12 +775,22 @@ int gpu_step(gpu_model *g, const int32_t *token, const int32_t *slot, const int3
   return 0;
 }
 
-int gpu_read_tokens(gpu_model *g, int n, int32_t *out, mj_err *err) {
+static int read_tokens(gpu_model *g, int n, int32_t *out, mj_err *err) {
   if (n < 1 || n > g->bmax) return mj_fail(err, MJ_EINPUT, "gpu: %d rows outside 1..%d", n, g->bmax);
   CU_CHECK(err, cu.cuMemcpyDtoHAsync(g->hrows + 3 * g->bmax, g->tok_out, (size_t)n * 4, g->s));
   CU_CHECK(err, cu.cuStreamSynchronize(g->s));
   memcpy(out, g->hrows + 3 * g->bmax, (size_t)n * 4);
   return 0;
+}
+
+int gpu_step(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, int32_t *out,
+             float *logits, mj_err *err) {
+  return step_run(g, token, slot, pos, n, out, logits, false, err);
+}
+
+int gpu_step_eager(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, int32_t *out,
+                   float *logits, mj_err *err) {
+  return step_run(g, token, slot, pos, n, out, logits, true, err);
 }
 
 int gpu_read_sel(gpu_model *g, int layer, int row, int32_t *out, mj_err *err) {
@@ -803,13 +810,6 @@ int gpu_read_routing(gpu_model *g, int32_t *out, mj_err *err) {
   CU_CHECK(err, cu.cuStreamSynchronize(g->s));
   CU_CHECK(err, cu.cuMemcpyDtoH(out, g->stash, (size_t)g->n_layers * g->bmax * g->mc.topk * 4));
   return 0;
-}
-
-int gpu_moe_keys(gpu_model *g, int np, char keys[MOE_NK][33], mj_err *err) {
-  moe_bucket *b;
-  int rc = bucket(g, np, &b, err);
-  if (!rc) memcpy(keys, b->k.key, sizeof b->k.key);
-  return rc;
 }
 
 bool gpu_layer_sparse(const gpu_model *g, int layer) { return g->L[layer].sparse; }
@@ -832,7 +832,7 @@ int gpu_warm(const model_config *c, int sh_inter, const gpu_opts *o, const char 
       rc = mj_fail(err, MJ_EINPUT, "warmup: batch size %d outside 1..1024", batches[i]);
       break;
     }
-    rc = gpu_enqueue(g, batches[i], NULL, NULL, err);
+    rc = enqueue(g, batches[i], NULL, NULL, err);
   }
   if (progress && !rc) progress(ctx, nb, nb);
   gop_set_dry(was_dry);
@@ -844,7 +844,7 @@ int gpu_warm(const model_config *c, int sh_inter, const gpu_opts *o, const char 
 }
 
 /* ---- a profiled step ----------------------------------------------------------------- */
-int gpu_profile_step(gpu_model *g, int np, gpu_prof *prof, mj_err *err) {
+static int profile_step(gpu_model *g, int np, gpu_prof *prof, mj_err *err) {
   const gop_dims *d = &g->d;
   memset(prof, 0, sizeof *prof);
   prof_ev e = {0};
@@ -856,7 +856,7 @@ int gpu_profile_step(gpu_model *g, int np, gpu_prof *prof, mj_err *err) {
   for (int i = 0; i < 2 * e.cap; i++) CU_CHECK_GOTO(err, cu.cuEventCreate(&e.ev[i], CU_EVENT_DEFAULT), out);
   /* Run once unprofiled (kernels loaded), then hold the stream for ~20 ms
    * so the whole step is queued before the GPU reaches it. */
-  if ((rc = gpu_enqueue(g, np, g->s, NULL, err))) goto out;
+  if ((rc = enqueue(g, np, g->s, NULL, err))) goto out;
   {
     const jit_fn *f;
     bool launch;
@@ -865,7 +865,7 @@ int gpu_profile_step(gpu_model *g, int np, gpu_prof *prof, mj_err *err) {
     void *args[] = {&cycles};
     if ((rc = cu_launch(f->fn, 1, 1, 0, g->s, args, err))) goto out;
   }
-  if ((rc = gpu_enqueue(g, np, g->s, prof, err))) goto out;
+  if ((rc = enqueue(g, np, g->s, prof, err))) goto out;
   rc = MJ_ECUDA;
   CU_CHECK_GOTO(err, cu.cuStreamSynchronize(g->s), out);
   for (int i = 0; i < e.n; i++) {
@@ -928,3 +928,89 @@ out:
 
 const gop_dims *gpu_dims(const gpu_model *g) { return &g->d; }
 int gpu_max_rows(const gpu_model *g) { return g->bmax; }
+
+/* ---- measuring (session.h's sess_measure_rows) ------------------------------------ */
+int gpu_time(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, bool graph, int run_as,
+             int steps, int reps, double *us, mj_err *err) {
+  int rc = set_rows(g, token, slot, pos, n, err);
+  if (rc) return rc;
+  bool captured;
+  step_job j = {g, gpu_padded(g, n, &captured), graph && captured};
+  if (!j.graph && run_as >= n && run_as <= g->bmax) j.np = run_as;
+  return tm_launches_us(launch_step, &j, g->s, steps, reps, 1, us, err);
+}
+
+int gpu_profile(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, gpu_prof *prof,
+                mj_err *err) {
+  int rc = set_rows(g, token, slot, pos, n, err);
+  bool graph;
+  return rc ? rc : profile_step(g, gpu_padded(g, n, &graph), prof, err);
+}
+
+int gpu_profile_region(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, mj_err *err) {
+  bool graph;
+  int np = gpu_padded(g, n, &graph), rc;
+  int32_t id;
+  /* a step that brings every kernel in, then the region */
+  if ((rc = set_rows(g, token, slot, pos, n, err)) || (rc = enqueue(g, np, g->s, NULL, err)) ||
+      (rc = read_tokens(g, 1, &id, err)))
+    return rc;
+  CU_CHECK(err, cu.cuProfilerStart());
+  if ((rc = enqueue(g, np, g->s, NULL, err)) || (rc = read_tokens(g, 1, &id, err))) return rc;
+  CU_CHECK(err, cu.cuProfilerStop());
+  return 0;
+}
+
+int gpu_capture_all(gpu_model *g, mj_err *err) {
+  for (int i = 0; i < g->o.n_graph_batches && g->o.use_graphs; i++) {
+    int32_t tok = 0, slot = 0, pos = 0, out;
+    /* one row padded to this size: the graph of that size */
+    int rc = set_rows(g, &tok, &slot, &pos, 1, err);
+    if (!rc) rc = graph_launch(g, g->o.graph_batches[i], g->s, err);
+    if (!rc) rc = read_tokens(g, 1, &out, err);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* The last step's record: rows, the size it ran as, per MoE layer the rows
+ * of each expert its real rows chose, the bucket and the kernels' keys (of
+ * the bucket the step used: a lookup, never a compile). */
+int gpu_trace_step(gpu_model *g, int n, int64_t step, trace_writer *w, mj_err *err) {
+  if (!g->o.trace) return mj_fail(err, MJ_EINTERNAL, "gpu: a trace needs opts.trace");
+  bool graph;
+  int np = gpu_padded(g, n, &graph), L = g->n_layers, K = g->mc.topk, E = g->mc.n_experts, max = g->bmax;
+  const moe_bucket *b = NULL;
+  for (int i = 0; i < g->nbuckets; i++)
+    if (g->buckets[i].bcap == np) b = &g->buckets[i];
+  int32_t *routing = mj_xmalloc((size_t)L * max * K * 4);
+  int rc = gpu_read_routing(g, routing, err);
+  trace_moe *mo = mj_xcalloc((size_t)L, sizeof *mo);
+  int32_t *cnt = mj_xcalloc((size_t)E, 4), *buf = mj_xmalloc((size_t)L * 2 * E * 4);
+  int nm = 0;
+  for (int l = 0; l < L && !rc; l++) {
+    if (!g->L[l].sparse) continue;
+    if (!b) {
+      rc = mj_fail(err, MJ_EINTERNAL, "gpu: no MoE kernels of size %d after a step of that size", np);
+      break;
+    }
+    memset(cnt, 0, (size_t)E * 4);
+    for (int i = 0; i < n * K; i++) {
+      int e = routing[((size_t)l * max) * K + i];
+      if (e >= 0 && e < E) cnt[e]++;
+    }
+    trace_moe *t = &mo[nm++];
+    t->layer = l, t->bucket = np;
+    t->expert = buf + (size_t)l * 2 * E, t->rows = t->expert + E;
+    for (int e = 0; e < E; e++)
+      if (cnt[e]) t->expert[t->n] = e, t->rows[t->n++] = cnt[e];
+    t->nkernels = MOE_NK;
+    for (int k = 0; k < MOE_NK; k++) memcpy(t->kernels[k], b->k.key[k], 33);
+  }
+  if (!rc) {
+    trace_step st = {step, n, graph ? np : 0, nm, mo};
+    rc = trace_write_step(w, &st, err);
+  }
+  free(routing), free(mo), free(cnt), free(buf);
+  return rc;
+}

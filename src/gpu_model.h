@@ -27,6 +27,7 @@
 #include "gpu_ops.h"
 #include "model.h"
 #include "moe.h"
+#include "trace.h"
 
 #define GPU_MAX_GRAPHS 16
 
@@ -75,6 +76,15 @@ void gpu_model_destroy(gpu_model *g);
 int gpu_step(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, int32_t *out,
              float *logits, mj_err *err);
 
+/* The same step run eagerly whatever its size (a check of the graph). */
+int gpu_step_eager(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, int32_t *out,
+                   float *logits, mj_err *err);
+/* The size n rows run as: a captured size (*graph), or n itself (eager). */
+int gpu_padded(const gpu_model *g, int n, bool *graph);
+/* With opts.trace: append the last step's shapes (n real rows) to a trace.
+ * The kernel keys are those the step used (a lookup: nothing compiles). */
+int gpu_trace_step(gpu_model *g, int n, int64_t step, trace_writer *w, mj_err *err);
+
 /* Counters since creation. */
 typedef struct gpu_counters {
   uint64_t steps, graph_steps, eager_steps, padded_rows, rows;
@@ -82,43 +92,22 @@ typedef struct gpu_counters {
   int graphs;
 } gpu_counters;
 void gpu_counters_get(const gpu_model *g, gpu_counters *c);
+const gop_dims *gpu_dims(const gpu_model *g);
+int gpu_max_rows(const gpu_model *g);
+size_t gpu_weight_bytes(const gpu_model *g);
 
-/* ---- for benchmarks ----------------------------------------------------------------- */
+/* ---- measuring: what session.h's sess_measure_rows runs ------------------------------- */
 /* Fill every KV cache with random values, as if each slot held ctx tokens. */
 int gpu_fill_cache(gpu_model *g, uint64_t seed, mj_err *err);
-/* Put rows on the device (as gpu_step does) without running anything. */
-int gpu_set_rows(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, mj_err *err);
-/* With opts.trace: the DSA selection (idx_topk token positions) the last
- * step's layer `layer` (one that runs its own indexer) made for row `row`;
- * meaningful only for a row whose pos + 1 > idx_topk. */
-int gpu_read_sel(gpu_model *g, int layer, int row, int32_t *out, mj_err *err);
-bool gpu_layer_indexer(const gpu_model *g, int layer);
-/* With opts.trace: every layer's routing of the last step, out[layer][row
- * < max rows][topk] expert ids (MoE layers only; padding rows included). */
-int gpu_read_routing(gpu_model *g, int32_t *out, mj_err *err);
-/* The cache key hashes of the MoE kernels of padded size np. */
-int gpu_moe_keys(gpu_model *g, int np, char keys[MOE_NK][33], mj_err *err);
-bool gpu_layer_sparse(const gpu_model *g, int layer);
-int gpu_layers(const gpu_model *g);
-/* Wait for the stream and read the first n sampled ids. */
-int gpu_read_tokens(gpu_model *g, int n, int32_t *out, mj_err *err);
-/* Enqueue one step of the rows set for padded size np on stream s (no
- * graph, no copies); with prof, record per-op events (see gpu_prof). */
-typedef struct gpu_prof gpu_prof;
-int gpu_enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err);
-/* Capture the graph of size np (if not yet) and launch it on s. */
-int gpu_graph_launch(gpu_model *g, int np, CUstream s, mj_err *err);
-CUstream gpu_stream(const gpu_model *g);
-/* The padded size for n rows (a captured size, or n itself when eager). */
-int gpu_padded(const gpu_model *g, int n, bool *graph);
-
-/* Median microseconds per step of reps runs of n steps of the rows set for
- * padded size np (gpu_set_rows), as graph launches or eagerly, after one
- * untimed run (which also captures the graph). */
-int gpu_time_steps(gpu_model *g, int np, bool graph, int n, int reps, double *us, mj_err *err);
+/* Median microseconds per step of reps runs of steps steps of these rows,
+ * as graph launches (when graph and n has a captured size) or eagerly (as
+ * run_as rows when n <= run_as <= max rows, else padded as gpu_step
+ * would), after one untimed run (which also captures the graph). */
+int gpu_time(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, bool graph, int run_as,
+             int steps, int reps, double *us, mj_err *err);
 /* A timed eager step: events around each op, summed per op name. */
 #define GPU_PROF_MAX 64
-struct gpu_prof {
+typedef struct gpu_prof {
   int n;
   const char *name[GPU_PROF_MAX];
   double us[GPU_PROF_MAX];
@@ -128,10 +117,25 @@ struct gpu_prof {
   double bytes_attn, bytes_dense, bytes_experts, bytes_router, bytes_head, bytes_kv;
   double experts_touched; /* distinct routed experts summed over MoE layers (+ shared) */
   void *ev; /* internal: the event table while profiling */
-};
-int gpu_profile_step(gpu_model *g, int np, gpu_prof *prof, mj_err *err);
-const gop_dims *gpu_dims(const gpu_model *g);
-int gpu_max_rows(const gpu_model *g);
-size_t gpu_weight_bytes(const gpu_model *g);
+} gpu_prof;
+int gpu_profile(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, gpu_prof *prof,
+                mj_err *err);
+/* One eager step alone between cuProfilerStart and cuProfilerStop (for
+ * ncu --profile-from-start off), after one that brought every kernel in. */
+int gpu_profile_region(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, mj_err *err);
+/* Capture (if not yet) and launch every captured size's graph once. */
+int gpu_capture_all(gpu_model *g, mj_err *err);
+
+/* ---- diagnosis (tests, `moejit forward --choices`) ---------------------------------- */
+/* With opts.trace: the DSA selection (idx_topk token positions) the last
+ * step's layer `layer` (one that runs its own indexer) made for row `row`;
+ * meaningful only for a row whose pos + 1 > idx_topk. */
+int gpu_read_sel(gpu_model *g, int layer, int row, int32_t *out, mj_err *err);
+bool gpu_layer_indexer(const gpu_model *g, int layer);
+/* With opts.trace: every layer's routing of the last step, out[layer][row
+ * < max rows][topk] expert ids (MoE layers only; padding rows included). */
+int gpu_read_routing(gpu_model *g, int32_t *out, mj_err *err);
+bool gpu_layer_sparse(const gpu_model *g, int layer);
+int gpu_layers(const gpu_model *g);
 
 #endif

@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "gpu_model.h"
+#include "session.h"
 #include "jit.h"
 #include "json.h"
 #include "model.h"
@@ -444,23 +444,24 @@ static int run_steps(const ropts *o, const char *file, const trace_file *tf, dou
   int layers = (int)(o->layers > 0 ? o->layers : tf->h.layers > 0 ? MJ_MIN(tf->h.layers, 18) : 18);
   int maxrows = 1;
   for (int64_t i = 0; i < tf->nsteps; i++) maxrows = MJ_MAX(maxrows, tf->steps[i].rows);
-  gpu_opts go;
-  gpu_opts_default(&go);
-  go.slots = maxrows, go.max_ctx = o->ctx + 2, go.max_rows = MJ_MAX(maxrows, 64), go.quiet = o->json;
+  sess_opts so;
+  sess_opts_default(&so);
+  so.backend = SESS_CUDA, so.slots = maxrows, so.max_ctx = o->ctx + 2;
+  so.gpu.max_rows = MJ_MAX(maxrows, 64), so.gpu.quiet = o->json;
   mj_arena a;
   mj_arena_init(&a, 4096);
   model_config mc;
   model_config_glm5(&mc, layers, MJ_MIN(3, layers - 1), &a);
-  gpu_model *g = NULL;
+  session *S = NULL;
   skind *kinds = NULL;
   int nk = 0, rc;
   int32_t *tok = mj_xcalloc((size_t)maxrows, 4), *slot = mj_xcalloc((size_t)maxrows, 4), *pos = mj_xcalloc((size_t)maxrows, 4);
-  if ((rc = gpu_model_synthetic(&mc, (uint64_t)o->seed, &go, &g, err)) || (rc = gpu_fill_cache(g, (uint64_t)o->seed + 99, err)))
+  if ((rc = sess_create_synthetic(&mc, (uint64_t)o->seed, &so, &S, err)) || (rc = sess_fill_cache(S, (uint64_t)o->seed + 99, err)))
     goto out;
   for (int64_t i = 0; i < tf->nsteps; i++) {
     const trace_step *st = &tf->steps[i];
     bool graph;
-    int np = gpu_padded(g, st->rows, &graph);
+    int np = sess_padded(S, st->rows, &graph);
     graph = graph && st->captured > 0;
     if (!graph) np = st->rows;
     int j = 0;
@@ -475,8 +476,10 @@ static int run_steps(const ropts *o, const char *file, const trace_file *tf, dou
     skind *kd = &kinds[j];
     uint64_t r = (uint64_t)o->seed + 7;
     for (int i = 0; i < kd->rows; i++) tok[i] = (int32_t)(replay_rnd(&r) % 1000), slot[i] = i, pos[i] = (int32_t)o->ctx;
-    if ((rc = gpu_set_rows(g, tok, slot, pos, kd->rows, err))) goto out;
-    if ((rc = gpu_time_steps(g, kd->np, kd->graph, 4, (int)MJ_MIN(o->reps * 3, 31), &kd->us, err))) goto out;
+    sess_measure me = {.mode = kd->graph ? SESS_GRAPH : SESS_EAGER, .steps = 4, .reps = (int)MJ_MIN(o->reps * 3, 31),
+                       .run_as = kd->np};
+    if ((rc = sess_measure_rows(S, tok, slot, pos, kd->rows, &me, err))) goto out;
+    kd->us = me.us;
   }
   double total = 0;
   int64_t tokens = 0;
@@ -505,7 +508,7 @@ static int run_steps(const ropts *o, const char *file, const trace_file *tf, dou
   }
   rc = 0;
 out:
-  if (g) gpu_model_destroy(g);
+  sess_destroy(S);
   free(kinds), free(tok), free(slot), free(pos);
   mj_arena_free(&a);
   return rc;

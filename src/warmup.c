@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "gpu_model.h"
+#include "session.h"
 #include "jit.h"
 #include "trace.h"
 
@@ -203,21 +203,17 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
   double cap_ms = 0;
   int graphs = 0;
   if (capture) {
-    gpu_model *g = NULL;
-    o.slots = 1;
-    rc = m ? gpu_model_create(m, &o, &g, err) : gpu_model_synthetic(&cfg, 1, &o, &g, err);
-    for (int i = 0; i < nb && !rc && i < GPU_MAX_GRAPHS; i++) {
-      int32_t tok = 0, slot = 0, pos = 0, out;
-      /* one row padded to this size: the graph of that size */
-      if ((rc = gpu_set_rows(g, &tok, &slot, &pos, 1, err))) break;
-      rc = gpu_graph_launch(g, batches[i], gpu_stream(g), err);
-      if (!rc) rc = gpu_read_tokens(g, 1, &out, err);
-    }
-    if (g) {
-      gpu_counters c;
-      gpu_counters_get(g, &c);
-      cap_ms = c.capture_ms, graphs = c.graphs;
-      gpu_model_destroy(g);
+    session *S = NULL;
+    sess_opts so;
+    sess_opts_default(&so);
+    so.backend = SESS_CUDA, so.slots = 1, so.max_ctx = ctx, so.gpu = o;
+    rc = m ? sess_create(m, &so, &S, err) : sess_create_synthetic(&cfg, 1, &so, &S, err);
+    if (!rc) rc = sess_capture_all(S, err);
+    if (S) {
+      sess_info si;
+      sess_get_info(S, &si);
+      cap_ms = si.counters.capture_ms, graphs = si.counters.graphs;
+      sess_destroy(S);
     }
     if (rc) goto out;
   }

@@ -14,6 +14,7 @@
  *     its own CPU forward;
  *   graphs against eager: the same steps with --no-graphs give the same
  *     tokens and bitwise-equal logits;
+ *   the decode session gives the engine's answers (test_session);
  *   a cache too large for the device fails with the bytes needed and free.
  * The GPU computes with bf16 activations, so its logits differ from the
  * f32 reference by ~0.5%; but the router's and the indexer's top-k are
@@ -40,6 +41,7 @@
 #include "mkmodel.h"
 #include "ref.h"
 #include "sample.h"
+#include "session.h"
 #include "t.h"
 #include "t_fs.h"
 
@@ -408,6 +410,97 @@ out:
   for (int q = 0; q < 4; q++) cpu_model_destroy(c[q]);
 }
 
+/* The decode session on the GPU (src/session.c) against the engine driven
+ * by hand: the same rows (a prompt of 70 rows, more than one engine step
+ * of 64 takes; a second sequence's prompt beside the first's decode rows;
+ * then both decoding) give bit-equal logits; a greedy sequence gets the
+ * device's draws, one with other filters the host's (its own sampler over
+ * its history); the trace records one line per engine step. */
+static void test_session(void) {
+  mj_err err = {0};
+  const char *tp = t_scratch("session.trace");
+  sess_opts so;
+  sess_opts_default(&so);
+  so.backend = SESS_CUDA, so.slots = 2, so.max_ctx = 256, so.trace_path = tp, so.model_name = "medium";
+  so.gpu.quiet = true, so.gpu.max_rows = 64;
+  session *S = NULL;
+  gpu_model *g = make_gpu(true, 2, &err);
+  T_CHECK(g && sess_create(M, &so, &S, &err) == 0);
+  if (!g || !S) {
+    fprintf(stderr, "%s\n", err.msg);
+    goto out;
+  }
+  sample_params greedy = sample_defaults(), warm = sample_defaults();
+  greedy.temperature = 0;
+  warm.temperature = 0.8f, warm.top_p = 0.9f, warm.seed = 77;
+  int a, b;
+  T_CHECK(sess_admit(S, &greedy, &a, &err) == 0 && sess_admit(S, &warm, &b, &err) == 0);
+  sampler *hs = sample_create(&warm, V);
+  enum { NA = 70, NB = 9, STEPS = 6 };
+  int32_t A[NA + STEPS + 2], B[NB + STEPS + 2], tok[80], sl[80], pos[80], ids[80], out[80], hist[128];
+  for (int i = 0; i < NA; i++) A[i] = rtok(V);
+  for (int i = 0; i < NB; i++) B[i] = rtok(V);
+  float *ls = mj_xmalloc((size_t)80 * V * 4), *lh = mj_xmalloc((size_t)80 * V * 4);
+  int engine_steps = 0, la = 0, lb = 0, nb_hist = 0;
+  double diff = 0;
+  /* step 1: A's prompt (70 rows: two engine steps) */
+  for (int i = 0; i < NA; i++) tok[i] = A[i], sl[i] = a;
+  T_CHECK(sess_step(S, tok, sl, NA, ids, ls, &err) == 0);
+  for (int i0 = 0; i0 < NA; i0 += 64) {
+    int k = NA - i0 < 64 ? NA - i0 : 64;
+    for (int i = 0; i < k; i++) pos[i] = i0 + i;
+    T_CHECK(gpu_step(g, tok + i0, sl + i0, pos, k, out, lh + (size_t)i0 * V, &err) == 0);
+    engine_steps++;
+  }
+  for (size_t i = 0; i < (size_t)NA * V; i++) diff = fmax(diff, fabs(ls[i] - lh[i]));
+  T_EQ_INT(ids[NA - 1], out[NA - 1 - 64]);
+  T_EQ_INT(ids[0], -1);
+  A[NA] = ids[NA - 1], la = NA;
+  /* step 2: A's decode row and B's prompt */
+  tok[0] = A[la], sl[0] = a, pos[0] = la;
+  for (int i = 0; i < NB; i++) tok[1 + i] = B[i], sl[1 + i] = b, pos[1 + i] = i, hist[nb_hist++] = B[i];
+  T_CHECK(sess_step(S, tok, sl, 1 + NB, ids, ls, &err) == 0);
+  T_CHECK(gpu_step(g, tok, sl, pos, 1 + NB, out, lh, &err) == 0);
+  engine_steps++;
+  for (size_t i = 0; i < (size_t)(1 + NB) * V; i++) diff = fmax(diff, fabs(ls[i] - lh[i]));
+  T_EQ_INT(ids[0], out[0]);
+  T_EQ_INT(ids[NB], sample_next(hs, lh + (size_t)NB * V, hist, (size_t)nb_hist));
+  A[++la] = ids[0], lb = NB, B[lb] = ids[NB];
+  /* both decode */
+  for (int st = 0; st < STEPS; st++) {
+    tok[0] = A[la], sl[0] = a, pos[0] = la, tok[1] = B[lb], sl[1] = b, pos[1] = lb;
+    hist[nb_hist++] = B[lb];
+    T_CHECK(sess_step(S, tok, sl, 2, ids, ls, &err) == 0);
+    T_CHECK(gpu_step(g, tok, sl, pos, 2, out, lh, &err) == 0);
+    engine_steps++;
+    for (size_t i = 0; i < (size_t)2 * V; i++) diff = fmax(diff, fabs(ls[i] - lh[i]));
+    T_EQ_INT(ids[0], out[0]);
+    T_EQ_INT(ids[1], sample_next(hs, lh + V, hist, (size_t)nb_hist));
+    A[++la] = ids[0], B[++lb] = ids[1];
+  }
+  printf("session: %d engine steps, largest logit difference from the engine by hand %g\n", engine_steps, diff);
+  T_NEAR(diff, 0, 0);
+  T_EQ_INT(sess_len(S, a), la);
+  mj_err te = {0};
+  T_CHECK(sess_close(S, &te) == 0);
+  S = NULL;
+  trace_file *tf = NULL;
+  T_CHECK(trace_read(tp, &tf, &te) == 0);
+  if (tf) {
+    T_EQ_INT(tf->nsteps, engine_steps);
+    T_EQ_INT(tf->steps[0].rows, 64);
+    T_EQ_INT(tf->steps[1].rows, NA - 64);
+    T_EQ_INT(tf->steps[2].rows, 1 + NB);
+    T_CHECK(tf->steps[2].nmoe > 0 && tf->steps[2].moe[0].nkernels > 0);
+    trace_free(tf);
+  }
+  sample_destroy(hs);
+  free(ls), free(lh);
+out:
+  sess_destroy(S);
+  gpu_model_destroy(g);
+}
+
 /* A cache too large for the device: one clear MJ_ENOMEM line with the
  * bytes needed and free (issue 8's GPU allocation failure), nothing
  * left allocated. */
@@ -459,6 +552,7 @@ int gpu_test_decode(void) {
   T_RUN(test_single);
   T_RUN(test_single_dsa);
   T_RUN(test_batched);
+  T_RUN(test_session);
   /* Every choice of the GPU's own that differs from the CPU's own must be a
    * near tie in the CPU's scores (choice_gaps). */
   printf("choices that differ from the CPU's own: %d expert sets, worst gap %.3g in router choice values (bound "
