@@ -91,7 +91,7 @@ static int set_smem(CUfunction fn, size_t bytes, mj_err *err) {
 }
 
 int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows rows, CUdeviceptr sel, float scale,
-                   CUdeviceptr olat, CUdeviceptr scratch, int B, CUstream s, mj_err *err) {
+                   CUdeviceptr olat, CUdeviceptr scratch, int B, const gop_ctx *cx, mj_err *err) {
   att_plan p;
   int rc = att_plan_make(d, B, &p, err);
   if (rc) return rc;
@@ -104,9 +104,9 @@ int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows ro
   jit_spec gen1 = {g1, NULL, 0}, gen2 = {g2, NULL, 0};
   const jit_fn *part = NULL, *comb = NULL;
   bool launch = false;
-  rc = gop_get("attend.cu", p.spec ? e1 : g1, NULL, 0, p.spec ? &gen1 : NULL, &part, &launch, err);
+  rc = gop_get(cx, "attend.cu", p.spec ? e1 : g1, NULL, 0, p.spec ? &gen1 : NULL, &part, &launch, err);
   if (rc) return rc;
-  rc = gop_get("attend.cu", p.spec ? e2 : g2, NULL, 0, p.spec ? &gen2 : NULL, &comb, &launch, err);
+  rc = gop_get(cx, "attend.cu", p.spec ? e2 : g2, NULL, 0, p.spec ? &gen2 : NULL, &comb, &launch, err);
   if (rc) return rc;
   if (part->generic && d->kv_rank > ATT_MAX_CPT * ATT_BLOCK)
     return mj_fail(err, MJ_EINPUT, "gop_mla_attend: %s did not compile and the generic kernel takes kv_rank <= %d", e1,
@@ -120,9 +120,9 @@ int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows ro
   void *a1[] = {&qlat, &c.kv, &rows.slot, &rows.pos, &sel, &scratch, &heads, &kv_rank, &rope, &max_ctx, &topk,
                 &chunk, &scale};
   CU_CHECK(err, cu.cuLaunchKernel(part->fn, (unsigned)p.nsplit, (unsigned)p.hgroups, (unsigned)B, ATT_BLOCK, 1, 1,
-                                  (unsigned)p.smem, s, a1, NULL));
+                                  (unsigned)p.smem, cx->s, a1, NULL));
   void *a2[] = {&scratch, &rows.pos, &sel, &olat, &heads, &kv_rank, &max_ctx, &topk, &chunk, &nsplit, &nb};
-  CU_CHECK(err, cu.cuLaunchKernel(comb->fn, (unsigned)heads, (unsigned)B, 1, ATT_COMBINE_BLOCK, 1, 1, 0, s, a2,
+  CU_CHECK(err, cu.cuLaunchKernel(comb->fn, (unsigned)heads, (unsigned)B, 1, ATT_COMBINE_BLOCK, 1, 1, 0, cx->s, a2,
                                   NULL));
   return 0;
 }
@@ -145,7 +145,7 @@ size_t gop_dsa_select_scratch(const gop_dims *d, int B) {
 }
 
 int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache c, gop_rows rows, CUdeviceptr sel,
-                   CUdeviceptr scratch, int B, CUstream s, mj_err *err) {
+                   CUdeviceptr scratch, int B, const gop_ctx *cx, mj_err *err) {
   int rc = dsa_check(d, B, err);
   if (rc) return rc;
   size_t smem = (round4((size_t)d->idx_heads * (size_t)d->idx_dim) + (size_t)d->idx_heads) * sizeof(float);
@@ -160,9 +160,9 @@ int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache 
   jit_spec gen1 = {g1, NULL, 0};
   const jit_fn *score = NULL, *topk = NULL;
   bool launch = false;
-  rc = gop_get("dsa.cu", spec ? e1 : g1, NULL, 0, spec ? &gen1 : NULL, &score, &launch, err);
+  rc = gop_get(cx, "dsa.cu", spec ? e1 : g1, NULL, 0, spec ? &gen1 : NULL, &score, &launch, err);
   if (rc) return rc;
-  rc = gop_get("dsa.cu", e2, NULL, 0, NULL, &topk, &launch, err);
+  rc = gop_get(cx, "dsa.cu", e2, NULL, 0, NULL, &topk, &launch, err);
   if (rc) return rc;
   if (!launch) return 0;
 
@@ -172,9 +172,9 @@ int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache 
   if (rc) return rc;
   void *a1[] = {&iq, &iw, &c.ikey, &rows.slot, &rows.pos, &scratch, &idim, &ih, &max_ctx, &k, &sscale};
   unsigned nblk = (unsigned)((max_ctx + DSA_SCORE_BLOCK - 1) / DSA_SCORE_BLOCK);
-  CU_CHECK(err, cu.cuLaunchKernel(score->fn, nblk, (unsigned)B, 1, DSA_SCORE_BLOCK, 1, 1, (unsigned)smem, s, a1,
+  CU_CHECK(err, cu.cuLaunchKernel(score->fn, nblk, (unsigned)B, 1, DSA_SCORE_BLOCK, 1, 1, (unsigned)smem, cx->s, a1,
                                   NULL));
   void *a2[] = {&scratch, &rows.pos, &sel, &max_ctx, &k};
-  CU_CHECK(err, cu.cuLaunchKernel(topk->fn, (unsigned)B, 1, 1, DSA_TOPK_BLOCK, 1, 1, 0, s, a2, NULL));
+  CU_CHECK(err, cu.cuLaunchKernel(topk->fn, (unsigned)B, 1, 1, DSA_TOPK_BLOCK, 1, 1, 0, cx->s, a2, NULL));
   return 0;
 }

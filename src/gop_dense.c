@@ -29,29 +29,29 @@ static int launch_2d(CUfunction fn, unsigned gx, unsigned gy, unsigned block, CU
 /* gop_get for an NVRTC entry of one of our .cu templates with its generic
  * variant (none when nm->generic is empty); *fn NULL (and 0 returned) when
  * there is nothing to launch. */
-static int get_cu(const char *file, const gop_names *nm, CUfunction *fn, mj_err *err) {
+static int get_cu(const gop_ctx *cx, const char *file, const gop_names *nm, CUfunction *fn, mj_err *err) {
   jit_spec generic = {nm->generic, NULL, 0};
   const jit_fn *f;
   bool launch;
-  int rc = gop_get(file, nm->entry, NULL, 0, nm->generic[0] ? &generic : NULL, &f, &launch, err);
+  int rc = gop_get(cx, file, nm->entry, NULL, 0, nm->generic[0] ? &generic : NULL, &f, &launch, err);
   *fn = rc == 0 && launch ? f->fn : NULL;
   return rc;
 }
 
-int gop_embed(CUdeviceptr table, CUdeviceptr token, CUdeviceptr x, int B, int H, CUstream s, mj_err *err) {
+int gop_embed(CUdeviceptr table, CUdeviceptr token, CUdeviceptr x, int B, int H, const gop_ctx *cx, mj_err *err) {
   if (B < 1 || H < 1) return mj_fail(err, MJ_EINPUT, "gop_embed: batch %d and width %d must be positive", B, H);
   gop_names nm;
   snprintf(nm.entry, sizeof nm.entry, "embed_rows<%d, 256>", H % 8 == 0 ? H : 0);
   snprintf(nm.generic, sizeof nm.generic, "embed_rows<0, 256>");
   CUfunction fn;
-  int rc = get_cu("ops.cu", &nm, &fn, err);
+  int rc = get_cu(cx, "ops.cu", &nm, &fn, err);
   if (rc || !fn) return rc;
   void *args[] = {&table, &token, &x, &H};
-  return cu_launch(fn, (unsigned)B, 256, 0, s, args, err);
+  return cu_launch(fn, (unsigned)B, 256, 0, cx->s, args, err);
 }
 
 int gop_add_rmsnorm(CUdeviceptr x, CUdeviceptr y, bool y_bf16, CUdeviceptr w, float eps, CUdeviceptr xn, int B,
-                    int H, CUstream s, mj_err *err) {
+                    int H, const gop_ctx *cx, mj_err *err) {
   if (B < 1 || H < 1) return mj_fail(err, MJ_EINPUT, "gop_add_rmsnorm: batch %d and width %d must be positive", B, H);
   int ymode = y == 0 ? 0 : y_bf16 ? 2 : 1;
   int block = H <= 1024 ? 128 : 256; /* GLM-5's 6144: 6 float4 per thread */
@@ -59,26 +59,26 @@ int gop_add_rmsnorm(CUdeviceptr x, CUdeviceptr y, bool y_bf16, CUdeviceptr w, fl
   snprintf(nm.entry, sizeof nm.entry, "add_rmsnorm<%d, %d, %d>", H % 4 == 0 ? H : 0, block, ymode);
   snprintf(nm.generic, sizeof nm.generic, "add_rmsnorm<0, %d, %d>", block, ymode);
   CUfunction fn;
-  int rc = get_cu("ops.cu", &nm, &fn, err);
+  int rc = get_cu(cx, "ops.cu", &nm, &fn, err);
   if (rc || !fn) return rc;
   void *args[] = {&x, &y, &w, &eps, &xn, &H};
-  return cu_launch(fn, (unsigned)B, (unsigned)block, 0, s, args, err);
+  return cu_launch(fn, (unsigned)B, (unsigned)block, 0, cx->s, args, err);
 }
 
-int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, CUstream s, mj_err *err) {
+int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, const gop_ctx *cx, mj_err *err) {
   if (B < 1 || I < 1 || B > 65535)
     return mj_fail(err, MJ_EINPUT, "gop_silu_mul: batch %d (1..65535) and width %d must be positive", B, I);
   gop_names nm;
   snprintf(nm.entry, sizeof nm.entry, "silu_mul<%d, 256>", I % 4 == 0 ? I : 0);
   snprintf(nm.generic, sizeof nm.generic, "silu_mul<0, 256>");
   CUfunction fn;
-  int rc = get_cu("ops.cu", &nm, &fn, err);
+  int rc = get_cu(cx, "ops.cu", &nm, &fn, err);
   if (rc || !fn) return rc;
   /* Four values a thread; both variants loop over the row with the grid's
    * stride, so the generic one covers the same grid. */
   unsigned gx = (unsigned)((I + 4 * 256 - 1) / (4 * 256));
   void *args[] = {&gu, &h, &I};
-  return launch_2d(fn, gx, (unsigned)B, 256, s, args, err);
+  return launch_2d(fn, gx, (unsigned)B, 256, cx->s, args, err);
 }
 
 /* ---- GEMV ----------------------------------------------------------------------------- */
@@ -99,7 +99,7 @@ static gop_tile gemv_tile(int nb, int N) {
   return t;
 }
 
-int gop_gemv(CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K, CUstream s, mj_err *err) {
+int gop_gemv(CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K, const gop_ctx *cx, mj_err *err) {
   if (B < 1 || N < 1 || K < 1)
     return mj_fail(err, MJ_EINPUT, "gop_gemv: B %d, N %d and K %d must be positive", B, N, K);
   if (K % 8 != 0)
@@ -117,13 +117,13 @@ int gop_gemv(CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K, C
     }
     const jit_fn *f;
     bool launch;
-    int rc = gop_get("gemv_bf16_b.k", NULL, defs, 6, NULL, &f, &launch, err);
+    int rc = gop_get(cx, "gemv_bf16_b.k", NULL, defs, 6, NULL, &f, &launch, err);
     if (rc) return rc;
     if (!launch) continue; /* compile only: the next row block may need another kernel */
     CUdeviceptr xb = x + (CUdeviceptr)b0 * (CUdeviceptr)K * 2, yb = y + (CUdeviceptr)b0 * (CUdeviceptr)N * 4;
     void *args[] = {&W, &xb, &yb};
     int per_block = t.rows * t.threads / 32;
-    rc = cu_launch(f->fn, (unsigned)((N + per_block - 1) / per_block), (unsigned)t.threads, 0, s, args, err);
+    rc = cu_launch(f->fn, (unsigned)((N + per_block - 1) / per_block), (unsigned)t.threads, 0, cx->s, args, err);
     if (rc) return rc;
   }
   return 0;
@@ -131,7 +131,7 @@ int gop_gemv(CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K, C
 
 /* ---- sampling ------------------------------------------------------------------------- */
 int gop_sample(CUdeviceptr logits, int B, int V, const sample_params *sp, gop_rows rows, CUdeviceptr out,
-               CUstream s, mj_err *err) {
+               const gop_ctx *cx, mj_err *err) {
   if (B < 1 || V < 1 || !sp)
     return mj_fail(err, MJ_EINPUT, "gop_sample: batch %d and vocabulary %d must be positive, with parameters", B, V);
   gop_names nm;
@@ -140,11 +140,11 @@ int gop_sample(CUdeviceptr logits, int B, int V, const sample_params *sp, gop_ro
   snprintf(nm.entry, sizeof nm.entry, "sample_rows<512>");
   nm.generic[0] = 0;
   CUfunction fn;
-  int rc = get_cu("sample.cu", &nm, &fn, err);
+  int rc = get_cu(cx, "sample.cu", &nm, &fn, err);
   if (rc || !fn) return rc;
   float temperature = sp->temperature, top_p = sp->top_p, min_p = sp->min_p;
   int top_k = sp->top_k;
   unsigned long long seed = sp->seed;
   void *args[] = {&logits, &V, &temperature, &top_k, &top_p, &min_p, &seed, &rows.slot, &rows.pos, &out};
-  return cu_launch(fn, (unsigned)B, 512, 0, s, args, err);
+  return cu_launch(fn, (unsigned)B, 512, 0, cx->s, args, err);
 }

@@ -22,13 +22,13 @@
 
 /* Obtain kernel `name` specialised as `spec` ("<...>"), or its generic
  * variant (`gen`) directly when !fast. */
-static int mla_get(const char *name, const char *spec, const char *gen, bool fast, const jit_fn **f, bool *launch,
+static int mla_get(const gop_ctx *cx, const char *name, const char *spec, const char *gen, bool fast, const jit_fn **f, bool *launch,
                    mj_err *err) {
   char entry[128], gentry[128];
   snprintf(entry, sizeof entry, "%s%s", name, spec);
   snprintf(gentry, sizeof gentry, "%s%s", name, gen);
   jit_spec generic = {gentry, NULL, 0};
-  return gop_get("mla.cu", fast ? entry : gentry, NULL, 0, fast ? &generic : NULL, f, launch, err);
+  return gop_get(cx, "mla.cu", fast ? entry : gentry, NULL, 0, fast ? &generic : NULL, f, launch, err);
 }
 
 /* The batch tile of the weight-streaming kernels: the smallest of 1, 2, 4,
@@ -53,7 +53,7 @@ static int mla_check_indexer(const gop_dims *d, const char *op, mj_err *err) {
 }
 
 int gop_mla_prep(const gop_dims *d, CUdeviceptr P, int pw, const gop_prep_w *w, gop_rows rows, gop_cache c,
-                 CUdeviceptr inv_freq, CUdeviceptr qa, CUdeviceptr iw, int B, CUstream s, mj_err *err) {
+                 CUdeviceptr inv_freq, CUdeviceptr qa, CUdeviceptr iw, int B, const gop_ctx *cx, mj_err *err) {
   if (mla_check_dims(d, B, "mla_prep", err)) return MJ_EINPUT;
   bool ix = c.ikey != 0;
   if (ix && mla_check_indexer(d, "mla_prep", err)) return MJ_EINPUT;
@@ -67,7 +67,7 @@ int gop_mla_prep(const gop_dims *d, CUdeviceptr P, int pw, const gop_prep_w *w, 
            d->idx_dim <= 1024 && d->idx_dim >= 0 ? d->idx_dim : 0);
   const jit_fn *f;
   bool launch;
-  int rc = mla_get("mla_prep", spec, "<0, 0, 0, 0>", true, &f, &launch, err);
+  int rc = mla_get(cx, "mla_prep", spec, "<0, 0, 0, 0>", true, &f, &launch, err);
   if (rc || !launch) return rc;
   CUdeviceptr kv = c.kv, ikey = c.ikey;
   int q_rank = d->q_rank, kv_rank = d->kv_rank, rope = d->rope, idx_dim = d->idx_dim, idx_heads = d->idx_heads;
@@ -76,11 +76,11 @@ int gop_mla_prep(const gop_dims *d, CUdeviceptr P, int pw, const gop_prep_w *w, 
   void *args[] = {&P,   &pw,   (void *)&w->q_a_norm, (void *)&w->kv_a_norm, (void *)&w->k_norm_w,
                   (void *)&w->k_norm_b, &rows.slot, &rows.pos, &inv_freq, &kv,
                   &ikey, &qa,  &iw,  &B,  &q_rank, &kv_rank, &rope, &idx_dim, &idx_heads, &max_ctx, &eps, &wscale};
-  return cu_launch(f->fn, (unsigned)B * 3, MLA_BLOCK, 0, s, args, err);
+  return cu_launch(f->fn, (unsigned)B * 3, MLA_BLOCK, 0, cx->s, args, err);
 }
 
 int gop_mla_q(const gop_dims *d, CUdeviceptr Q, CUdeviceptr kv_b, gop_rows rows, CUdeviceptr inv_freq,
-              CUdeviceptr qlat, CUdeviceptr iq, int B, CUstream s, mj_err *err) {
+              CUdeviceptr qlat, CUdeviceptr iq, int B, const gop_ctx *cx, mj_err *err) {
   if (mla_check_dims(d, B, "mla_q", err)) return MJ_EINPUT;
   bool ix = iq != 0;
   if (ix && mla_check_indexer(d, "mla_q", err)) return MJ_EINPUT;
@@ -92,7 +92,7 @@ int gop_mla_q(const gop_dims *d, CUdeviceptr Q, CUdeviceptr kv_b, gop_rows rows,
   snprintf(spec, sizeof spec, "<%d, %d, %d, %d, %d>", d->nope, d->rope, d->v, d->kv_rank, mla_tile(B));
   const jit_fn *f;
   bool launch;
-  int rc = mla_get("mla_q", spec, "<0, 0, 0, 0, 0>", fast, &f, &launch, err);
+  int rc = mla_get(cx, "mla_q", spec, "<0, 0, 0, 0, 0>", fast, &f, &launch, err);
   if (rc || !launch) return rc;
   int per_head = f->generic || !fast ? (d->kv_rank + MLA_BLOCK - 1) / MLA_BLOCK : d->kv_rank / 64;
   long items = (long)B * (d->heads + (ix ? d->idx_heads : 0));
@@ -103,10 +103,10 @@ int gop_mla_q(const gop_dims *d, CUdeviceptr Q, CUdeviceptr kv_b, gop_rows rows,
   int idx_heads = d->idx_heads, idx_dim = d->idx_dim;
   void *args[] = {&Q, &qw, &kv_b, &rows.pos, &inv_freq, &qlat, &iq, &B, &heads, &nope, &rope, &v, &kv_rank,
                   &idx_heads, &idx_dim};
-  return cu_launch(f->fn, (unsigned)grid, MLA_BLOCK, 0, s, args, err);
+  return cu_launch(f->fn, (unsigned)grid, MLA_BLOCK, 0, cx->s, args, err);
 }
 
-int gop_mla_vout(const gop_dims *d, CUdeviceptr olat, CUdeviceptr kv_b, CUdeviceptr o, int B, CUstream s,
+int gop_mla_vout(const gop_dims *d, CUdeviceptr olat, CUdeviceptr kv_b, CUdeviceptr o, int B, const gop_ctx *cx,
                  mj_err *err) {
   if (mla_check_dims(d, B, "mla_vout", err)) return MJ_EINPUT;
   bool fast = d->kv_rank % 256 == 0 && d->v % 32 == 0 && kv_b % 16 == 0 && olat % 16 == 0;
@@ -114,11 +114,11 @@ int gop_mla_vout(const gop_dims *d, CUdeviceptr olat, CUdeviceptr kv_b, CUdevice
   snprintf(spec, sizeof spec, "<%d, %d, %d, %d>", d->nope, d->v, d->kv_rank, mla_tile(B));
   const jit_fn *f;
   bool launch;
-  int rc = mla_get("mla_vout", spec, "<0, 0, 0, 0>", fast, &f, &launch, err);
+  int rc = mla_get(cx, "mla_vout", spec, "<0, 0, 0, 0>", fast, &f, &launch, err);
   if (rc || !launch) return rc;
   long grid = f->generic || !fast ? ((long)d->heads * d->v + MLA_BLOCK / 32 - 1) / (MLA_BLOCK / 32)
                                   : (long)d->heads * (d->v / 32);
   int heads = d->heads, nope = d->nope, v = d->v, kv_rank = d->kv_rank;
   void *args[] = {&olat, &kv_b, &o, &B, &heads, &nope, &v, &kv_rank};
-  return cu_launch(f->fn, (unsigned)grid, MLA_BLOCK, 0, s, args, err);
+  return cu_launch(f->fn, (unsigned)grid, MLA_BLOCK, 0, cx->s, args, err);
 }

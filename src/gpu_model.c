@@ -65,6 +65,8 @@ struct gpu_model {
   moe_bucket buckets[64];
   int nbuckets;
   CUstream s;
+  const char *arch; /* the target kernels are obtained for (NULL: the GPU's) */
+  bool dry;         /* obtain every kernel, launch nothing (gpu_warm) */
   moe_side side; /* the shared expert's gate_up beside the routing (moe_forward_overlap) */
   CUgraphExec graph[GPU_MAX_GRAPHS];
   gpu_counters cnt;
@@ -427,7 +429,8 @@ fail:
 static int fill(CUdeviceptr p, size_t n, bool f32, uint64_t seed, float lo, float hi, CUstream s, mj_err *err) {
   const jit_fn *f;
   bool launch;
-  int rc = gop_get("fill.cu", f32 ? "fill_f32" : "fill_bf16", NULL, 0, NULL, &f, &launch, err);
+  const gop_ctx cx = {s, NULL, false}; /* a synthetic model is made on this GPU */
+  int rc = gop_get(&cx, "fill.cu", f32 ? "fill_f32" : "fill_bf16", NULL, 0, NULL, &f, &launch, err);
   if (rc || !launch || !n) return rc;
   unsigned long long nn = n, sd = seed;
   void *args[] = {&p, &nn, &sd, &lo, &hi};
@@ -552,7 +555,7 @@ static int bucket(gpu_model *g, int np, moe_bucket **out, mj_err *err) {
   moe_bucket *b = &g->buckets[g->nbuckets];
   b->bcap = np;
   moe_plan_default(&g->mc, np, &b->plan);
-  int rc = moe_kernels_load(&b->k, &b->plan, gop_get_arch(), err);
+  int rc = moe_kernels_load(&b->k, &b->plan, g->arch, err);
   if (rc) return rc;
   g->nbuckets++;
   *out = b;
@@ -605,50 +608,51 @@ static int enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err
   float scale = 1.0f / sqrtf((float)(d->nope + d->rope));
   moe_bucket *mb = NULL;
   CUdeviceptr yp = 0, sel = 0;
+  const gop_ctx cx = {s, g->arch, g->dry};
   bool ybf = false;
-  OP("embed", gop_embed(g->embed, g->rows.token, g->x, np, H, s, err));
+  OP("embed", gop_embed(g->embed, g->rows.token, g->x, np, H, &cx, err));
   for (int i = 0; i < g->n_layers; i++) {
     gpu_layer *l = &g->L[i];
-    OP("norm", gop_add_rmsnorm(g->x, yp, ybf, l->in_norm, d->rms_eps, g->xn, np, H, s, err));
-    OP("attn.in_proj", gop_gemv(l->w_in, g->xn, g->P, np, l->n_in, H, s, err));
+    OP("norm", gop_add_rmsnorm(g->x, yp, ybf, l->in_norm, d->rms_eps, g->xn, np, H, &cx, err));
+    OP("attn.in_proj", gop_gemv(l->w_in, g->xn, g->P, np, l->n_in, H, &cx, err));
     OP("attn.prep", gop_mla_prep(d, g->P, l->n_in, &l->prep, g->rows, l->cache, g->inv_freq, g->qa,
-                                 l->indexer ? g->iw : 0, np, s, err));
-    OP("attn.q_proj", gop_gemv(l->w_q, g->qa, g->Q, np, l->n_q, d->q_rank, s, err));
-    OP("attn.q_absorb", gop_mla_q(d, g->Q, l->kv_b, g->rows, g->inv_freq, g->qlat, l->indexer ? g->iq : 0, np, s, err));
+                                 l->indexer ? g->iw : 0, np, &cx, err));
+    OP("attn.q_proj", gop_gemv(l->w_q, g->qa, g->Q, np, l->n_q, d->q_rank, &cx, err));
+    OP("attn.q_absorb", gop_mla_q(d, g->Q, l->kv_b, g->rows, g->inv_freq, g->qlat, l->indexer ? g->iq : 0, np, &cx, err));
     if (l->indexer) {
-      OP("dsa.select", gop_dsa_select(d, g->iq, g->iw, l->cache, g->rows, g->sel, g->dsa_scr, np, s, err));
+      OP("dsa.select", gop_dsa_select(d, g->iq, g->iw, l->cache, g->rows, g->sel, g->dsa_scr, np, &cx, err));
       sel = g->sel;
       if (g->sel_stash) /* this layer's selection, for gpu_read_sel */
         CU_CHECK(err, cu.cuMemcpyDtoDAsync(g->sel_stash + (size_t)i * g->bmax * d->idx_topk * 4, g->sel,
                                            (size_t)np * d->idx_topk * 4, s));
     }
-    OP("attn.attend", gop_mla_attend(d, g->qlat, l->cache, g->rows, sel, scale, g->olat, g->attn_scr, np, s, err));
-    OP("attn.v_out", gop_mla_vout(d, g->olat, l->kv_b, g->o_attn, np, s, err));
-    OP("attn.o_proj", gop_gemv(l->o, g->o_attn, g->y, np, H, d->heads * d->v, s, err));
-    OP("norm", gop_add_rmsnorm(g->x, g->y, false, l->post_norm, d->rms_eps, g->xn, np, H, s, err));
+    OP("attn.attend", gop_mla_attend(d, g->qlat, l->cache, g->rows, sel, scale, g->olat, g->attn_scr, np, &cx, err));
+    OP("attn.v_out", gop_mla_vout(d, g->olat, l->kv_b, g->o_attn, np, &cx, err));
+    OP("attn.o_proj", gop_gemv(l->o, g->o_attn, g->y, np, H, d->heads * d->v, &cx, err));
+    OP("norm", gop_add_rmsnorm(g->x, g->y, false, l->post_norm, d->rms_eps, g->xn, np, H, &cx, err));
     if (l->sparse) {
       /* A bf16 shared expert, added to x at once (its norm output is
        * dropped): on the side stream, beside the routing and the routed
        * experts (which read xn, not x); joined after them.  Timed alone
        * on s when profiling. */
-      bool side = l->sh_gu && !prof && !gop_is_dry();
-      CUstream ss = side ? g->side.s : s;
+      bool side = l->sh_gu && !prof && !g->dry;
+      const gop_ctx cxs = {side ? g->side.s : s, g->arch, g->dry};
       if (side) {
         CU_CHECK(err, cu.cuEventRecord(g->side.fork, s));
-        CU_CHECK(err, cu.cuStreamWaitEvent(ss, g->side.fork, 0));
+        CU_CHECK(err, cu.cuStreamWaitEvent(cxs.s, g->side.fork, 0));
       }
       if (l->sh_gu) {
-        OP("moe.shared", gop_gemv(l->sh_gu, g->xn, g->gu, np, 2 * g->sh_inter, H, ss, err));
-        OP("moe.shared", gop_silu_mul(g->gu, g->h, np, g->sh_inter, ss, err));
-        OP("moe.shared", gop_gemv(l->sh_down, g->h, g->y, np, H, g->sh_inter, ss, err));
-        OP("moe.shared", gop_add_rmsnorm(g->x, g->y, false, l->post_norm, d->rms_eps, g->xs, np, H, ss, err));
+        OP("moe.shared", gop_gemv(l->sh_gu, g->xn, g->gu, np, 2 * g->sh_inter, H, &cxs, err));
+        OP("moe.shared", gop_silu_mul(g->gu, g->h, np, g->sh_inter, &cxs, err));
+        OP("moe.shared", gop_gemv(l->sh_down, g->h, g->y, np, H, g->sh_inter, &cxs, err));
+        OP("moe.shared", gop_add_rmsnorm(g->x, g->y, false, l->post_norm, d->rms_eps, g->xs, np, H, &cxs, err));
       }
-      if (side) CU_CHECK(err, cu.cuEventRecord(g->side.join, ss));
+      if (side) CU_CHECK(err, cu.cuEventRecord(g->side.join, cxs.s));
       if (!mb && (rc = bucket(g, np, &mb, err))) return rc;
       /* Without an NVFP4 shared expert its slot is skipped (and its y
        * rows cleared for the combine). */
       int first = l->no_fp4_shared, nslots = moe_slots(&mb->plan) - first;
-      if (gop_is_dry()) {
+      if (g->dry) {
       } else if (!prof) {
         rc = moe_forward_overlap(&mb->k, &mb->plan, &l->moe, &g->mb, g->xn, np, !l->no_fp4_shared, s, &g->side, err);
         if (rc) return rc;
@@ -666,15 +670,15 @@ static int enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err
                                            (size_t)np * g->mc.topk * 4, s));
       yp = g->mb.out, ybf = true;
     } else {
-      OP("mlp.gate_up", gop_gemv(l->w_gu, g->xn, g->gu, np, 2 * g->inter, H, s, err));
-      OP("mlp.silu_mul", gop_silu_mul(g->gu, g->h, np, g->inter, s, err));
-      OP("mlp.down", gop_gemv(l->w_down, g->h, g->y, np, H, g->inter, s, err));
+      OP("mlp.gate_up", gop_gemv(l->w_gu, g->xn, g->gu, np, 2 * g->inter, H, &cx, err));
+      OP("mlp.silu_mul", gop_silu_mul(g->gu, g->h, np, g->inter, &cx, err));
+      OP("mlp.down", gop_gemv(l->w_down, g->h, g->y, np, H, g->inter, &cx, err));
       yp = g->y, ybf = false;
     }
   }
-  OP("norm", gop_add_rmsnorm(g->x, yp, ybf, g->norm, d->rms_eps, g->xn, np, H, s, err));
-  OP("lm_head", gop_gemv(g->lm_head, g->xn, g->logits, np, d->vocab, H, s, err));
-  OP("sample", gop_sample(g->logits, np, d->vocab, &g->o.sampling, g->rows, g->tok_out, s, err));
+  OP("norm", gop_add_rmsnorm(g->x, yp, ybf, g->norm, d->rms_eps, g->xn, np, H, &cx, err));
+  OP("lm_head", gop_gemv(g->lm_head, g->xn, g->logits, np, d->vocab, H, &cx, err));
+  OP("sample", gop_sample(g->logits, np, d->vocab, &g->o.sampling, g->rows, g->tok_out, &cx, err));
   return 0;
 }
 #undef OP
@@ -822,10 +826,8 @@ int gpu_warm(const model_config *c, int sh_inter, const gpu_opts *o, const char 
   if (rc) return rc;
   gpu_model *g = mj_xcalloc(1, sizeof *g);
   setup_dims(g, c, sh_inter, o);
-  const char *old = gop_get_arch();
-  bool was_dry = gop_is_dry();
-  gop_set_arch(arch);
-  gop_set_dry(true);
+  g->arch = arch; /* this model's steps: compile for arch, launch nothing */
+  g->dry = true;
   for (int i = 0; i < nb && !rc; i++) {
     if (progress) progress(ctx, i, nb);
     if (batches[i] < 1 || batches[i] > 1024) {
@@ -835,8 +837,6 @@ int gpu_warm(const model_config *c, int sh_inter, const gpu_opts *o, const char 
     rc = enqueue(g, batches[i], NULL, NULL, err);
   }
   if (progress && !rc) progress(ctx, nb, nb);
-  gop_set_dry(was_dry);
-  gop_set_arch(old);
   for (int i = 0; i < g->nbuckets; i++) moe_kernels_free(&g->buckets[i].k);
   free(g->L);
   free(g);
@@ -860,7 +860,8 @@ static int profile_step(gpu_model *g, int np, gpu_prof *prof, mj_err *err) {
   {
     const jit_fn *f;
     bool launch;
-    if ((rc = gop_get("fill.cu", "spin", NULL, 0, NULL, &f, &launch, err))) goto out;
+    const gop_ctx cx = {g->s, g->arch, g->dry};
+    if ((rc = gop_get(&cx, "fill.cu", "spin", NULL, 0, NULL, &f, &launch, err))) goto out;
     long long cycles = 40000000; /* ~20 ms at 1.98 GHz */
     void *args[] = {&cycles};
     if ((rc = cu_launch(f->fn, 1, 1, 0, g->s, args, err))) goto out;

@@ -8,10 +8,11 @@
  * cache slot, position) live in device arrays (gop_rows), never in kernel
  * arguments, so one captured graph serves every step of its batch size.
  *
- * Warm-up without a GPU: after gop_set_arch("sm_90a") on a machine with no
- * GPU, every launcher obtains (compiles and stores) its kernel and returns
- * without launching, so running a step "dry" with null pointers fills the
- * cache with exactly the kernels that step needs.
+ * Warm-up without a GPU: with a context naming the target ("sm_90a") on a
+ * machine with no GPU, or a dry one, every launcher obtains (compiles and
+ * stores) its kernel and returns without launching, so running a step dry
+ * with null pointers fills the cache with exactly the kernels that step
+ * needs.
  *
  * Layouts (row-major; B rows = tokens of the step; all sizes in elements):
  *   activations between GEMVs are bf16 (the GEMVs' inputs) or f32 (their
@@ -33,18 +34,20 @@
 #include "jit.h"
 #include "sample.h"
 
-/* The target kernels are obtained for: NULL (the default) means the GPU's;
- * a name ("sm_90a") with no GPU makes every launcher compile-only. */
-void gop_set_arch(const char *arch);
-const char *gop_get_arch(void);
-/* Dry: every launcher obtains its kernel and launches nothing, even with a
- * GPU of the target (`moejit warmup` runs a step dry with null pointers). */
-void gop_set_dry(bool dry);
-bool gop_is_dry(void);
-/* jit_get for the current target; *launch is false when the kernel was
- * only compiled (no GPU of the target): the launcher then returns 0. */
-int gop_get(const char *kernel, const char *entry, const dsl_define *defs, int ndefs, const jit_spec *generic,
-            const jit_fn **f, bool *launch, mj_err *err);
+/* Where a launcher's kernels go: the stream, the target they are obtained
+ * for (NULL: the GPU's; a name such as "sm_90a" with no GPU of it makes
+ * every launcher compile-only), and dry (obtain every kernel, launch
+ * nothing, even with a GPU of the target: `moejit warmup` runs a step dry
+ * with null pointers).  Passed to every launcher, never kept globally. */
+typedef struct gop_ctx {
+  CUstream s;
+  const char *arch;
+  bool dry;
+} gop_ctx;
+/* jit_get for cx's target; *launch is false when the kernel was only
+ * compiled (no GPU of the target, or dry): the launcher then returns 0. */
+int gop_get(const gop_ctx *cx, const char *kernel, const char *entry, const dsl_define *defs, int ndefs,
+            const jit_spec *generic, const jit_fn **f, bool *launch, mj_err *err);
 
 /* The widths of the model a step runs (from model_config). */
 typedef struct gop_dims {
@@ -71,19 +74,19 @@ typedef struct gop_cache {
 /* ---- dense ops (src/gop_dense.c, templates/gemv_bf16_b.k, templates/ops.cu) ------------- */
 
 /* x[b][:] = float(table[token[b]][:]); table bf16 [vocab][H]. */
-int gop_embed(CUdeviceptr table, CUdeviceptr token, CUdeviceptr x, int B, int H, CUstream s, mj_err *err);
+int gop_embed(CUdeviceptr table, CUdeviceptr token, CUdeviceptr x, int B, int H, const gop_ctx *cx, mj_err *err);
 
 /* x += y (y: 0 = nothing, else [B][H] f32, or bf16 when y_bf16), then
  * xn = bf16(rmsnorm(x) * w) with w bf16 [H]; x f32 [B][H] in place, xn bf16. */
 int gop_add_rmsnorm(CUdeviceptr x, CUdeviceptr y, bool y_bf16, CUdeviceptr w, float eps, CUdeviceptr xn, int B,
-                    int H, CUstream s, mj_err *err);
+                    int H, const gop_ctx *cx, mj_err *err);
 
 /* y[b][n] = sum_k W[n][k] * x[b][k]: W bf16 [N][K], x bf16 [B][K], y f32
  * [B][N], f32 accumulation.  Any B >= 1 (large B runs in row blocks). */
-int gop_gemv(CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K, CUstream s, mj_err *err);
+int gop_gemv(CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K, const gop_ctx *cx, mj_err *err);
 
 /* h[b][i] = bf16(silu(gu[b][i]) * gu[b][I + i]): gu f32 [B][2I] (gate, then up). */
-int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, CUstream s, mj_err *err);
+int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, const gop_ctx *cx, mj_err *err);
 
 /* Sampling on the device, as sample.h does on the host (temperature, then
  * top-k, top-p, min-p, then a draw; temperature <= 0 is greedy, lowest id
@@ -93,7 +96,7 @@ int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, CUstream s, mj_err
  * so a replay of the same step draws the same token. */
 /* out[b] = the token drawn from logits f32 [B][V]. */
 int gop_sample(CUdeviceptr logits, int B, int V, const sample_params *sp, gop_rows rows, CUdeviceptr out,
-               CUstream s, mj_err *err);
+               const gop_ctx *cx, mj_err *err);
 
 /* ---- MLA attention (src/gop_mla.c, templates/mla.cu) ------------------------------------ */
 
@@ -114,7 +117,7 @@ typedef struct gop_prep_w {
   CUdeviceptr q_a_norm, kv_a_norm, k_norm_w, k_norm_b;
 } gop_prep_w;
 int gop_mla_prep(const gop_dims *d, CUdeviceptr P, int pw, const gop_prep_w *w, gop_rows rows, gop_cache c,
-                 CUdeviceptr inv_freq, CUdeviceptr qa, CUdeviceptr iw, int B, CUstream s, mj_err *err);
+                 CUdeviceptr inv_freq, CUdeviceptr qa, CUdeviceptr iw, int B, const gop_ctx *cx, mj_err *err);
 
 /* From Q f32 [B][heads * (nope + rope) + idx_heads * idx_dim] (q_b_proj
  * and, on indexer layers, wq_b outputs side by side), with kv_b bf16
@@ -123,7 +126,7 @@ int gop_mla_prep(const gop_dims *d, CUdeviceptr P, int pw, const gop_prep_w *w, 
  *     where W_uk_h = rows h*(nope+v) .. h*(nope+v)+nope of kv_b;
  *   iq f32 [B][idx_heads][idx_dim] = rope_first(indexer q, pos) when iq != 0. */
 int gop_mla_q(const gop_dims *d, CUdeviceptr Q, CUdeviceptr kv_b, gop_rows rows, CUdeviceptr inv_freq,
-              CUdeviceptr qlat, CUdeviceptr iq, int B, CUstream s, mj_err *err);
+              CUdeviceptr qlat, CUdeviceptr iq, int B, const gop_ctx *cx, mj_err *err);
 
 /* (src/gop_attn.c, templates/attend.cu)
  * Attention of each row's heads over its slot's cache tokens 0..pos:
@@ -134,11 +137,11 @@ int gop_mla_q(const gop_dims *d, CUdeviceptr Q, CUdeviceptr kv_b, gop_rows rows,
  * to every token 0..pos.  scratch: at least gop_mla_attend_scratch bytes. */
 size_t gop_mla_attend_scratch(const gop_dims *d, int B);
 int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows rows, CUdeviceptr sel, float scale,
-                   CUdeviceptr olat, CUdeviceptr scratch, int B, CUstream s, mj_err *err);
+                   CUdeviceptr olat, CUdeviceptr scratch, int B, const gop_ctx *cx, mj_err *err);
 
 /* o bf16 [B][heads * v]: o_h = W_uv_h olat_h, W_uv_h = rows
  * h*(nope+v)+nope .. h*(nope+v)+nope+v of kv_b. */
-int gop_mla_vout(const gop_dims *d, CUdeviceptr olat, CUdeviceptr kv_b, CUdeviceptr o, int B, CUstream s,
+int gop_mla_vout(const gop_dims *d, CUdeviceptr olat, CUdeviceptr kv_b, CUdeviceptr o, int B, const gop_ctx *cx,
                  mj_err *err);
 
 /* ---- the DSA indexer (src/gop_attn.c, templates/dsa.cu) --------------------------------- */
@@ -150,6 +153,6 @@ int gop_mla_vout(const gop_dims *d, CUdeviceptr olat, CUdeviceptr kv_b, CUdevice
  * everything).  scratch: at least gop_dsa_select_scratch bytes. */
 size_t gop_dsa_select_scratch(const gop_dims *d, int B);
 int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache c, gop_rows rows, CUdeviceptr sel,
-                   CUdeviceptr scratch, int B, CUstream s, mj_err *err);
+                   CUdeviceptr scratch, int B, const gop_ctx *cx, mj_err *err);
 
 #endif

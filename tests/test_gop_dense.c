@@ -2,7 +2,7 @@
  *
  * (a) Every kernel the dense launchers (src/gop_dense.c) ask for at GLM-5
  * width and in tests/gpu/test_dense.c compiles for sm_90a: the launchers
- * run "dry" (gop_set_arch, null pointers), which compiles each
+ * run "dry" (a gop_ctx naming the target, null pointers), which compiles each
  * specialisation and launches nothing; no specialisation may fall back to
  * a generic variant (the front door's failure counter stays 0).  Bad
  * shapes are refused with MJ_EINPUT.
@@ -18,6 +18,9 @@
 #include "sample.h"
 #include "t.h"
 
+/* Every launcher here compiles for a named target and launches nothing. */
+static gop_ctx DRY = {NULL, "sm_90a", true};
+
 /* The shapes of a GLM-5 step and of the GPU test. */
 static const int gemv_b[] = {1, 2, 3, 4, 8, 16, 32, 33, 64};
 static const int gemv_nk[][2] = {{2784, 6144}, {20480, 2048}, {6144, 16384}, {24576, 6144}, {6144, 12288},
@@ -31,46 +34,46 @@ static uint64_t stat_of(cache_stat s) {
 
 static void test_dry_compile(void) {
   mj_err err = {0};
-  gop_set_arch("sm_90a");
+  DRY.arch = "sm_90a";
   const CUdeviceptr z = 0;
   for (size_t i = 0; i < MJ_ARRAY_LEN(gemv_nk); i++)
     for (size_t j = 0; j < MJ_ARRAY_LEN(gemv_b); j++) {
-      int rc = gop_gemv(z, z, z, gemv_b[j], gemv_nk[i][0], gemv_nk[i][1], NULL, &err);
+      int rc = gop_gemv(z, z, z, gemv_b[j], gemv_nk[i][0], gemv_nk[i][1], &DRY, &err);
       if (rc) fprintf(stderr, "  gemv B=%d N=%d K=%d:\n", gemv_b[j], gemv_nk[i][0], gemv_nk[i][1]), mj_err_print(&err, stderr);
       T_EQ_INT(rc, 0);
       mj_err_clear(&err);
     }
   /* B > 64 runs in row blocks of 64 and the rest. */
-  T_EQ_INT(gop_gemv(z, z, z, 100, 6144, 2048, NULL, &err), 0);
-  T_EQ_INT(gop_gemv(z, z, z, 100, 1000, 264, NULL, &err), 0);
+  T_EQ_INT(gop_gemv(z, z, z, 100, 6144, 2048, &DRY, &err), 0);
+  T_EQ_INT(gop_gemv(z, z, z, 100, 1000, 264, &DRY, &err), 0);
   static const int widths[] = {6144, 1000, 1001, 12288, 2048, 8, 4};
   for (size_t i = 0; i < MJ_ARRAY_LEN(widths); i++) {
     int H = widths[i];
     for (int B = 1; B <= 64; B *= 8) {
-      T_EQ_INT(gop_embed(z, z, z, B, H, NULL, &err), 0);
-      T_EQ_INT(gop_add_rmsnorm(z, 0, false, z, 1e-5f, z, B, H, NULL, &err), 0);
-      T_EQ_INT(gop_add_rmsnorm(z, 1, false, z, 1e-5f, z, B, H, NULL, &err), 0);
-      T_EQ_INT(gop_add_rmsnorm(z, 1, true, z, 1e-5f, z, B, H, NULL, &err), 0);
-      T_EQ_INT(gop_silu_mul(z, z, B, H, NULL, &err), 0);
+      T_EQ_INT(gop_embed(z, z, z, B, H, &DRY, &err), 0);
+      T_EQ_INT(gop_add_rmsnorm(z, 0, false, z, 1e-5f, z, B, H, &DRY, &err), 0);
+      T_EQ_INT(gop_add_rmsnorm(z, 1, false, z, 1e-5f, z, B, H, &DRY, &err), 0);
+      T_EQ_INT(gop_add_rmsnorm(z, 1, true, z, 1e-5f, z, B, H, &DRY, &err), 0);
+      T_EQ_INT(gop_silu_mul(z, z, B, H, &DRY, &err), 0);
     }
   }
   sample_params sp = sample_filters(0.8f, 40, 0.9f, 0.05f, 7);
-  T_EQ_INT(gop_sample(z, 3, 154880, &sp, (gop_rows){0, 0, 0}, z, NULL, &err), 0);
+  T_EQ_INT(gop_sample(z, 3, 154880, &sp, (gop_rows){0, 0, 0}, z, &DRY, &err), 0);
   if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
   T_EQ_INT(stat_of(CACHE_STAT_failures), 0);
   T_CHECK(stat_of(CACHE_STAT_compiles) >= MJ_ARRAY_LEN(gemv_nk) * MJ_ARRAY_LEN(gemv_b));
 
   /* Shapes the kernels cannot take are refused before any compile. */
-  T_EQ_INT(gop_gemv(z, z, z, 1, 64, 1001, NULL, &err), MJ_EINPUT);
+  T_EQ_INT(gop_gemv(z, z, z, 1, 64, 1001, &DRY, &err), MJ_EINPUT);
   T_CHECK(strstr(err.msg, "not a multiple of 8") != NULL);
   mj_err_clear(&err);
-  T_EQ_INT(gop_gemv(z, z, z, 0, 64, 64, NULL, &err), MJ_EINPUT);
+  T_EQ_INT(gop_gemv(z, z, z, 0, 64, 64, &DRY, &err), MJ_EINPUT);
   mj_err_clear(&err);
-  T_EQ_INT(gop_add_rmsnorm(z, 0, false, z, 1e-5f, z, 1, 0, NULL, &err), MJ_EINPUT);
+  T_EQ_INT(gop_add_rmsnorm(z, 0, false, z, 1e-5f, z, 1, 0, &DRY, &err), MJ_EINPUT);
   mj_err_clear(&err);
-  T_EQ_INT(gop_sample(z, 1, 0, &sp, (gop_rows){0, 0, 0}, z, NULL, &err), MJ_EINPUT);
+  T_EQ_INT(gop_sample(z, 1, 0, &sp, (gop_rows){0, 0, 0}, z, &DRY, &err), MJ_EINPUT);
   mj_err_clear(&err);
-  gop_set_arch(NULL);
+  DRY.arch = NULL;
   jit_shutdown();
 }
 

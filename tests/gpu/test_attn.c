@@ -91,8 +91,8 @@ static int replay(const shape *s, const gop_dims *d, const dev *g, const float *
   int r = MJ_ECUDA;
   CU_CHECK_GOTO(err, cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING), out);
   CU_CHECK_GOTO(err, cu.cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), out);
-  if ((r = gop_dsa_select(d, g->iq, g->iw, c, rows, g->sel, g->scratch, B, st, err)) ||
-      (r = gop_mla_attend(d, g->qlat, c, rows, g->sel, scale, g->olat, g->scratch, B, st, err))) {
+  if ((r = gop_dsa_select(d, g->iq, g->iw, c, rows, g->sel, g->scratch, B, &(gop_ctx){.s = st}, err)) ||
+      (r = gop_mla_attend(d, g->qlat, c, rows, g->sel, scale, g->olat, g->scratch, B, &(gop_ctx){.s = st}, err))) {
     cu.cuStreamEndCapture(st, &gr);
     goto out;
   }
@@ -184,7 +184,7 @@ static int run_shape(const shape *s, bool ties, mj_err *err) {
 
   /* Selection. */
   CU_CHECK_GOTO(err, cu.cuMemsetD8(g.sel, 0xFF, nsel * 4), out); /* -1 */
-  if ((r = gop_dsa_select(&d, g.iq, g.iw, c, rows, g.sel, g.scratch, B, NULL, err))) goto out;
+  if ((r = gop_dsa_select(&d, g.iq, g.iw, c, rows, g.sel, g.scratch, B, &(gop_ctx){0}, err))) goto out;
   r = MJ_ECUDA;
   CU_CHECK_GOTO(err, cu.cuCtxSynchronize(), out);
   CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(sel_got, g.sel, nsel * 4), out);
@@ -211,7 +211,7 @@ static int run_shape(const shape *s, bool ties, mj_err *err) {
     CUdeviceptr sel = use ? g.sel_in : 0;
     CU_CHECK_GOTO(err, cu.cuMemsetD8(g.olat, 0xFF, no * 4), out); /* NaN */
     float scale = 1.0f / sqrtf((float)(D + 128));
-    if ((r = gop_mla_attend(&d, g.qlat, c, rows, sel, scale, g.olat, g.scratch, B, NULL, err))) goto out;
+    if ((r = gop_mla_attend(&d, g.qlat, c, rows, sel, scale, g.olat, g.scratch, B, &(gop_ctx){0}, err))) goto out;
     r = MJ_ECUDA;
     CU_CHECK_GOTO(err, cu.cuCtxSynchronize(), out);
     CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(got, g.olat, no * 4), out);
@@ -259,9 +259,9 @@ static int time_launch(void *ctx, int i, CUstream s, mj_err *err) {
   const timing *t = ctx;
   gop_rows rows = {0, t->g->slot, t->g->pos};
   gop_cache c = {t->g->kv, t->g->ikey};
-  if (t->which == 0) return gop_dsa_select(t->d, t->g->iq, t->g->iw, c, rows, t->g->sel, t->g->scratch, t->B, s, err);
+  if (t->which == 0) return gop_dsa_select(t->d, t->g->iq, t->g->iw, c, rows, t->g->sel, t->g->scratch, t->B, &(gop_ctx){.s = s}, err);
   return gop_mla_attend(t->d, t->g->qlat, c, rows, t->which == 2 ? t->g->sel : 0, 0.0625f, t->g->olat,
-                        t->g->scratch, t->B, s, err);
+                        t->g->scratch, t->B, &(gop_ctx){.s = s}, err);
 }
 
 /* Microseconds per call: 20 calls back to back on the default stream

@@ -112,7 +112,7 @@ static void embed_case(int vocab, int H, int B) {
   ref_embed(table, tok, want, B, H);
   CUdeviceptr dt = dev(&b, table, (size_t)vocab * H * 2, 0), dk = dev(&b, tok, (size_t)B * 4, 0);
   CUdeviceptr dx = dev(&b, NULL, (size_t)B * H * 4, (size_t)H * 4);
-  if (dt && dk && dx && ok_rc(gop_embed(dt, dk, dx, B, H, NULL, &err), &err)) {
+  if (dt && dk && dx && ok_rc(gop_embed(dt, dk, dx, B, H, &(gop_ctx){0}, &err), &err)) {
     sync_check();
     cu.cuMemcpyDtoH(got, dx, ((size_t)B + 1) * H * 4);
     char shape[32];
@@ -142,7 +142,7 @@ static void rmsnorm_case(int H, int B, int ymode) {
   CUdeviceptr dy = ymode == 0 ? 0 : dev(&b, yh, n * (ymode == 1 ? 4 : 2), 0);
   CUdeviceptr dxn = dev(&b, NULL, n * 2, (size_t)H * 2);
   if (dx && dw && dxn && (ymode == 0 || dy) &&
-      ok_rc(gop_add_rmsnorm(dx, dy, ymode == 2, dw, 1e-5f, dxn, B, H, NULL, &err), &err)) {
+      ok_rc(gop_add_rmsnorm(dx, dy, ymode == 2, dw, 1e-5f, dxn, B, H, &(gop_ctx){0}, &err), &err)) {
     sync_check();
     cu.cuMemcpyDtoH(xg, dx, n * 4);
     cu.cuMemcpyDtoH(xng, dxn, n * 2 + (size_t)H * 2);
@@ -170,7 +170,7 @@ static void gemv_case(int N, int K, int B) {
   ref_gemv_b(W, x, want, B, N, K);
   CUdeviceptr dW = dev(&b, W, wn * 2, 0), dx = dev(&b, x, (size_t)B * K * 2, 0);
   CUdeviceptr dy = dev(&b, NULL, (size_t)B * N * 4, (size_t)N * 4);
-  if (dW && dx && dy && ok_rc(gop_gemv(dW, dx, dy, B, N, K, NULL, &err), &err)) {
+  if (dW && dx && dy && ok_rc(gop_gemv(dW, dx, dy, B, N, K, &(gop_ctx){0}, &err), &err)) {
     sync_check();
     cu.cuMemcpyDtoH(got, dy, ((size_t)B + 1) * N * 4);
     char shape[32];
@@ -221,7 +221,7 @@ static void gemv_speed(int N, int K) {
         void *args[] = {&dW, &dx, &dy};
         rc = cu_launch(one->fn, (unsigned)((N + 15) / 16), 256, 0, NULL, args, &err);
       } else {
-        rc = gop_gemv(dW, dx, dy, bs[i], N, K, NULL, &err);
+        rc = gop_gemv(dW, dx, dy, bs[i], N, K, &(gop_ctx){0}, &err);
       }
       cu.cuEventRecord(e1, NULL);
       cu.cuEventSynchronize(e1);
@@ -246,7 +246,7 @@ static void silu_case(int I, int B) {
   fill_f32(gu, 2 * n, 6.0f);
   ref_silu_mul(gu, want, B, I);
   CUdeviceptr dgu = dev(&b, gu, 2 * n * 4, 0), dh = dev(&b, NULL, n * 2, (size_t)I * 2);
-  if (dgu && dh && ok_rc(gop_silu_mul(dgu, dh, B, I, NULL, &err), &err)) {
+  if (dgu && dh && ok_rc(gop_silu_mul(dgu, dh, B, I, &(gop_ctx){0}, &err), &err)) {
     sync_check();
     cu.cuMemcpyDtoH(got, dh, n * 2 + (size_t)I * 2);
     char shape[32];
@@ -306,7 +306,7 @@ static bool sample_run(const float *logits, int B, int V, const sample_params *s
   CUdeviceptr dp = dev(&b, pos, (size_t)B * 4, 0), dout = dev(&b, NULL, (size_t)B * 4, 4);
   bool ok = false;
   if (dl && ds && dp && dout &&
-      ok_rc(gop_sample(dl, B, V, sp, (gop_rows){0, ds, dp}, dout, NULL, &err), &err)) {
+      ok_rc(gop_sample(dl, B, V, sp, (gop_rows){0, ds, dp}, dout, &(gop_ctx){0}, &err), &err)) {
     sync_check();
     int32_t *o = mj_xmalloc((size_t)B * 4 + 4);
     cu.cuMemcpyDtoH(o, dout, (size_t)B * 4 + 4);
@@ -438,7 +438,7 @@ static void sample_speed(int B, const sample_params *sp) {
     int rc = 0;
     for (int r = 0; r <= REPS && !rc; r++) {
       cu.cuEventRecord(e0, NULL);
-      rc = gop_sample(dl, B, V, sp, (gop_rows){0, dz, dz}, dout, NULL, &err);
+      rc = gop_sample(dl, B, V, sp, (gop_rows){0, dz, dz}, dout, &(gop_ctx){0}, &err);
       cu.cuEventRecord(e1, NULL);
       cu.cuEventSynchronize(e1);
       if (r > 0) cu.cuEventElapsedTime(&t[r - 1], e0, e1);

@@ -150,9 +150,9 @@ static int run_case(const mcase *c, mj_err *err) {
   gop_prep_w w = {dqn, dkvn, dkn, dkb};
   gop_rows rows = {0, dslot, dpos};
   gop_cache cache = {dkv, dik};
-  if ((rc = gop_mla_prep(d, dP, pw, &w, rows, cache, dinv, dqa, diw, B, NULL, err)) ||
-      (rc = gop_mla_q(d, dQ, dkvb, rows, dinv, dql, diq, B, NULL, err)) ||
-      (rc = gop_mla_vout(d, dolat, dkvb, dout, B, NULL, err)))
+  if ((rc = gop_mla_prep(d, dP, pw, &w, rows, cache, dinv, dqa, diw, B, &(gop_ctx){0}, err)) ||
+      (rc = gop_mla_q(d, dQ, dkvb, rows, dinv, dql, diq, B, &(gop_ctx){0}, err)) ||
+      (rc = gop_mla_vout(d, dolat, dkvb, dout, B, &(gop_ctx){0}, err)))
     goto out;
   rc = MJ_ECUDA;
   CU_CHECK_GOTO(err, cu.cuCtxSynchronize(), out);
@@ -275,8 +275,8 @@ static int time_ops(mj_err *err) {
       for (int r = -1; r < ROUNDS; r++) { /* round -1 warms up */
         CU_CHECK_GOTO(err, cu.cuEventRecord(e0, NULL), out);
         for (int k = 0; k < REPS; k++) {
-          int lr = op == 0 ? gop_mla_q(&d, dq, kvb[k % NW], rows, dinv, dql, diq, B, NULL, err)
-                           : gop_mla_vout(&d, dol, kvb[k % NW], dout, B, NULL, err);
+          int lr = op == 0 ? gop_mla_q(&d, dq, kvb[k % NW], rows, dinv, dql, diq, B, &(gop_ctx){0}, err)
+                           : gop_mla_vout(&d, dol, kvb[k % NW], dout, B, &(gop_ctx){0}, err);
           if (lr) {
             rc = lr;
             goto out;
