@@ -45,10 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <nvJitLink.h>
-#include <nvrtc.h>
 
-#include "build_id.h"
 #include "config.h"
 
 #define ENTRY_MAGIC "MJCUBIN\n"
@@ -156,25 +153,6 @@ int cache_config_from_env(cache_config *cfg, mj_err *err) {
 }
 
 /* ---- producer versions --------------------------------------------------------- */
-const cache_producer *cache_producer_this(void) {
-  static cache_producer p;
-  static char nvrtc[16], jitlink[16];
-  if (!p.moejit) {
-    int a = 0, b = 0;
-    unsigned c = 0, d = 0;
-    nvrtcVersion(&a, &b);
-    nvJitLinkVersion(&c, &d);
-    snprintf(nvrtc, sizeof nvrtc, "%d.%d", a, b);
-    snprintf(jitlink, sizeof jitlink, "%u.%u", c, d);
-    p.build_id = MOEJIT_BUILD_ID;
-    p.llvm = MOEJIT_LLVM_VERSION;
-    p.nvrtc = nvrtc;
-    p.nvjitlink = jitlink;
-    p.moejit = PACKAGE_VERSION; /* set last: it marks p as filled */
-  }
-  return &p;
-}
-
 /* ---- keys -------------------------------------------------------------------------- */
 static void key_put_escaped(mj_buf *b, const char *s) {
   for (; *s; s++) {
@@ -209,7 +187,6 @@ void cache_key_add_hash(cache_key *k, const char *field, const void *data, size_
 
 void cache_key_begin(cache_key *k, const cache_producer *p) {
   memset(k, 0, sizeof *k);
-  if (!p) p = cache_producer_this();
   cache_key_addf(k, "format", "moejit-cubin-cache %d", CACHE_FORMAT_VERSION);
   cache_key_add(k, "moejit", p->moejit);
   cache_key_add(k, "build", p->build_id);
@@ -254,16 +231,6 @@ static uint64_t get64(const unsigned char *p) {
   return v;
 }
 
-static const char *producer_text(void) {
-  static char buf[256];
-  if (!buf[0]) {
-    const cache_producer *p = cache_producer_this();
-    snprintf(buf, sizeof buf, "moejit %s (build %s); LLVM %s; NVRTC %s; nvJitLink %s",
-             p->moejit, p->build_id, p->llvm, p->nvrtc, p->nvjitlink);
-  }
-  return buf;
-}
-
 static int *meta_ints(cache_meta *m, int i) {
   int *f[] = {&m->max_threads, &m->min_blocks, &m->regs, &m->shared_bytes,
               &m->stack_bytes, &m->spill_stores, &m->spill_loads};
@@ -271,9 +238,8 @@ static int *meta_ints(cache_meta *m, int i) {
 }
 
 /* The whole entry in one malloc'd buffer. */
-static unsigned char *entry_encode(const cache_key *k, const void *cubin, size_t n,
+static unsigned char *entry_encode(const char *prod, const cache_key *k, const void *cubin, size_t n,
                                    const cache_meta *meta, size_t *size) {
-  const char *prod = producer_text();
   size_t plen = strlen(prod), nlen = strlen(meta->kernel_name);
   size_t total = HEADER_SIZE + k->text.len + plen + nlen + n + CHECKSUM_SIZE;
   unsigned char *p = mj_xcalloc(1, total);
@@ -662,6 +628,7 @@ struct cache {
   int64_t pending_bytes;           /* size change not yet merged */
   mem_entry *mem;
   int nmem, capmem;
+  char producer[256]; /* written into each entry stored (cache_config.producer) */
 };
 
 cache_mode cache_get_mode(const cache *c) { return c->mode; }
@@ -698,6 +665,12 @@ int cache_open(const cache_config *cfg_in, cache **out, mj_err *err) {
   cache *c = mj_xcalloc(1, sizeof *c);
   c->mode = cfg.mode;
   c->max_bytes = cfg.max_bytes ? cfg.max_bytes : CACHE_DEFAULT_MAX;
+  const cache_producer *p = cfg.producer;
+  if (p)
+    snprintf(c->producer, sizeof c->producer, "moejit %s (build %s); LLVM %s; NVRTC %s; nvJitLink %s", p->moejit,
+             p->build_id, p->llvm, p->nvrtc, p->nvjitlink);
+  else
+    snprintf(c->producer, sizeof c->producer, "unknown producer");
   *out = c;
   if (c->mode == CACHE_OFF) return 0;
   c->dir = mj_xstrdup(cfg.dir);
@@ -895,7 +868,7 @@ void cache_store(cache *c, const cache_key *k, const void *cubin, size_t n,
   cache_count(c, CACHE_STAT_stores, 1);
   if (c->disk_write) {
     size_t size;
-    unsigned char *data = entry_encode(k, cubin, n, meta, &size);
+    unsigned char *data = entry_encode(c->producer, k, cubin, n, meta, &size);
     char *path = cache_entry_path(c->dir, k->hex);
     char *slash = strrchr(path, '/');
     *slash = 0;

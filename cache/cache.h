@@ -81,10 +81,15 @@ const char *cache_stat_name(cache_stat s);
 const char *cache_stat_desc(cache_stat s);
 
 /* ---- configuration --------------------------------------------------------- */
+typedef struct cache_producer {
+  const char *moejit, *build_id, *llvm, *nvrtc, *nvjitlink;
+} cache_producer;
+
 typedef struct cache_config {
   const char *dir;    /* the cache folder; NULL = from the environment */
   cache_mode mode;
   uint64_t max_bytes; /* size cap */
+  const cache_producer *producer; /* who makes the entries stored (written into each); NULL: "unknown producer" */
 } cache_config;
 
 /* Fill cfg from MOEJIT_CACHE_DIR (else $XDG_CACHE_HOME/moejit, else
@@ -104,12 +109,7 @@ int cache_parse_size(const char *s, uint64_t *out);
  * PTX ISA, every compile option and a hash of the fully specialised kernel;
  * cache_key_end adds each CACHE_CODEGEN_ENV variable and hashes the text.
  * Values are escaped (\n, \\) so one line is one field. */
-typedef struct cache_producer {
-  const char *moejit, *build_id, *llvm, *nvrtc, *nvjitlink;
-} cache_producer;
-
-/* The versions of this build and of the NVRTC and nvJitLink it runs with. */
-const cache_producer *cache_producer_this(void);
+/* (The front door's is kc_producer, src/kc.h: the cache knows no compiler.) */
 
 typedef struct cache_key {
   mj_buf text;
@@ -117,7 +117,7 @@ typedef struct cache_key {
   char hex[33];
 } cache_key;
 
-/* p = NULL: this build's producer versions (tests pass others). */
+/* p: the producer, whose versions open the key. */
 void cache_key_begin(cache_key *k, const cache_producer *p);
 void cache_key_add(cache_key *k, const char *field, const char *value);
 void cache_key_addf(cache_key *k, const char *field, const char *fmt, ...)

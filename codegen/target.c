@@ -20,15 +20,19 @@
 
 #include "dsl.h"
 
-/* LLVM-C reports failures as a flag plus an owned message. */
-#define LLVM_CHECK(c, failed, msg, what)                                             \
-  do {                                                                               \
-    if (failed) {                                                                    \
-      mj_fail((c)->err, MJ_ECOMPILE, "LLVM failed to %s at %s:%d: %s", what, __FILE__, \
-              __LINE__, (msg) ? (msg) : "(no message)");                             \
-      if (msg) LLVMDisposeMessage(msg);                                              \
-      return MJ_ECOMPILE;                                                            \
-    }                                                                                \
+/* LLVM-C reports a failure as a true flag plus an owned message, written
+ * into the variable llvm_msg the caller declares (util.h's one check
+ * shape: LLVM_CHECK(err, call)). */
+static int llvm_fail(mj_err *err, const char *msg, const char *call, const char *file, int line) {
+  return mj_fail(err, MJ_ECOMPILE, "LLVM failed in %s at %s:%d: %s", call, file, line, msg ? msg : "(no message)");
+}
+#define LLVM_CHECK(err, call)                                                  \
+  do {                                                                         \
+    if (call) {                                                                \
+      llvm_fail((err), llvm_msg, #call, __FILE__, __LINE__);                   \
+      if (llvm_msg) LLVMDisposeMessage(llvm_msg);                              \
+      return MJ_ECOMPILE;                                                      \
+    }                                                                          \
   } while (0)
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
@@ -61,8 +65,8 @@ int dsl_target_machine(dsl_ctx *c, const char *arch, int opt_level, void **out) 
   if (!known_arch(arch))
     return mj_fail(c->err, MJ_EINPUT, "--arch %s: unknown target (use sm_80, sm_86, sm_89, sm_90 or sm_90a)", arch);
   LLVMTargetRef target;
-  char *msg = NULL;
-  LLVM_CHECK(c, LLVMGetTargetFromTriple("nvptx64-nvidia-cuda", &target, &msg), msg, "find the NVPTX target");
+  char *llvm_msg = NULL;
+  LLVM_CHECK(c->err, LLVMGetTargetFromTriple("nvptx64-nvidia-cuda", &target, &llvm_msg));
   LLVMCodeGenOptLevel lvl = opt_level <= 0 ? LLVMCodeGenLevelNone : opt_level == 1 ? LLVMCodeGenLevelLess
                           : opt_level == 2 ? LLVMCodeGenLevelDefault : LLVMCodeGenLevelAggressive;
   LLVMTargetMachineRef tm = LLVMCreateTargetMachine(target, "nvptx64-nvidia-cuda", arch, "+ptx85", lvl,
@@ -106,11 +110,10 @@ int dsl_target_optimise(dsl_ctx *c, void *tm, void *mod, int opt_level) {
 }
 
 int dsl_target_ptx(dsl_ctx *c, void *tm, void *mod, dsl_result *r) {
-  char *msg = NULL;
+  char *llvm_msg = NULL;
   LLVMMemoryBufferRef buf = NULL;
-  LLVM_CHECK(c, LLVMTargetMachineEmitToMemoryBuffer((LLVMTargetMachineRef)tm, (LLVMModuleRef)mod,
-                                                    LLVMAssemblyFile, &msg, &buf),
-             msg, "emit PTX");
+  LLVM_CHECK(c->err, LLVMTargetMachineEmitToMemoryBuffer((LLVMTargetMachineRef)tm, (LLVMModuleRef)mod,
+                                                         LLVMAssemblyFile, &llvm_msg, &buf));
   size_t n = LLVMGetBufferSize(buf);
   r->ptx = mj_xmalloc(n + 1);
   memcpy(r->ptx, LLVMGetBufferStart(buf), n);
@@ -136,24 +139,10 @@ static char *jl_log(nvJitLinkHandle h, bool error_log) {
   return s;
 }
 
-static int jl_fail(mj_err *err, nvJitLinkHandle h, nvJitLinkResult res, const char *call, const char *file, int line) {
-  mj_fail(err, MJ_ECOMPILE, "nvJitLink error %d in %s at %s:%d", (int)res, call, file, line);
-  char *log = h ? jl_log(h, true) : NULL;
-  if (log) {
-    mj_err_set_detail(err, log);
-    free(log);
-  }
-  return MJ_ECOMPILE;
+static int jl_fail(mj_err *err, nvJitLinkResult res, const char *call, const char *file, int line) {
+  return mj_fail(err, MJ_ECOMPILE, "nvJitLink error %d in %s at %s:%d", (int)res, call, file, line);
 }
-
-#define JL_CHECK(err, h, call)                                               \
-  do {                                                                       \
-    nvJitLinkResult jl_r_ = (call);                                          \
-    if (jl_r_ != NVJITLINK_SUCCESS) {                                        \
-      jl_fail((err), (h), jl_r_, #call, __FILE__, __LINE__);                 \
-      goto fail;                                                             \
-    }                                                                        \
-  } while (0)
+#define JL_CHECK_GOTO(err, call, label) MJ_CHECK_GOTO(nvJitLinkResult, NVJITLINK_SUCCESS, jl_fail, err, call, label)
 
 /* Resources from the link log.  nvJitLink always ends with its own summary
  * ("used 70 registers, used 0 barriers, 0 stack, 0 bytes smem, ...");
@@ -186,21 +175,24 @@ int dsl_link_ptx(const char *ptx, size_t len, const char *arch, dsl_result *r, m
   snprintf(arch_opt, sizeof arch_opt, "-arch=%s", arch);
   const char *opts[] = {arch_opt, "-O3", "-verbose"};
   nvJitLinkHandle h = NULL;
-  nvJitLinkResult cr = nvJitLinkCreate(&h, 3, opts);
-  if (cr != NVJITLINK_SUCCESS) return jl_fail(err, NULL, cr, "nvJitLinkCreate", __FILE__, __LINE__);
-  JL_CHECK(err, h, nvJitLinkAddData(h, NVJITLINK_INPUT_PTX, ptx, len, "moejit.ptx"));
-  JL_CHECK(err, h, nvJitLinkComplete(h));
+  JL_CHECK_GOTO(err, nvJitLinkCreate(&h, 3, opts), fail);
+  JL_CHECK_GOTO(err, nvJitLinkAddData(h, NVJITLINK_INPUT_PTX, ptx, len, "moejit.ptx"), fail);
+  JL_CHECK_GOTO(err, nvJitLinkComplete(h), fail);
   size_t n = 0;
-  JL_CHECK(err, h, nvJitLinkGetLinkedCubinSize(h, &n));
+  JL_CHECK_GOTO(err, nvJitLinkGetLinkedCubinSize(h, &n), fail);
   r->cubin = mj_xmalloc(n);
   r->cubin_size = n;
-  JL_CHECK(err, h, nvJitLinkGetLinkedCubin(h, r->cubin));
+  JL_CHECK_GOTO(err, nvJitLinkGetLinkedCubin(h, r->cubin), fail);
   free(r->link_log);
   r->link_log = jl_log(h, false);
   if (r->link_log) parse_resources(r->link_log, r);
   nvJitLinkDestroy(&h);
   return 0;
-fail:
-  nvJitLinkDestroy(&h);
+fail:;
+  /* the linker's error log (ptxas's complaint) as the error's detail */
+  char *log = h ? jl_log(h, true) : NULL;
+  if (log) mj_err_set_detail(err, log);
+  free(log);
+  if (h) nvJitLinkDestroy(&h);
   return MJ_ECOMPILE;
 }

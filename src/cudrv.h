@@ -73,24 +73,10 @@ const char *cu_driver_version_string(void);
 /* Record a failed driver call into err; used by CU_CHECK. */
 int cu_fail(mj_err *err, CUresult r, const char *call, const char *file, int line);
 
-/* Evaluate a driver call; on failure record it and `return` the error code
- * from the enclosing function. */
-#define CU_CHECK(err, call)                                                  \
-  do {                                                                       \
-    CUresult cu_r_ = (call);                                                 \
-    if (cu_r_ != CUDA_SUCCESS)                                               \
-      return cu_fail((err), cu_r_, #call, __FILE__, __LINE__);               \
-  } while (0)
-
-/* Same, but jumps to a label (for functions that must clean up). */
-#define CU_CHECK_GOTO(err, call, label)                                      \
-  do {                                                                       \
-    CUresult cu_r_ = (call);                                                 \
-    if (cu_r_ != CUDA_SUCCESS) {                                             \
-      cu_fail((err), cu_r_, #call, __FILE__, __LINE__);                      \
-      goto label;                                                            \
-    }                                                                        \
-  } while (0)
+/* Evaluate a driver call; on failure record it and return its code, or
+ * jump to label (util.h's one check shape). */
+#define CU_CHECK(err, call) MJ_CHECK_RET(CUresult, CUDA_SUCCESS, cu_fail, err, call)
+#define CU_CHECK_GOTO(err, call, label) MJ_CHECK_GOTO(CUresult, CUDA_SUCCESS, cu_fail, err, call, label)
 
 /* Allocate device memory; out-of-memory is reported with the bytes asked
  * for and the bytes free. */

@@ -21,7 +21,6 @@
  */
 #include "jit.h"
 
-#include <nvrtc.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,14 +29,7 @@
 #include "config.h"
 #include "cudrv.h"
 #include "embed.h"
-
-/* A compiled or cached kernel on its way into an entry. */
-typedef struct jit_out {
-  void *mem;         /* owns the bytes cubin points into */
-  const void *cubin;
-  size_t cubin_size;
-  cache_meta meta;
-} jit_out;
+#include "kc.h"
 
 typedef struct jit_entry {
   uint64_t h;
@@ -51,11 +43,6 @@ typedef struct jit_entry {
   char *error;
 } jit_entry;
 
-typedef struct header_memo {
-  char *kernel;
-  char hex[33];
-} header_memo;
-
 static pthread_mutex_t jit_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
   bool ready;
@@ -64,8 +51,6 @@ static struct {
   char dev_arch[16];
   jit_entry **slots; /* open addressing, power-of-two capacity */
   size_t cap, n;
-  header_memo *memo;
-  int nmemo;
 } J;
 
 /* jit_set_shard: this process compiles only the misses whose key hash is
@@ -197,242 +182,12 @@ static int sorted_defs(const jit_spec *s, const dsl_define **out, const char *ke
   return 0;
 }
 
-/* ---- NVRTC ------------------------------------------------------------------------------- */
-const char *jit_cuda_include(void) {
-  static char dir[512];
-  if (!dir[0]) {
-    /* The toolkit configure found; a GPU host with the toolkit elsewhere
-     * has it at the usual place. */
-    struct stat st;
-    snprintf(dir, sizeof dir, "%s/include/cuda_bf16.h", MOEJIT_CUDA_DIR);
-    if (stat(dir, &st) == 0) snprintf(dir, sizeof dir, "%s/include", MOEJIT_CUDA_DIR);
-    else snprintf(dir, sizeof dir, "/usr/local/cuda/include");
-  }
-  return dir;
-}
-
-/* Hash every header reachable from text by #include lines, found in the
- * toolkit's include folder (depth-first, each once).  Conditional includes
- * are followed too: a superset only makes the key more sensitive.  Headers
- * not found there are NVRTC's built-ins, covered by its version. */
-static void hash_includes(const char *text, mj_buf *acc, mj_buf *seen, int depth) {
-  if (depth > 32) return;
-  for (const char *p = text; (p = strstr(p, "include")); p += 7) {
-    const char *h = p;
-    while (h > text && (h[-1] == ' ' || h[-1] == '\t')) h--;
-    if (h == text || h[-1] != '#') continue;
-    const char *q = p + 7;
-    while (*q == ' ' || *q == '\t') q++;
-    if (*q != '<' && *q != '"') continue;
-    char close = *q == '<' ? '>' : '"';
-    const char *end = strchr(q + 1, close);
-    const char *nl = strchr(q + 1, '\n');
-    if (!end || (nl && nl < end) || end - q - 1 >= 256) continue;
-    char name[260];
-    snprintf(name, sizeof name, "\n%.*s\n", (int)(end - q - 1), q + 1);
-    if (seen->data && strstr(seen->data, name)) continue;
-    mj_buf_puts(seen, name);
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%.*s", jit_cuda_include(), (int)(end - q - 1), q + 1);
-    char *data = NULL;
-    size_t n = 0;
-    if (mj_read_file(path, &data, &n, NULL) != 0) {
-      mj_buf_printf(acc, "%.*s absent\n", (int)(end - q - 1), q + 1);
-      continue;
-    }
-    char hex[33];
-    mj_hash_hex(mj_hash128(data, n), hex);
-    mj_buf_printf(acc, "%.*s %s\n", (int)(end - q - 1), q + 1, hex);
-    hash_includes(data, acc, seen, depth + 1);
-    free(data);
-  }
-}
-
-static const char *headers_hash(const char *kernel, const source *src) {
-  for (int i = 0; i < J.nmemo; i++)
-    if (strcmp(J.memo[i].kernel, kernel) == 0) return J.memo[i].hex;
-  mj_buf acc = {0}, seen = {0};
-  mj_buf_printf(&acc, "include=%s\n", jit_cuda_include());
-  hash_includes(src->text, &acc, &seen, 0);
-  J.memo = mj_xrealloc(J.memo, (size_t)(J.nmemo + 1) * sizeof *J.memo);
-  header_memo *m = &J.memo[J.nmemo++];
-  m->kernel = mj_xstrdup(kernel);
-  mj_hash_hex(mj_hash128(acc.data, acc.len), m->hex);
-  mj_buf_free(&acc);
-  mj_buf_free(&seen);
-  return m->hex;
-}
-
-/* The NVRTC options of a compile: they are the key's options too, so what
- * is compiled and what is looked up cannot drift apart.  Strings live in
- * a (caller-freed) arena. */
-static int nvrtc_options(mj_arena *a, const char *arch, const dsl_define **defs, int ndefs,
-                         const char ***out) {
-  const char **o = mj_arena_alloc(a, (size_t)(ndefs + 64) * sizeof *o);
-  int n = 0;
-  o[n++] = mj_arena_printf(a, "--gpu-architecture=%s", arch);
-  o[n++] = "-std=c++17";
-  o[n++] = "--ptxas-options=-v"; /* resource usage in the log; same code */
-  o[n++] = mj_arena_printf(a, "-I%s", jit_cuda_include());
-  for (int i = 0; i < ndefs; i++)
-    o[n++] = mj_arena_printf(a, "-D%s=%s", defs[i]->name, defs[i]->value);
-  const char *extra = getenv("MOEJIT_NVRTC_FLAGS");
-  char *copy = extra ? mj_arena_strdup(a, extra) : NULL;
-  for (char *t = copy ? strtok(copy, " \t") : NULL; t && n < ndefs + 64; t = strtok(NULL, " \t"))
-    o[n++] = t;
-  *out = o;
-  return n;
-}
-
-/* Record a failed NVRTC call with its message and, when there is one, the
- * compile log; jumps to the cleanup label. */
-#define NVRTC_CHECK(err, call, label)                                          \
-  do {                                                                         \
-    nvrtcResult nv_r_ = (call);                                                \
-    if (nv_r_ != NVRTC_SUCCESS) {                                              \
-      mj_fail((err), MJ_ECOMPILE, "%s: NVRTC error %s in %s at %s:%d", name,   \
-              nvrtcGetErrorString(nv_r_), #call, __FILE__, __LINE__);          \
-      goto label;                                                              \
-    }                                                                          \
-  } while (0)
-
-/* The resources ptxas reported for `lowered` in the -v log. */
-static void log_resources(const char *log, const char *lowered, cache_meta *m) {
-  char pat[300];
-  snprintf(pat, sizeof pat, "entry function '%s'", lowered);
-  const char *p = log ? strstr(log, pat) : NULL;
-  if (!p) return;
-  const char *s = strstr(p, "bytes stack frame");
-  if (s) {
-    while (s > p && s[-1] != '.' && s[-1] != '\n') s--;
-    sscanf(s, " %d bytes stack frame, %d bytes spill stores, %d bytes spill loads",
-           &m->stack_bytes, &m->spill_stores, &m->spill_loads);
-  }
-  const char *u = strstr(p, "Used ");
-  if (u) sscanf(u, "Used %d registers", &m->regs);
-  const char *sm = u ? strstr(u, " bytes smem") : NULL;
-  const char *eol = u ? strchr(u, '\n') : NULL;
-  if (sm && (!eol || sm < eol)) {
-    while (sm > u && sm[-1] != ' ') sm--;
-    sscanf(sm, "%d", &m->shared_bytes);
-  }
-}
-
-/* The PTX version and the launch bounds (.maxntid, .minnctapersm) of the
- * entry `lowered`. */
-static void ptx_meta(const char *ptx, const char *lowered, cache_meta *m) {
-  const char *v = strstr(ptx, ".version ");
-  if (v) sscanf(v + 9, "%11s", m->ptx_version);
-  char pat[300];
-  snprintf(pat, sizeof pat, ".entry %s(", lowered);
-  const char *e = strstr(ptx, pat);
-  const char *body = e ? strchr(e, '{') : NULL;
-  if (!body) return;
-  const char *t = strstr(e, ".maxntid");
-  if (t && t < body) sscanf(t + 8, "%d", &m->max_threads);
-  t = strstr(e, ".minnctapersm");
-  if (t && t < body) sscanf(t + 13, "%d", &m->min_blocks);
-}
-
-static int nvrtc_compile(const char *name, const source *src, const char *entry,
-                         const char **opts, int nopts, jit_out *o, mj_err *err) {
-  nvrtcProgram prog = NULL;
-  char *log = NULL, *ptx = NULL;
-  size_t n = 0;
-  int rc = MJ_ECOMPILE;
-  NVRTC_CHECK(err, nvrtcCreateProgram(&prog, src->text, name, 0, NULL, NULL), out);
-  NVRTC_CHECK(err, nvrtcAddNameExpression(prog, entry), out);
-  nvrtcResult r = nvrtcCompileProgram(prog, nopts, opts);
-  if (nvrtcGetProgramLogSize(prog, &n) == NVRTC_SUCCESS && n > 1) {
-    log = mj_xmalloc(n);
-    if (nvrtcGetProgramLog(prog, log) != NVRTC_SUCCESS) log[0] = 0;
-  }
-  if (r != NVRTC_SUCCESS) {
-    /* The message carries the log's first error line: that is what the
-     * one-line warning of a failed specialisation shows. */
-    const char *why = log ? strstr(log, "error") : NULL;
-    while (why && why > log && why[-1] != '\n') why--;
-    mj_fail(err, MJ_ECOMPILE, "%s: NVRTC could not compile %s for %s: %.*s", name, entry,
-            opts[0] + strlen("--gpu-architecture="), why ? (int)strcspn(why, "\n") : 0,
-            why ? why : nvrtcGetErrorString(r));
-    mj_err_set_detail(err, log);
-    goto out;
-  }
-  const char *lowered = NULL;
-  NVRTC_CHECK(err, nvrtcGetLoweredName(prog, entry, &lowered), out);
-  if (strlen(lowered) >= sizeof o->meta.kernel_name) {
-    mj_fail(err, MJ_ECOMPILE, "%s: kernel name %s is too long", name, lowered);
-    goto out;
-  }
-  memset(&o->meta, 0, sizeof o->meta);
-  snprintf(o->meta.kernel_name, sizeof o->meta.kernel_name, "%s", lowered);
-  NVRTC_CHECK(err, nvrtcGetCUBINSize(prog, &n), out);
-  o->mem = mj_xmalloc(n ? n : 1);
-  NVRTC_CHECK(err, nvrtcGetCUBIN(prog, o->mem), out);
-  o->cubin = o->mem;
-  o->cubin_size = n;
-  if (nvrtcGetPTXSize(prog, &n) == NVRTC_SUCCESS && n > 1) {
-    ptx = mj_xmalloc(n);
-    if (nvrtcGetPTX(prog, ptx) == NVRTC_SUCCESS) ptx_meta(ptx, lowered, &o->meta);
-  }
-  log_resources(log, lowered, &o->meta);
-  rc = 0;
-out:
-  if (rc) {
-    free(o->mem);
-    o->mem = NULL;
-  }
-  free(ptx);
-  free(log);
-  if (prog) nvrtcDestroyProgram(&prog);
-  return rc;
-}
-
-/* ---- the DSL compiler ------------------------------------------------------------------- */
-static int dsl_opt_level(mj_err *err) {
-  const char *s = getenv("MOEJIT_DSL_OPT");
-  if (!s || !*s) return 3;
-  if (s[1] || s[0] < '0' || s[0] > '3')
-    return -mj_fail(err, MJ_EINPUT, "MOEJIT_DSL_OPT=%s: expected 0, 1, 2 or 3", s);
-  return s[0] - '0';
-}
-
-static int dsl_build(const source *src, const dsl_define **defs, int ndefs, const char *arch,
-                     int opt, jit_out *o, mj_err *err) {
-  dsl_define *flat = mj_xcalloc((size_t)ndefs + 1, sizeof *flat);
-  for (int i = 0; i < ndefs; i++) flat[i] = *defs[i];
-  dsl_options opts = {.arch = arch, .opt_level = opt};
-  dsl_result res;
-  memset(&res, 0, sizeof res);
-  int r = dsl_compile(src->name, src->text, src->len, flat, ndefs, &opts, &res, err);
-  free(flat);
-  if (r == 0 && !res.cubin)
-    r = mj_fail(err, MJ_ECOMPILE, "%s: the DSL compiler returned no cubin", src->name);
-  if (r == 0 && strlen(res.kernel_name) >= sizeof o->meta.kernel_name)
-    r = mj_fail(err, MJ_ECOMPILE, "%s: kernel name too long", src->name);
-  if (r == 0) {
-    memset(&o->meta, 0, sizeof o->meta);
-    snprintf(o->meta.kernel_name, sizeof o->meta.kernel_name, "%s", res.kernel_name);
-    snprintf(o->meta.ptx_version, sizeof o->meta.ptx_version, "%.11s", res.ptx_version);
-    o->meta.max_threads = res.max_threads;
-    o->meta.min_blocks = res.min_blocks;
-    o->meta.regs = res.regs;
-    o->meta.shared_bytes = res.shared_bytes;
-    o->meta.stack_bytes = res.stack_bytes;
-    o->meta.spill_stores = res.spill_stores;
-    o->meta.spill_loads = res.spill_loads;
-    o->mem = mj_xmalloc(res.cubin_size ? res.cubin_size : 1);
-    memcpy(o->mem, res.cubin, res.cubin_size);
-    o->cubin = o->mem;
-    o->cubin_size = res.cubin_size;
-  }
-  dsl_result_free(&res);
-  return r ? MJ_ECOMPILE : 0;
-}
-
 /* ---- from request to entry ----------------------------------------------------------------- */
 static int jit_init(mj_err *err) {
-  int r = cache_open(NULL, &J.cache, err);
+  cache_config cfg;
+  if (cache_config_from_env(&cfg, err)) return MJ_EINPUT;
+  cfg.producer = kc_producer();
+  int r = cache_open(&cfg, &J.cache, err);
   if (r) return r;
   mj_err e = {0};
   if (!compile_only && cu_init(&e) == 0) {
@@ -461,11 +216,8 @@ static int load_module(jit_entry *e, const char *arch, mj_err *err) {
  * a probe can never disagree with what a compile would look up. */
 typedef struct keyed {
   source src;
-  bool nvrtc;
   mj_arena a;
-  const dsl_define **defs; /* sorted by name */
-  const char **opts;       /* NVRTC options */
-  int nopts, opt;
+  kc_job job;
   cache_key k;
 } keyed;
 
@@ -480,42 +232,26 @@ static int build_key(keyed *q, const char *kernel, const jit_spec *spec, const c
                      mj_err *err) {
   memset(q, 0, sizeof *q);
   mj_arena_init(&q->a, 0);
-  q->opt = 3;
   int r = find_source(kernel, &q->src, err);
   if (r) return r;
-  q->nvrtc = ends_with(kernel, ".cu");
-  if (!q->nvrtc && !ends_with(kernel, ".k"))
+  kc_job *j = &q->job;
+  j->nvrtc = ends_with(kernel, ".cu");
+  if (!j->nvrtc && !ends_with(kernel, ".k"))
     return mj_fail(err, MJ_EINPUT, "kernel %s: not a .k (DSL) or .cu (NVRTC) source", kernel);
-  if (q->nvrtc && (!spec->entry || !spec->entry[0]))
-    return mj_fail(err, MJ_EINPUT, "kernel %s: an NVRTC kernel needs its entry (name<args>)",
-                   kernel);
-  q->defs = mj_arena_alloc(&q->a, (size_t)(spec->ndefs + 1) * sizeof *q->defs);
-  if ((r = sorted_defs(spec, q->defs, kernel, err))) return r;
-  if (!q->nvrtc && (q->opt = dsl_opt_level(err)) < 0) return -q->opt;
+  const dsl_define **defs = mj_arena_alloc(&q->a, (size_t)(spec->ndefs + 1) * sizeof *defs);
+  if ((r = sorted_defs(spec, defs, kernel, err))) return r;
+  j->name = kernel, j->text = q->src.text, j->len = q->src.len, j->entry = spec->entry;
+  j->defs = defs, j->ndefs = spec->ndefs, j->arch = arch;
+  if ((r = kc_prepare(j, &q->a, err))) return r;
 
   /* The canonical key: everything that decides the bytes of the cubin. */
   cache_key *k = &q->k;
-  cache_key_begin(k, NULL);
-  cache_key_add(k, "lang", q->nvrtc ? "nvrtc" : "dsl");
+  cache_key_begin(k, kc_producer());
+  cache_key_add(k, "lang", j->nvrtc ? "nvrtc" : "dsl");
   cache_key_add(k, "target", arch);
   cache_key_add(k, "source", kernel);
   cache_key_add_hash(k, "source_hash", q->src.text, q->src.len);
-  if (q->nvrtc) {
-    /* NVRTC picks the PTX ISA from its version and the target, both in
-     * the key. */
-    cache_key_add(k, "ptx_isa", "nvrtc default for the target");
-    cache_key_add(k, "headers_hash", headers_hash(kernel, &q->src));
-    cache_key_add(k, "entry", spec->entry);
-    q->nopts = nvrtc_options(&q->a, arch, q->defs, spec->ndefs, &q->opts);
-    for (int i = 0; i < q->nopts; i++) cache_key_add(k, "option", q->opts[i]);
-  } else {
-    /* The DSL compiler sets the PTX ISA itself (codegen/target.c, whose
-     * source is in the build id), so the build id stands for it. */
-    cache_key_add(k, "ptx_isa", "set by the DSL compiler of this build");
-    cache_key_addf(k, "opt_level", "%d", q->opt);
-    for (int i = 0; i < spec->ndefs; i++)
-      cache_key_addf(k, "const", "%s=%s", q->defs[i]->name, q->defs[i]->value);
-  }
+  kc_key(j, k);
   cache_key_end(k);
   return 0;
 }
@@ -531,7 +267,7 @@ static int obtain(jit_entry *e, const char *kernel, const jit_spec *spec, const 
   cache_blob blob;
   bool hit = false;
   if ((r = cache_load(J.cache, &q.k, &blob, &hit, err))) goto out;
-  jit_out o = {0};
+  kc_out o = {0};
   snprintf(e->fn.key, sizeof e->fn.key, "%s", q.k.hex);
   if (!hit && shard_n > 1 && q.k.hash.lo % (uint64_t)shard_n != (uint64_t)shard_k) {
     /* Another process of `moejit warmup -j` compiles this one. */
@@ -547,8 +283,7 @@ static int obtain(jit_entry *e, const char *kernel, const jit_spec *spec, const 
   } else {
     mj_err ce = {0};
     uint64_t t0 = mj_now_ns();
-    int cr = q.nvrtc ? nvrtc_compile(kernel, &q.src, spec->entry, q.opts, q.nopts, &o, &ce)
-                   : dsl_build(&q.src, q.defs, spec->ndefs, arch, q.opt, &o, &ce);
+    int cr = kc_compile(&q.job, &o, &ce);
     cache_count(J.cache, CACHE_STAT_compiles, 1);
     cache_count(J.cache, CACHE_STAT_compile_us, (mj_now_ns() - t0) / 1000);
     if (cr) {
@@ -750,8 +485,6 @@ void jit_shutdown(void) {
     for (size_t i = 0; i < J.cap; i++)
       if (J.slots[i]) entry_free(J.slots[i]);
     free(J.slots);
-    for (int i = 0; i < J.nmemo; i++) free(J.memo[i].kernel);
-    free(J.memo);
     cache_close(J.cache);
     memset(&J, 0, sizeof J);
   }

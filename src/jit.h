@@ -103,7 +103,4 @@ void jit_shutdown(void);
 /* This process's counters since the last jit_shutdown. */
 void jit_stats(cache_stats *out);
 
-/* The include folder NVRTC compiles against (the CUDA toolkit's). */
-const char *jit_cuda_include(void);
-
 #endif

@@ -54,24 +54,10 @@ const char *nc_version_string(void);
  * MJ_ECUDA (NCCL reports CUDA-stack failures; moejit has no separate code). */
 int nc_fail(mj_err *err, ncclResult_t r, const char *call, const char *file, int line);
 
-/* Evaluate an NCCL call; on failure record it and `return` the error code
- * from the enclosing function. */
-#define NC_CHECK(err, call)                                                  \
-  do {                                                                       \
-    ncclResult_t nc_r_ = (call);                                             \
-    if (nc_r_ != ncclSuccess)                                                \
-      return nc_fail((err), nc_r_, #call, __FILE__, __LINE__);               \
-  } while (0)
-
-/* Same, but jumps to a label (for functions that must clean up). */
-#define NC_CHECK_GOTO(err, call, label)                                      \
-  do {                                                                       \
-    ncclResult_t nc_r_ = (call);                                             \
-    if (nc_r_ != ncclSuccess) {                                              \
-      nc_fail((err), nc_r_, #call, __FILE__, __LINE__);                      \
-      goto label;                                                            \
-    }                                                                        \
-  } while (0)
+/* Evaluate an NCCL call; on failure record it and return its code, or
+ * jump to label (util.h's one check shape). */
+#define NC_CHECK(err, call) MJ_CHECK_RET(ncclResult_t, ncclSuccess, nc_fail, err, call)
+#define NC_CHECK_GOTO(err, call, label) MJ_CHECK_GOTO(ncclResult_t, ncclSuccess, nc_fail, err, call, label)
 
 /* ---- ranks and the unique id ----------------------------------------------
  * Where a rank learns who it is, in order (an empty variable counts as unset):

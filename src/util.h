@@ -154,6 +154,27 @@ void mj_progress_add(mj_progress *p, double bytes);
 void mj_progress_end(mj_progress *p);
 
 #define MJ_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* The one shape of every library call check (CUDA, NCCL, NVRTC, nvJitLink,
+ * LLVM): evaluate call, whose result has type T; unless it equals ok,
+ * record it with fail(err, result, "call", __FILE__, __LINE__), which
+ * returns the mj_code, and return that code from the enclosing function
+ * (MJ_CHECK_RET) or jump to label (MJ_CHECK_GOTO).  Each library names its
+ * pair after it: CU_CHECK / CU_CHECK_GOTO (cudrv.h), NC_ (nccldrv.h),
+ * NVRTC_ (src/kc.c), JL_ and LLVM_ (codegen/target.c). */
+#define MJ_CHECK_RET(T, ok, fail, err, call)                          \
+  do {                                                                \
+    T mj_r_ = (call);                                                 \
+    if (mj_r_ != (ok)) return fail((err), mj_r_, #call, __FILE__, __LINE__); \
+  } while (0)
+#define MJ_CHECK_GOTO(T, ok, fail, err, call, label)                  \
+  do {                                                                \
+    T mj_r_ = (call);                                                 \
+    if (mj_r_ != (ok)) {                                              \
+      fail((err), mj_r_, #call, __FILE__, __LINE__);                  \
+      goto label;                                                     \
+    }                                                                 \
+  } while (0)
 #define MJ_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MJ_MAX(a, b) ((a) > (b) ? (a) : (b))
 

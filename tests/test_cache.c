@@ -32,8 +32,11 @@
 #include "t_fs.h"
 #include "util.h"
 
+/* The tests' producer: the cache takes whatever its caller names. */
+static const cache_producer TEST_PRODUCER = {"0.1.0", "feedfacefeedface", "19.1.7", "13.0", "13.0"};
+
 static void make_key(cache_key *k, int i) {
-  cache_key_begin(k, NULL);
+  cache_key_begin(k, &TEST_PRODUCER);
   cache_key_add(k, "lang", "test");
   cache_key_addf(k, "index", "%d", i);
   cache_key_end(k);
@@ -97,7 +100,7 @@ static int load_i(cache *c, int i) {
 }
 
 static cache *open_at(const char *dir, cache_mode mode, uint64_t max) {
-  cache_config cfg = {dir, mode, max ? max : CACHE_DEFAULT_MAX};
+  cache_config cfg = {dir, mode, max ? max : CACHE_DEFAULT_MAX, &TEST_PRODUCER};
   cache *c = NULL;
   mj_err err = {0};
   if (cache_open(&cfg, &c, &err)) {
@@ -216,7 +219,7 @@ static void test_parse(void) {
  * different value when vary == i. */
 #define KEY_FIELDS 12
 static void key_variant(cache_key *k, int vary) {
-  cache_producer p = *cache_producer_this();
+  cache_producer p = TEST_PRODUCER;
   if (vary == 0) p.moejit = "0.1.1";
   if (vary == 1) p.build_id = "0000000000000000";
   if (vary == 2) p.llvm = "19.1.8";
@@ -311,6 +314,14 @@ static void test_round_trip(void) {
   T_EQ_INT(cache_verify_file(p, &m, &key, NULL), 0);
   T_EQ_STR(m.kernel_name, "kernel_1");
   T_CHECK(key && strstr(key, "\nindex=1\n"));
+  /* The producer the caller named is in the key and written into the entry. */
+  T_CHECK(key && strstr(key, "\nbuild=feedfacefeedface\n"));
+  char *bytes = NULL;
+  size_t nb = 0;
+  T_EQ_INT(mj_read_file(p, &bytes, &nb, NULL), 0);
+  const char *want = "moejit 0.1.0 (build feedfacefeedface); LLVM 19.1.7; NVRTC 13.0; nvJitLink 13.0";
+  T_CHECK(bytes && memmem(bytes, nb, want, strlen(want)) != NULL);
+  free(bytes);
   free(key);
   free(p);
   cache_stats s;
