@@ -1,7 +1,7 @@
 /* bench_cache.c: what the JIT front door costs, per path: a cold compile
  * (miss, compile, store), a disk hit and a memory hit, as medians.
  *
- * Kernels: the NVRTC template rmsnorm.cu <6144, 256> and the DSL kernel
+ * Kernels: the NVRTC test kernel tests/kernels/rmsnorm.cu <6144, 256> and the DSL kernel
  * gemv_bf16.k N=6144 K=2048, both for --arch (default sm_90a; loaded too
  * when the GPU is of that target, so a disk hit then includes
  * cuModuleLoadData).  Each cold compile uses a fresh cache folder; the
@@ -113,12 +113,16 @@ int main(int argc, char **argv) {
   mj_err err = {0};
   bool gpu = cu_init(&err) == 0 && !strcmp(cu_dev()->arch, arch);
   static const jit_spec rms_generic = {"rmsnorm_bf16<0, 256>", NULL, 0};
+  /* the NVRTC test kernel lives with the tests (run from the source tree, or set srcdir) */
+  static char rms[1024];
+  const char *sd = getenv("srcdir");
+  snprintf(rms, sizeof rms, "%s/tests/kernels/rmsnorm.cu", sd && *sd ? sd : ".");
   static const dsl_define nk[] = {{"N", "6144"}, {"K", "2048"}},
                           nk2[] = {{"N", "4096"}, {"K", "2048"}};
   bench_kernel kernels[] = {
       {"NVRTC rmsnorm.cu <6144, 256>",
-       {"rmsnorm.cu", {"rmsnorm_bf16<6144, 256>", NULL, 0}, &rms_generic, arch},
-       {"rmsnorm.cu", {"rmsnorm_bf16<4096, 256>", NULL, 0}, &rms_generic, arch}},
+       {rms, {"rmsnorm_bf16<6144, 256>", NULL, 0}, &rms_generic, arch},
+       {rms, {"rmsnorm_bf16<4096, 256>", NULL, 0}, &rms_generic, arch}},
       {"DSL gemv_bf16.k N=6144 K=2048",
        {"gemv_bf16.k", {NULL, nk, 2}, NULL, arch},
        {"gemv_bf16.k", {NULL, nk2, 2}, NULL, arch}},

@@ -23,7 +23,7 @@ double ref_rel_err(const float *a, const float *b, size_t n);
 /* RMSNorm of each of rows rows of n values, in the rounding order of
  * Hugging Face's GLM RMSNorm:
  *   out[r][i] = bf16(w[i] * bf16(x[r][i] / sqrt(mean(x[r]^2) + eps)))
- * (templates/rmsnorm.cu is the GPU version). */
+ * (tests/kernels/rmsnorm.cu is the GPU version, a test fixture). */
 void ref_rmsnorm_bf16(bf16 *out, const bf16 *x, const bf16 *w, int rows, int n, float eps);
 
 /* ---- MoE layer (ref_moe.c) ---------------------------------------------

@@ -1,6 +1,6 @@
 /* test_jit.c: the JIT front door without a GPU.
  *
- * rmsnorm.cu compiled by NVRTC to an sm_90a cubin (NVRTC needs no GPU),
+ * tests/kernels/rmsnorm.cu compiled by NVRTC to an sm_90a cubin (NVRTC needs no GPU),
  * then a memory hit (same function back), a disk hit after a restart (same
  * bytes, no compile), keys that follow the constants but not their order,
  * the code-changing environment, the kernel file's contents and the exact
@@ -38,10 +38,20 @@ static uint64_t stat_of(cache_stat s) {
 }
 
 static const jit_spec generic = {"rmsnorm_bf16<0, 256>", NULL, 0};
+/* The NVRTC test kernel: a test fixture, not a product template
+ * (tests/kernels/), named by path. */
+static char RMS[1024];
+static char *msg(const char *fmt, const char *a) { /* fmt with %s for RMS (twice at most) */
+  static char b[2][1400];
+  static int k;
+  char *p = b[k++ % 2];
+  snprintf(p, 1400, fmt, a, a);
+  return p;
+}
 
 static int get(const char *entry, const dsl_define *defs, int ndefs, const jit_spec *gen,
                const char *arch, const jit_fn **f, mj_err *err) {
-  jit_request r = {"rmsnorm.cu", {entry, defs, ndefs}, gen, arch};
+  jit_request r = {RMS, {entry, defs, ndefs}, gen, arch};
   mj_err_clear(err);
   return jit_get(&r, f, err);
 }
@@ -185,9 +195,9 @@ static void test_fallback(void) {
   T_CHECK(f && f->generic && f2 == f);
   T_EQ_STR(f ? f->meta.kernel_name : "", "_Z12rmsnorm_bf16ILi0ELi256EEvP13__nv_bfloat16PKS0_S3_if");
   /* Logged once, with the reason; compiled once (and the generic once). */
-  T_EQ_INT(t_count_in(log, "moejit: warning: rmsnorm.cu rmsnorm_bf16<1001, 256>: did not "
-                         "compile; the generic variant (rmsnorm.cu rmsnorm_bf16<0, 256>) "
-                         "stands in for it"),
+  T_EQ_INT(t_count_in(log, msg("moejit: warning: %s rmsnorm_bf16<1001, 256>: did not "
+                             "compile; the generic variant (%s rmsnorm_bf16<0, 256>) "
+                             "stands in for it", RMS)),
            1);
   T_EQ_INT(t_count_in(log, "HIDDEN must be even"), 1);
   T_EQ_INT(stat_of(CACHE_STAT_compiles), 2);
@@ -201,8 +211,7 @@ static void test_fallback(void) {
   t_stderr_to(log);
   r1 = get("rmsnorm_bf16<1003, 256>", NULL, 0, NULL, "sm_90a", &f, &err);
   T_EQ_INT(r1, MJ_ECOMPILE);
-  T_CHECK(strstr(err.msg, "rmsnorm.cu: NVRTC could not compile rmsnorm_bf16<1003, 256> for "
-                          "sm_90a: ") == err.msg);
+  T_CHECK(strstr(err.msg, msg("%s: NVRTC could not compile rmsnorm_bf16<1003, 256> for sm_90a: ", RMS)) == err.msg);
   T_CHECK(strstr(err.msg, "static assertion failed") != NULL);
   T_CHECK(err.detail && strstr(err.detail, "HIDDEN=1003"));
   r2 = get("rmsnorm_bf16<1003, 256>", NULL, 0, NULL, "sm_90a", &f, &err);
@@ -225,13 +234,14 @@ static void test_bad_requests(void) {
   jit_request r = {"nope.cu", {"k", NULL, 0}, NULL, "sm_90a"};
   T_EQ_INT(jit_get(&r, &f, &err), MJ_EINPUT);
   T_CHECK(strstr(err.msg, "kernel 'nope.cu': no such template (built in: ") == err.msg);
-  T_CHECK(strstr(err.msg, "templates/rmsnorm.cu") != NULL);
+  T_CHECK(strstr(err.msg, "templates/mla.cu") != NULL);
+  T_CHECK(strstr(err.msg, "rmsnorm") == NULL); /* a test fixture is not built in */
   mj_err_clear(&err);
   dsl_define dup[] = {{"A", "1"}, {"A", "2"}};
   T_EQ_INT(get("rmsnorm_bf16<0, 256>", dup, 2, NULL, "sm_90a", &f, &err), MJ_EINPUT);
-  T_EQ_STR(err.msg, "kernel rmsnorm.cu: constant A given twice");
+  T_EQ_STR(err.msg, msg("kernel %s: constant A given twice", RMS));
   T_EQ_INT(get(NULL, NULL, 0, NULL, "sm_90a", &f, &err), MJ_EINPUT);
-  T_EQ_STR(err.msg, "kernel rmsnorm.cu: an NVRTC kernel needs its entry (name<args>)");
+  T_EQ_STR(err.msg, msg("kernel %s: an NVRTC kernel needs its entry (name<args>)", RMS));
   r.kernel = t_scratch("missing.cu");
   mj_err_clear(&err);
   T_EQ_INT(jit_get(&r, &f, &err), MJ_EINPUT);
@@ -242,7 +252,7 @@ static void test_bad_requests(void) {
   T_EQ_STR(err.msg, "kernel /etc/hostname: not a .k (DSL) or .cu (NVRTC) source");
   if (!cu_dev()) {
     T_EQ_INT(get("rmsnorm_bf16<0, 256>", NULL, 0, NULL, NULL, &f, &err), MJ_ENOGPU);
-    T_EQ_STR(err.msg, "kernel rmsnorm.cu: no GPU, and no target named (such as sm_90a)");
+    T_EQ_STR(err.msg, msg("kernel %s: no GPU, and no target named (such as sm_90a)", RMS));
   }
   /* None of these was remembered or counted as a compile. */
   T_EQ_INT(stat_of(CACHE_STAT_compiles), 0);
@@ -402,6 +412,8 @@ int main(void) {
   unsetenv("MOEJIT_DSL_OPT");
   unsetenv("MOEJIT_CACHE_MAX");
   if (t_scratch_init("jit")) return 1;
+  const char *sd = getenv("srcdir");
+  snprintf(RMS, sizeof RMS, "%s/tests/kernels/rmsnorm.cu", sd && *sd ? sd : ".");
   gpu_sm90a = cu_init(NULL) == 0 && strcmp(cu_dev()->arch, "sm_90a") == 0;
   T_RUN(test_ref_rmsnorm);
   T_RUN(test_nvrtc_cubin);

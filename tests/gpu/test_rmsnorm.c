@@ -1,4 +1,4 @@
-/* test_rmsnorm.c (GPU): templates/rmsnorm.cu against the CPU reference
+/* test_rmsnorm.c (GPU): tests/kernels/rmsnorm.cu (a test fixture) against the CPU reference
  * (ref_rmsnorm_bf16), through the JIT front door.  Run by gputest (which
  * exits 77 without a GPU).
  *
@@ -52,7 +52,10 @@ static int run_shape(const shape *s, mj_err *err) {
   snprintf(entry, sizeof entry, "rmsnorm_bf16<%d, %d>", s->hidden, s->block);
   snprintf(gentry, sizeof gentry, "rmsnorm_bf16<0, %d>", s->block);
   jit_spec generic = {gentry, NULL, 0};
-  jit_request req = {"rmsnorm.cu", {entry, NULL, 0}, &generic, NULL};
+  char path[1024];
+  const char *sd = getenv("srcdir");
+  snprintf(path, sizeof path, "%s/tests/kernels/rmsnorm.cu", sd && *sd ? sd : ".");
+  jit_request req = {path, {entry, NULL, 0}, &generic, NULL};
   const jit_fn *f = NULL;
   int r = jit_get(&req, &f, err);
   if (r) return r;
