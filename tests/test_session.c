@@ -40,6 +40,7 @@ static void alone(const sample_params *sp, const int32_t *toks, int np, int n, i
     out[i - np + 1] = sample_next(smp, lg, toks, (size_t)i + 1);
   }
   if (last) memcpy(last, lg, (size_t)V * 4);
+  free(lg);
   sample_destroy(smp);
   cpu_model_destroy(cm);
 }
