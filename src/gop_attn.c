@@ -104,9 +104,9 @@ int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows ro
   jit_spec gen1 = {g1, NULL, 0}, gen2 = {g2, NULL, 0};
   const jit_fn *part = NULL, *comb = NULL;
   bool launch = false;
-  rc = gop_get(cx, "attend.cu", p.spec ? e1 : g1, NULL, 0, p.spec ? &gen1 : NULL, &part, &launch, err);
+  rc = gop_get(cx, KT_mla_attend, p.spec ? e1 : g1, NULL, 0, p.spec ? &gen1 : NULL, &part, &launch, err);
   if (rc) return rc;
-  rc = gop_get(cx, "attend.cu", p.spec ? e2 : g2, NULL, 0, p.spec ? &gen2 : NULL, &comb, &launch, err);
+  rc = gop_get(cx, KT_mla_attend, p.spec ? e2 : g2, NULL, 0, p.spec ? &gen2 : NULL, &comb, &launch, err);
   if (rc) return rc;
   if (part->generic && d->kv_rank > ATT_MAX_CPT * ATT_BLOCK)
     return mj_fail(err, MJ_EINPUT, "gop_mla_attend: %s did not compile and the generic kernel takes kv_rank <= %d", e1,
@@ -160,9 +160,9 @@ int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache 
   jit_spec gen1 = {g1, NULL, 0};
   const jit_fn *score = NULL, *topk = NULL;
   bool launch = false;
-  rc = gop_get(cx, "dsa.cu", spec ? e1 : g1, NULL, 0, spec ? &gen1 : NULL, &score, &launch, err);
+  rc = gop_get(cx, KT_dsa_select, spec ? e1 : g1, NULL, 0, spec ? &gen1 : NULL, &score, &launch, err);
   if (rc) return rc;
-  rc = gop_get(cx, "dsa.cu", e2, NULL, 0, NULL, &topk, &launch, err);
+  rc = gop_get(cx, KT_dsa_select, e2, NULL, 0, NULL, &topk, &launch, err);
   if (rc) return rc;
   if (!launch) return 0;
 

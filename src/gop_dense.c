@@ -29,7 +29,7 @@ static int launch_2d(CUfunction fn, unsigned gx, unsigned gy, unsigned block, CU
 /* gop_get for an NVRTC entry of one of our .cu templates with its generic
  * variant (none when nm->generic is empty); *fn NULL (and 0 returned) when
  * there is nothing to launch. */
-static int get_cu(const gop_ctx *cx, const char *file, const gop_names *nm, CUfunction *fn, mj_err *err) {
+static int get_cu(const gop_ctx *cx, kt_id file, const gop_names *nm, CUfunction *fn, mj_err *err) {
   jit_spec generic = {nm->generic, NULL, 0};
   const jit_fn *f;
   bool launch;
@@ -44,7 +44,7 @@ int gop_embed(CUdeviceptr table, CUdeviceptr token, CUdeviceptr x, int B, int H,
   snprintf(nm.entry, sizeof nm.entry, "embed_rows<%d, 256>", H % 8 == 0 ? H : 0);
   snprintf(nm.generic, sizeof nm.generic, "embed_rows<0, 256>");
   CUfunction fn;
-  int rc = get_cu(cx, "ops.cu", &nm, &fn, err);
+  int rc = get_cu(cx, KT_embed, &nm, &fn, err);
   if (rc || !fn) return rc;
   void *args[] = {&table, &token, &x, &H};
   return cu_launch(fn, (unsigned)B, 256, 0, cx->s, args, err);
@@ -59,7 +59,7 @@ int gop_add_rmsnorm(CUdeviceptr x, CUdeviceptr y, bool y_bf16, CUdeviceptr w, fl
   snprintf(nm.entry, sizeof nm.entry, "add_rmsnorm<%d, %d, %d>", H % 4 == 0 ? H : 0, block, ymode);
   snprintf(nm.generic, sizeof nm.generic, "add_rmsnorm<0, %d, %d>", block, ymode);
   CUfunction fn;
-  int rc = get_cu(cx, "ops.cu", &nm, &fn, err);
+  int rc = get_cu(cx, KT_add_rmsnorm, &nm, &fn, err);
   if (rc || !fn) return rc;
   void *args[] = {&x, &y, &w, &eps, &xn, &H};
   return cu_launch(fn, (unsigned)B, (unsigned)block, 0, cx->s, args, err);
@@ -72,7 +72,7 @@ int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, const gop_ctx *cx,
   snprintf(nm.entry, sizeof nm.entry, "silu_mul<%d, 256>", I % 4 == 0 ? I : 0);
   snprintf(nm.generic, sizeof nm.generic, "silu_mul<0, 256>");
   CUfunction fn;
-  int rc = get_cu(cx, "ops.cu", &nm, &fn, err);
+  int rc = get_cu(cx, KT_silu_mul, &nm, &fn, err);
   if (rc || !fn) return rc;
   /* Four values a thread; both variants loop over the row with the grid's
    * stride, so the generic one covers the same grid. */
@@ -117,7 +117,7 @@ int gop_gemv(CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K, c
     }
     const jit_fn *f;
     bool launch;
-    int rc = gop_get(cx, "gemv_bf16_b.k", NULL, defs, 6, NULL, &f, &launch, err);
+    int rc = gop_get(cx, KT_gemv, NULL, defs, 6, NULL, &f, &launch, err);
     if (rc) return rc;
     if (!launch) continue; /* compile only: the next row block may need another kernel */
     CUdeviceptr xb = x + (CUdeviceptr)b0 * (CUdeviceptr)K * 2, yb = y + (CUdeviceptr)b0 * (CUdeviceptr)N * 4;
@@ -140,7 +140,7 @@ int gop_sample(CUdeviceptr logits, int B, int V, const sample_params *sp, gop_ro
   snprintf(nm.entry, sizeof nm.entry, "sample_rows<512>");
   nm.generic[0] = 0;
   CUfunction fn;
-  int rc = get_cu(cx, "sample.cu", &nm, &fn, err);
+  int rc = get_cu(cx, KT_sample, &nm, &fn, err);
   if (rc || !fn) return rc;
   float temperature = sp->temperature, top_p = sp->top_p, min_p = sp->min_p;
   int top_k = sp->top_k;

@@ -22,13 +22,13 @@
 
 /* Obtain kernel `name` specialised as `spec` ("<...>"), or its generic
  * variant (`gen`) directly when !fast. */
-static int mla_get(const gop_ctx *cx, const char *name, const char *spec, const char *gen, bool fast, const jit_fn **f, bool *launch,
+static int mla_get(const gop_ctx *cx, kt_id k, const char *name, const char *spec, const char *gen, bool fast, const jit_fn **f, bool *launch,
                    mj_err *err) {
   char entry[128], gentry[128];
   snprintf(entry, sizeof entry, "%s%s", name, spec);
   snprintf(gentry, sizeof gentry, "%s%s", name, gen);
   jit_spec generic = {gentry, NULL, 0};
-  return gop_get(cx, "mla.cu", fast ? entry : gentry, NULL, 0, fast ? &generic : NULL, f, launch, err);
+  return gop_get(cx, k, fast ? entry : gentry, NULL, 0, fast ? &generic : NULL, f, launch, err);
 }
 
 /* The batch tile of the weight-streaming kernels: the smallest of 1, 2, 4,
@@ -67,7 +67,7 @@ int gop_mla_prep(const gop_dims *d, CUdeviceptr P, int pw, const gop_prep_w *w, 
            d->idx_dim <= 1024 && d->idx_dim >= 0 ? d->idx_dim : 0);
   const jit_fn *f;
   bool launch;
-  int rc = mla_get(cx, "mla_prep", spec, "<0, 0, 0, 0>", true, &f, &launch, err);
+  int rc = mla_get(cx, KT_mla_prep, "mla_prep", spec, "<0, 0, 0, 0>", true, &f, &launch, err);
   if (rc || !launch) return rc;
   CUdeviceptr kv = c.kv, ikey = c.ikey;
   int q_rank = d->q_rank, kv_rank = d->kv_rank, rope = d->rope, idx_dim = d->idx_dim, idx_heads = d->idx_heads;
@@ -92,7 +92,7 @@ int gop_mla_q(const gop_dims *d, CUdeviceptr Q, CUdeviceptr kv_b, gop_rows rows,
   snprintf(spec, sizeof spec, "<%d, %d, %d, %d, %d>", d->nope, d->rope, d->v, d->kv_rank, mla_tile(B));
   const jit_fn *f;
   bool launch;
-  int rc = mla_get(cx, "mla_q", spec, "<0, 0, 0, 0, 0>", fast, &f, &launch, err);
+  int rc = mla_get(cx, KT_mla_q, "mla_q", spec, "<0, 0, 0, 0, 0>", fast, &f, &launch, err);
   if (rc || !launch) return rc;
   int per_head = f->generic || !fast ? (d->kv_rank + MLA_BLOCK - 1) / MLA_BLOCK : d->kv_rank / 64;
   long items = (long)B * (d->heads + (ix ? d->idx_heads : 0));
@@ -114,7 +114,7 @@ int gop_mla_vout(const gop_dims *d, CUdeviceptr olat, CUdeviceptr kv_b, CUdevice
   snprintf(spec, sizeof spec, "<%d, %d, %d, %d>", d->nope, d->v, d->kv_rank, mla_tile(B));
   const jit_fn *f;
   bool launch;
-  int rc = mla_get(cx, "mla_vout", spec, "<0, 0, 0, 0>", fast, &f, &launch, err);
+  int rc = mla_get(cx, KT_mla_vout, "mla_vout", spec, "<0, 0, 0, 0>", fast, &f, &launch, err);
   if (rc || !launch) return rc;
   long grid = f->generic || !fast ? ((long)d->heads * d->v + MLA_BLOCK / 32 - 1) / (MLA_BLOCK / 32)
                                   : (long)d->heads * (d->v / 32);

@@ -7,11 +7,12 @@
 
 #include <string.h>
 
-int gop_get(const gop_ctx *cx, const char *kernel, const char *entry, const dsl_define *defs, int ndefs,
-            const jit_spec *generic, const jit_fn **f, bool *launch, mj_err *err) {
-  jit_request req = {kernel, {entry, defs, ndefs}, generic, cx->arch};
+int gop_get(const gop_ctx *cx, kt_id k, const char *entry, const dsl_define *defs, int ndefs, const jit_spec *generic,
+            const jit_fn **f, bool *launch, mj_err *err) {
+  jit_request req = {kt_template(k), {entry, defs, ndefs}, generic, cx->arch};
   int rc = jit_get(&req, f, err);
   if (rc) return rc;
+  kt_note(k, *f);
   *launch = (*f)->fn != NULL && !cx->dry;
   return 0;
 }

@@ -32,6 +32,7 @@
 
 #include "cudrv.h"
 #include "jit.h"
+#include "kernels.h"
 #include "sample.h"
 
 /* Where a launcher's kernels go: the stream, the target they are obtained
@@ -46,8 +47,9 @@ typedef struct gop_ctx {
 } gop_ctx;
 /* jit_get for cx's target; *launch is false when the kernel was only
  * compiled (no GPU of the target, or dry): the launcher then returns 0. */
-int gop_get(const gop_ctx *cx, const char *kernel, const char *entry, const dsl_define *defs, int ndefs,
-            const jit_spec *generic, const jit_fn **f, bool *launch, mj_err *err);
+/* The kernel comes from family k's template (kernels.h). */
+int gop_get(const gop_ctx *cx, kt_id k, const char *entry, const dsl_define *defs, int ndefs, const jit_spec *generic,
+            const jit_fn **f, bool *launch, mj_err *err);
 
 /* The widths of the model a step runs (from model_config). */
 typedef struct gop_dims {

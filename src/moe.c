@@ -16,6 +16,7 @@
 #include "embed.h"
 #include "moe.h"
 #include "jit.h"
+#include "kernels.h"
 
 /* Where the bits m, e0, e1, s (e2m1: s e1 e0 m) of output o's low value sit
  * in the word; the high value's are 16 higher.  The kernel's decode:
@@ -152,6 +153,11 @@ static void def_i(defs *d, const char *name, long v) {
 /* Every kernel comes through the front door (jit.h): memory table, disk
  * cache, compile.  compile_ms is the time jit_get took (a cache hit is a
  * fraction of a millisecond); cached says whether it compiled. */
+/* Each MoE kernel's family in the kernel table (kernels.h): its template. */
+static const kt_id kernel_family[MOE_NK] = {KT_moe_router, KT_moe_route, KT_moe_expert, KT_moe_expert,
+                                            KT_moe_combine};
+#define kernel_files(i) kt_template(kernel_family[i])
+
 static int load_one(moe_kernels *k, int id, const char *file, const defs *d, const char *arch, mj_err *err) {
   jit_request req = {file, {NULL, d->d, d->n}, NULL, arch};
   const jit_fn *f;
@@ -160,6 +166,7 @@ static int load_one(moe_kernels *k, int id, const char *file, const defs *d, con
   double t0 = mj_now_ms();
   int rc = jit_get(&req, &f, err);
   if (rc) return rc;
+  kt_note(kernel_family[id], f);
   jit_stats(&s1);
   k->fn[id] = f->fn;
   snprintf(k->key[id], sizeof k->key[id], "%s", f->key);
@@ -173,8 +180,6 @@ static int load_one(moe_kernels *k, int id, const char *file, const defs *d, con
 /* The template and constants of each kernel of a plan: one table for
  * moe_kernels_load and moe_kernels_probe, so what is probed is what is
  * loaded. */
-static const char *const kernel_files[MOE_NK] = {"moe_router.k", "moe_route.k", "moe_expert.k", "moe_expert.k",
-                                                 "moe_combine.k"};
 static void plan_defs(const moe_plan *p, defs d[MOE_NK]) {
   const model_moe_cfg *c = &p->cfg;
   memset(d, 0, MOE_NK * sizeof *d);
@@ -204,7 +209,7 @@ int moe_kernels_load(moe_kernels *k, const moe_plan *p, const char *arch, mj_err
   defs d[MOE_NK];
   plan_defs(p, d);
   int rc = 0;
-  for (int i = 0; i < MOE_NK && !rc; i++) rc = load_one(k, i, kernel_files[i], &d[i], arch, err);
+  for (int i = 0; i < MOE_NK && !rc; i++) rc = load_one(k, i, kernel_files(i), &d[i], arch, err);
   if (rc) moe_kernels_free(k);
   return rc;
 }
@@ -215,12 +220,12 @@ int moe_kernels_probe(const moe_plan *p, const char *arch, bool cached[MOE_NK], 
   for (int i = 0; i < MOE_NK; i++) {
     if (ids) {
       mj_buf b = {0};
-      mj_buf_puts(&b, kernel_files[i]);
+      mj_buf_puts(&b, kernel_files(i));
       for (int j = 0; j < d[i].n; j++) mj_buf_printf(&b, " %s=%s", d[i].d[j].name, d[i].d[j].value);
       ids[i] = mj_hash128(b.data, b.len).lo;
       mj_buf_free(&b);
     }
-    jit_request req = {kernel_files[i], {NULL, d[i].d, d[i].n}, NULL, arch};
+    jit_request req = {kernel_files(i), {NULL, d[i].d, d[i].n}, NULL, arch};
     int rc = jit_probe(&req, &cached[i], err);
     if (rc) return rc;
   }

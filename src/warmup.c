@@ -25,6 +25,7 @@
 #include "cli.h"
 #include "session.h"
 #include "jit.h"
+#include "kernels.h"
 #include "trace.h"
 
 typedef struct wctx {
@@ -188,6 +189,7 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
     if (bad && !quiet) mj_warn("moejit warmup: %d of %lld compile processes failed; the rest is compiled here", bad, (long long)jobs);
   }
   /* The parent's pass: with -j, every kernel should now be on disk. */
+  kt_counts_reset();
   wctx w = {batches, isatty(2) != 0, quiet};
   rc = gpu_warm(&cfg, sh, &o, target, batches, nb, progress, &w, err);
   cache_stats st;
@@ -225,6 +227,13 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
            (unsigned long long)failed, compile_s, (long long)jobs);
     if (capture) printf("; %d graphs captured in %.1f s", graphs, cap_ms / 1e3);
     else printf("; no graphs captured (%s)", no_graphs ? "--no-graphs" : gpu ? "another target" : "no GPU");
+    printf("\n");
+    /* the kernel table's families (kernels.h), as the step obtained them */
+    uint64_t per[KT_N];
+    kt_counts(per);
+    printf("warmup: kernels by family:");
+    for (int i = 0, first = 1; i < KT_N; i++)
+      if (per[i]) printf("%s %s %llu", first ? "" : ",", kt_kernels[i].name, (unsigned long long)per[i]), first = 0;
     printf("\n");
   }
   /* A failed specialisation is not fatal (its generic variant stands in,

@@ -34,7 +34,7 @@ static float uniform(void) { /* xorshift64, [0, 1) */
 /* ---- (a) compile every specialisation ------------------------------------------------ */
 static const char *dry_arch = "sm_90a";
 
-static void show(const char *kernel, const char *entry) {
+static void show(kt_id kernel, const char *entry) {
   const jit_fn *f = NULL;
   bool launch = false;
   mj_err err = {0};
@@ -85,17 +85,17 @@ static void test_compile(void) {
            MJ_EINPUT);
   mj_err_clear(&err);
   printf("  kernels (%s):\n", dry_arch);
-  show("attend.cu", "mla_attend_part<512, 64, 16, 256>");
-  show("attend.cu", "mla_attend_part<512, 64, 8, 256>"); /* small B x ctx: att_plan halves the heads per block */
-  show("attend.cu", "mla_attend_combine<512, 128>");
-  show("attend.cu", "mla_attend_part<48, 8, 16, 256>");
-  show("attend.cu", "mla_attend_part<0, 0, 16, 256>");
-  show("attend.cu", "mla_attend_part<0, 0, 8, 256>");
-  show("attend.cu", "mla_attend_combine<0, 128>");
-  show("dsa.cu", "dsa_score<128, 32, 128>");
-  show("dsa.cu", "dsa_score<16, 2, 128>");
-  show("dsa.cu", "dsa_score<0, 0, 128>");
-  show("dsa.cu", "dsa_topk<1024>");
+  show(KT_mla_attend, "mla_attend_part<512, 64, 16, 256>");
+  show(KT_mla_attend, "mla_attend_part<512, 64, 8, 256>"); /* small B x ctx: att_plan halves the heads per block */
+  show(KT_mla_attend, "mla_attend_combine<512, 128>");
+  show(KT_mla_attend, "mla_attend_part<48, 8, 16, 256>");
+  show(KT_mla_attend, "mla_attend_part<0, 0, 16, 256>");
+  show(KT_mla_attend, "mla_attend_part<0, 0, 8, 256>");
+  show(KT_mla_attend, "mla_attend_combine<0, 128>");
+  show(KT_dsa_select, "dsa_score<128, 32, 128>");
+  show(KT_dsa_select, "dsa_score<16, 2, 128>");
+  show(KT_dsa_select, "dsa_score<0, 0, 128>");
+  show(KT_dsa_select, "dsa_topk<1024>");
   DRY.arch = NULL;
 }
 

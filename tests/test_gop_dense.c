@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "embed.h"
 #include "gpu_ops.h"
 #include "ref.h"
 #include "sample.h"
@@ -232,8 +233,54 @@ static void test_ref_sample_draw(void) {
   T_CHECK(u > 0 && u <= 1);
 }
 
+/* The kernel table (kernels.h): every row's template is built in and its
+ * extension is its language; docs/dsl.md's table (the written rule) lists
+ * the template with the same language; a row's CPU reference is declared
+ * in ref.h; names are unique.  So the rule, the table and the launchers'
+ * templates cannot drift apart. */
+static void test_kernel_table(void) {
+  char path[1024], *doc = NULL, *refh = NULL;
+  size_t n = 0, nr = 0;
+  const char *sd = getenv("srcdir");
+  snprintf(path, sizeof path, "%s/docs/dsl.md", sd && *sd ? sd : ".");
+  T_EQ_INT(mj_read_file(path, &doc, &n, NULL), 0);
+  snprintf(path, sizeof path, "%s/src/ref.h", sd && *sd ? sd : ".");
+  T_EQ_INT(mj_read_file(path, &refh, &nr, NULL), 0);
+  for (int i = 0; i < KT_N; i++) {
+    const kt_kernel *k = &kt_kernels[i];
+    t_current = k->name;
+    T_CHECK(embed_find(k->tmpl) != NULL);
+    size_t l = strlen(k->tmpl);
+    bool dsl = l > 2 && strcmp(k->tmpl + l - 2, ".k") == 0;
+    T_EQ_STR(k->lang, dsl ? "dsl" : "nvrtc");
+    T_EQ_INT(kt_find(k->name), i);
+    if (doc) { /* a table row naming the template, in this language ("NVRTC" or "DSL") */
+      char cell[128];
+      snprintf(cell, sizeof cell, "`%s`", k->tmpl);
+      bool found = false;
+      for (const char *p = strstr(doc, cell); p && !found; p = strstr(p + 1, cell)) {
+        const char *bol = p, *eol = strchr(p, '\n');
+        while (bol > doc && bol[-1] != '\n') bol--;
+        const char *lang = strstr(p, dsl ? "| DSL |" : "| NVRTC |");
+        found = *bol == '|' && lang && (!eol || lang < eol);
+      }
+      if (!found) fprintf(stderr, "  docs/dsl.md has no %s row for %s\n", k->lang, k->tmpl);
+      T_CHECK(found);
+    }
+    if (refh && strcmp(k->ref, "-") != 0) {
+      char decl[96];
+      snprintf(decl, sizeof decl, " %s(", k->ref);
+      T_CHECK(strstr(refh, decl) != NULL);
+    }
+  }
+  t_current = "test_kernel_table";
+  T_EQ_INT(kt_find("no_such_family"), -1);
+  free(doc), free(refh);
+}
+
 int main(void) {
   setenv("MOEJIT_CACHE", "off", 1);
+  T_RUN(test_kernel_table);
   T_RUN(test_dry_compile);
   T_RUN(test_ref_embed_gemv);
   T_RUN(test_ref_add_rmsnorm);

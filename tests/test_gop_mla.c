@@ -86,7 +86,7 @@ static void test_compile(void) {
       snprintf(entry, sizeof entry, fmt[k], tb);
       const jit_fn *f = NULL;
       bool launch = true;
-      T_EQ_INT(gop_get(&DRY, "mla.cu", entry, NULL, 0, NULL, &f, &launch, &err), 0);
+      T_EQ_INT(gop_get(&DRY, k ? KT_mla_vout : KT_mla_q, entry, NULL, 0, NULL, &f, &launch, &err), 0);
       if (!f) continue;
       printf("%-30s %3d registers, %2d bytes spilled\n", entry, f->meta.regs, f->meta.spill_stores);
       T_CHECK(!f->generic && !launch);

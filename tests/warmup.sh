@@ -21,6 +21,12 @@ else
   bad "cold warm-up: status $st: $(cat "$tmp/w1" "$tmp/e1")"
 fi
 kernels=${1:-0}
+# The dry step obtains what a real step does: add_rmsnorm with no residual
+# (the first layer), an f32 one (attention, dense MLP) and a bf16 one (the
+# MoE layer's output): three kernels.  A dry step whose placeholders were
+# null compiled only the first.
+grep -q "^warmup: kernels by family: .*add_rmsnorm 3,.* mla_attend [0-9]*, dsa_select [0-9]*, moe_router" "$tmp/w1" &&
+  ok "kernels by family: $(grep "by family" "$tmp/w1" | cut -d: -f3)" || bad "kernels by family: $(cat "$tmp/w1")"
 
 MOEJIT_CACHE=assert-warm $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 1,2 > "$tmp/w2" 2> "$tmp/e2"
 st=$?

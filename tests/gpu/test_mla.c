@@ -206,13 +206,13 @@ static int run_case(const mcase *c, mj_err *err) {
   }
   printf("%-5s B %3d %-7s | %8.1e %8.1e %8.1e %8.1e %8.1e %8.1e %8.1e | %zu\n", c->name, B, ix ? "indexer" : "-", e_qa,
          e_kv, ix ? e_ik : 0.0, ix ? e_iw : 0.0, e_ql, ix ? e_iq : 0.0, e_o, touched);
-  T_CHECK(e_qa <= 1e-2);
-  T_CHECK(e_kv <= 1e-2);
-  T_CHECK(e_ql <= 1e-2);
-  T_CHECK(e_o <= 1e-2);
-  T_CHECK(e_ik <= 1e-2);
-  T_CHECK(e_iw <= 1e-2);
-  T_CHECK(e_iq <= 1e-2);
+  T_CHECK(e_qa <= kt_kernels[KT_mla_prep].tol);
+  T_CHECK(e_kv <= kt_kernels[KT_mla_prep].tol);
+  T_CHECK(e_ql <= kt_kernels[KT_mla_q].tol);
+  T_CHECK(e_o <= kt_kernels[KT_mla_vout].tol);
+  T_CHECK(e_ik <= kt_kernels[KT_mla_prep].tol);
+  T_CHECK(e_iw <= kt_kernels[KT_mla_prep].tol);
+  T_CHECK(e_iq <= kt_kernels[KT_mla_q].tol);
   T_EQ_INT(touched, 0);
   free(kv_g), free(kv_w), free(ik_g), free(ik_w), free(mine);
 out:
