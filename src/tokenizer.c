@@ -1,4 +1,6 @@
-/* tokenizer.c: byte-level BPE from a Hugging Face tokenizer.json.
+/* tokenizer.c: BPE from a Hugging Face tokenizer.json, over bytes
+ * (ByteLevel: GLM-5, Qwen, DeepSeek, GPT-2) or over characters
+ * (SentencePiece exports: Llama 2, Mistral; byte_fallback, Metaspace).
  *
  * Encoding follows the reference pipeline (huggingface/tokenizers,
  * Tokenizer::encode):
@@ -13,9 +15,12 @@
  *      each step splitting the pieces of the one before independently;
  *   5. each final piece (a "word") is merged by BPE, through a word cache;
  *   6. the post-processor adds its special tokens.
- * BPE works on bytes: ByteLevel maps every byte to one character, one to
- * one, so a word's characters are its bytes, and every vocabulary entry is
- * translated to the bytes it stands for at load time.  A merge is then a
+ * With ByteLevel, BPE works on bytes: ByteLevel maps every byte to one
+ * character, one to one, so a word's characters are its bytes, and every
+ * vocabulary entry is translated to the bytes it stands for at load time.
+ * Without it, a word starts as one symbol per character (or its
+ * <0xXX> byte tokens, or the unk_token), and each entry's decoded text is
+ * what the decoder's token-level steps make of it (load_decoder).  A merge is then a
  * pair of token ids with a rank and a result id, kept in an open-addressing
  * table; a word starts as one token per byte and the lowest-ranked
  * adjacent pair (leftmost on ties) is merged until none is left, using a
@@ -166,7 +171,7 @@ typedef struct {
   bool empty;
 } trie;
 
-enum { STEP_SPLIT, STEP_BYTELEVEL };
+enum { STEP_SPLIT, STEP_BYTELEVEL, STEP_METASPACE };
 /* Split's behaviors: what becomes of the matches (the delimiters). */
 #define SPLIT_BEHAVIORS(X) X(Removed) X(Isolated) X(MergedWithPrevious) X(MergedWithNext) X(Contiguous)
 #define X(name) SPLIT_##name,
@@ -179,6 +184,10 @@ typedef struct {
   int behavior; /* Split: SPLIT_* */
   bool invert;  /* Split: the pattern's matches and the text between trade places */
   pcre2_match_data *md;
+  const char *rep;      /* Metaspace: the replacement character (UTF-8) */
+  size_t rep_len;
+  int prepend;          /* Metaspace: 0 never, 1 always, 2 first (only at the input's start) */
+  bool split;           /* Metaspace: split before each replacement */
 } pre_step;
 
 #define MAX_STEPS 8
@@ -194,6 +203,20 @@ typedef struct {
   size_t text_len;
 } norm_op;
 #define MAX_NORMS 16
+
+/* Decoder steps, in order (a Sequence flattened).  Those before a Fuse act
+ * on each token's text; a Strip after it on the whole text. */
+enum { DEC_BYTELEVEL, DEC_REPLACE, DEC_BYTEFALLBACK, DEC_FUSE, DEC_STRIP, DEC_METASPACE };
+typedef struct {
+  int kind;
+  const char *from, *to; /* Replace: a String pattern and its content; Metaspace: the replacement */
+  size_t from_len, to_len;
+  char content[8];       /* Strip: the character (UTF-8) */
+  size_t content_len;
+  int start, stop;       /* Strip */
+  bool prefix;           /* Metaspace: prepend_scheme is not "never" (the first token loses its replacements) */
+} dec_op;
+#define MAX_DECS 8
 
 /* The word cache: word bytes -> ids, cleared when full. */
 typedef struct {
@@ -218,6 +241,13 @@ struct tok_tokenizer {
   int32_t byte_id[256];
   pmap merges;
   bool ignore_merges;
+  bool byte_level;          /* a ByteLevel pre-tokenizer: BPE over bytes (else over characters) */
+  bool byte_fallback, fuse_unk;
+  int32_t unk_id;           /* the model's unk_token, -1 if none */
+  int32_t fallback_id[256]; /* byte_fallback: the <0xXX> tokens, -1 where missing */
+  dec_op dec[MAX_DECS];     /* the decoder, flattened */
+  int ndec, fuse_at;        /* fuse_at: index of Fuse, ndec if none (ops after it see the whole text) */
+  bool first_differs;       /* a Metaspace decoder with a prepend scheme: the first token decodes apart */
 
   added_token *added;
   int nadded;
@@ -248,6 +278,7 @@ struct tok_tokenizer {
   mj_err *err; /* the current encode call's error record */
   void (*piece_fn)(void *ctx, const char *s, size_t n); /* tok_pre_pieces: words go here, not to BPE */
   void *piece_ctx;
+  const char *first_ptr; /* where the input's first character is in the text being pre-tokenized (Metaspace "first") */
   int failed;
 };
 
@@ -494,8 +525,10 @@ static int load_model(tok_tokenizer *t, const json *model, const char *name, mj_
     return bad(err, name, model, "%s", "model.vocab is missing or not an object");
   if (!merges || merges->type != JSON_ARR)
     return bad(err, name, model, "%s", "model.merges is missing or not an array");
-  if (get_flag(model, "byte_fallback", false))
-    return bad(err, name, model, "%s", "model.byte_fallback is not supported (byte-level BPE only)");
+  t->byte_fallback = get_flag(model, "byte_fallback", false);
+  t->fuse_unk = get_flag(model, "fuse_unk", false);
+  if (t->byte_fallback && t->byte_level)
+    return bad(err, name, model, "%s", "model.byte_fallback with a ByteLevel pre_tokenizer is not supported");
   const json *dropout = json_get(model, "dropout");
   if (!is_null(dropout) && !(dropout->type == JSON_NUM && dropout->num == 0))
     return bad(err, name, dropout, "%s", "model.dropout is not supported");
@@ -521,7 +554,13 @@ static int load_model(tok_tokenizer *t, const json *model, const char *name, mj_
     e->used = true;
     e->piece = mj_arena_strndup(&t->arena, vocab->keys[i], vocab->key_lens[i]);
     e->piece_len = (uint32_t)vocab->key_lens[i];
-    if (piece_to_bytes(e->piece, e->piece_len, &tmp)) {
+    if (!t->byte_level) {
+      /* BPE over characters: a symbol is its own text (the decoder's
+       * reading of it is set by load_decoder). */
+      e->bytes = e->piece;
+      e->bytes_len = e->piece_len;
+      smap_put(&t->vocab_bytes, e->bytes, e->bytes_len, id);
+    } else if (piece_to_bytes(e->piece, e->piece_len, &tmp)) {
       e->bytes = mj_arena_strndup(&t->arena, tmp.data ? tmp.data : "", tmp.len);
       e->bytes_len = (uint32_t)tmp.len;
       smap_put(&t->vocab_bytes, e->bytes, e->bytes_len, id);
@@ -534,9 +573,16 @@ static int load_model(tok_tokenizer *t, const json *model, const char *name, mj_
     smap_put(&t->pieces, e->piece, e->piece_len, id);
   }
   for (int b = 0; b < 256; b++) {
-    char c = (char)b;
-    t->byte_id[b] = smap_get(&t->vocab_bytes, &c, 1);
+    char c = (char)b, fb[8];
+    t->byte_id[b] = b < 0x80 || t->byte_level ? smap_get(&t->vocab_bytes, &c, 1) : -1;
+    snprintf(fb, sizeof fb, "<0x%02X>", b); /* the reference's byte_fallback token */
+    t->fallback_id[b] = smap_get(&t->pieces, fb, 6);
   }
+  t->unk_id = -1;
+  const json *unk = json_get(model, "unk_token");
+  /* (An unk_token the vocabulary lacks is an error in the reference only
+   * when a character needs it; here such a character is dropped.) */
+  if (unk && unk->type == JSON_STR) t->unk_id = smap_get(&t->pieces, unk->str, unk->len);
 
   for (size_t r = 0; r < merges->len; r++) {
     const json *m = merges->items[r];
@@ -834,6 +880,19 @@ static int add_step(tok_tokenizer *t, const json *p, const char *name, mj_err *e
       s->re = compile_re(gpt2_pattern, strlen(gpt2_pattern), false, name, p, err);
       if (!s->re) return MJ_EINPUT;
     }
+  } else if (strcmp(type, "Metaspace") == 0) {
+    const json *rep = json_get(p, "replacement"), *ps = json_get(p, "prepend_scheme");
+    if (!rep || rep->type != JSON_STR || rep->len == 0 || rep->len > 4 || utf8_valid_len(rep->str, rep->len) != rep->len)
+      return bad(err, name, p, "%s", "pre_tokenizer Metaspace needs a one-character \"replacement\"");
+    s->kind = STEP_METASPACE;
+    s->rep = mj_arena_strndup(&t->arena, rep->str, rep->len);
+    s->rep_len = rep->len;
+    /* prepend_scheme, or the older add_prefix_space (true: always) */
+    const char *scheme = ps && ps->type == JSON_STR ? ps->str : get_flag(p, "add_prefix_space", true) ? "always" : "never";
+    s->prepend = !strcmp(scheme, "always") ? 1 : !strcmp(scheme, "first") ? 2 : !strcmp(scheme, "never") ? 0 : -1;
+    if (s->prepend < 0)
+      return bad(err, name, p, "pre_tokenizer Metaspace prepend_scheme \"%s\" is not always, first or never", scheme);
+    s->split = get_flag(p, "split", true);
   } else if (strcmp(type, "Sequence") == 0) {
     return load_sequence(t, p, "pretokenizers", "pre_tokenizer", add_step, name, err);
   } else if (strcmp(type, "Whitespace") == 0 || strcmp(type, "WhitespaceSplit") == 0 || strcmp(type, "Digits") == 0 ||
@@ -867,10 +926,11 @@ static int add_step(tok_tokenizer *t, const json *p, const char *name, mj_err *e
     s->kind = STEP_SPLIT;
   } else {
     return bad(err, name, p,
-               "pre_tokenizer \"%s\" is not supported (Split, ByteLevel, Whitespace, WhitespaceSplit, Digits, "
-               "Punctuation, Sequence)", type);
+               "pre_tokenizer \"%s\" is not supported (Split, ByteLevel, Metaspace, Whitespace, WhitespaceSplit, "
+               "Digits, Punctuation, Sequence)", type);
   }
   if (s->re) s->md = pcre2_match_data_create_from_pattern(s->re, NULL);
+  t->byte_level |= s->kind == STEP_BYTELEVEL;
   t->nsteps++;
   return 0;
 }
@@ -923,15 +983,130 @@ static int load_post(tok_tokenizer *t, const json *pp, const char *name, mj_err 
   return bad(err, name, pp, "post_processor \"%s\" is not supported (TemplateProcessing, ByteLevel)", type);
 }
 
-static int load_decoder(const json *d, const char *name, mj_err *err) {
-  if (is_null(d)) return bad(err, name, d, "%s", "no decoder (a ByteLevel decoder is needed)");
-  const char *type = type_of(d);
-  if (type && strcmp(type, "ByteLevel") == 0) return 0;
-  if (type && strcmp(type, "Sequence") == 0) {
-    const json *list = json_get(d, "decoders");
-    if (list && list->type == JSON_ARR && list->len == 1) return load_decoder(list->items[0], name, err);
+/* One token's text through the decoder's token-level steps (those before
+ * a Fuse), into out.  first: the first token of a decode (Metaspace with a
+ * prepend scheme drops its replacements there instead of writing spaces). */
+static void decode_token(const tok_tokenizer *t, const char *p, size_t n, bool first, mj_buf *out) {
+  mj_buf a = {0}, b = {0};
+  mj_buf_put(&a, p, n);
+  for (int i = 0; i < t->fuse_at; i++) {
+    const dec_op *o = &t->dec[i];
+    b.len = 0;
+    if (o->kind == DEC_REPLACE || o->kind == DEC_METASPACE) {
+      bool drop = o->kind == DEC_METASPACE && first && o->prefix;
+      const char *to = o->kind == DEC_METASPACE ? " " : o->to;
+      size_t to_len = o->kind == DEC_METASPACE ? 1 : o->to_len;
+      for (size_t k = 0; k < a.len;)
+        if (k + o->from_len <= a.len && memcmp(a.data + k, o->from, o->from_len) == 0) {
+          if (!drop) mj_buf_put(&b, to, to_len);
+          k += o->from_len;
+        } else {
+          mj_buf_putc(&b, a.data[k++]);
+        }
+    } else if (o->kind == DEC_BYTEFALLBACK) {
+      /* "<0xXX>" is the byte XX (the reference parses it so) */
+      unsigned v;
+      char tail;
+      if (a.len == 6 && memcmp(a.data, "<0x", 3) == 0 && a.data[5] == '>' &&
+          sscanf(a.data + 3, "%2x%c", &v, &tail) == 2 && tail == '>')
+        mj_buf_putc(&b, (char)v);
+      else
+        mj_buf_put(&b, a.data, a.len);
+    } else if (o->kind == DEC_STRIP) {
+      size_t st = 0, en = a.len;
+      for (int k = 0; k < o->start && st + o->content_len <= en && !memcmp(a.data + st, o->content, o->content_len); k++)
+        st += o->content_len;
+      for (int k = 0; k < o->stop && en >= st + o->content_len && !memcmp(a.data + en - o->content_len, o->content, o->content_len); k++)
+        en -= o->content_len;
+      mj_buf_put(&b, a.data + st, en - st);
+    } else { /* ByteLevel: translated at load time, never here */
+      mj_buf_put(&b, a.data, a.len);
+    }
+    mj_buf tmp = a;
+    a = b, b = tmp;
   }
-  return bad(err, name, d, "decoder \"%s\" is not supported (ByteLevel)", type ? type : "?");
+  mj_buf_put(out, a.data, a.len);
+  mj_buf_free(&a), mj_buf_free(&b);
+}
+
+static int add_decoder(tok_tokenizer *t, const json *d, const char *name, mj_err *err) {
+  const char *type = type_of(d);
+  if (!type) return bad(err, name, d, "%s", "decoder has no \"type\"");
+  if (!strcmp(type, "Sequence")) return load_sequence(t, d, "decoders", "decoder", add_decoder, name, err);
+  if (t->ndec == MAX_DECS) return bad(err, name, d, "%s", "too many decoder steps");
+  dec_op *o = &t->dec[t->ndec];
+  memset(o, 0, sizeof *o);
+  if (!strcmp(type, "ByteLevel")) {
+    o->kind = DEC_BYTELEVEL;
+  } else if (!strcmp(type, "Replace")) {
+    const json *pat = json_get(d, "pattern"), *str = pat ? json_get(pat, "String") : NULL, *c = json_get(d, "content");
+    if (!str || str->type != JSON_STR || str->len == 0 || !c || c->type != JSON_STR)
+      return bad(err, name, d, "%s", "decoder Replace needs a String pattern and a content (a Regex one is not supported)");
+    o->kind = DEC_REPLACE;
+    o->from = mj_arena_strndup(&t->arena, str->str, str->len), o->from_len = str->len;
+    o->to = mj_arena_strndup(&t->arena, c->str, c->len), o->to_len = c->len;
+  } else if (!strcmp(type, "ByteFallback")) {
+    o->kind = DEC_BYTEFALLBACK;
+  } else if (!strcmp(type, "Fuse")) {
+    o->kind = DEC_FUSE;
+  } else if (!strcmp(type, "Strip")) {
+    const json *c = json_get(d, "content"), *st = json_get(d, "start"), *sp = json_get(d, "stop");
+    if (!c || c->type != JSON_STR || c->len == 0 || c->len >= sizeof o->content ||
+        (st && (st->type != JSON_NUM || !st->is_int || st->i < 0 || st->i > 1000)) ||
+        (sp && (sp->type != JSON_NUM || !sp->is_int || sp->i < 0 || sp->i > 1000)))
+      return bad(err, name, d, "%s", "decoder Strip needs a one-character content and counts start and stop");
+    o->kind = DEC_STRIP;
+    memcpy(o->content, c->str, c->len), o->content_len = c->len;
+    o->start = st ? (int)st->i : 0, o->stop = sp ? (int)sp->i : 0;
+  } else if (!strcmp(type, "Metaspace")) {
+    const json *rep = json_get(d, "replacement"), *ps = json_get(d, "prepend_scheme");
+    if (!rep || rep->type != JSON_STR || rep->len == 0)
+      return bad(err, name, d, "%s", "decoder Metaspace needs a \"replacement\"");
+    o->kind = DEC_METASPACE;
+    o->from = mj_arena_strndup(&t->arena, rep->str, rep->len), o->from_len = rep->len;
+    const char *scheme = ps && ps->type == JSON_STR ? ps->str : get_flag(d, "add_prefix_space", true) ? "always" : "never";
+    o->prefix = strcmp(scheme, "never") != 0;
+  } else {
+    return bad(err, name, d, "decoder \"%s\" is not supported (ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, "
+               "Sequence)", type);
+  }
+  t->ndec++;
+  return 0;
+}
+
+/* The decoder, flattened; then every model token's text as decoded (the
+ * byte-level translation was done by load_model). */
+static int load_decoder(tok_tokenizer *t, const json *d, const char *name, mj_err *err) {
+  if (is_null(d)) return bad(err, name, d, "%s", "no decoder");
+  int r = add_decoder(t, d, name, err);
+  if (r) return r;
+  bool bl = false;
+  t->fuse_at = t->ndec;
+  for (int i = 0; i < t->ndec; i++) {
+    bl |= t->dec[i].kind == DEC_BYTELEVEL;
+    if (t->dec[i].kind == DEC_FUSE && t->fuse_at == t->ndec) t->fuse_at = i;
+  }
+  if (bl != t->byte_level)
+    return bad(err, name, d, "%s", bl ? "a ByteLevel decoder without a ByteLevel pre_tokenizer is not supported"
+                                      : "a ByteLevel pre_tokenizer needs a ByteLevel decoder");
+  if (bl && t->ndec != 1)
+    return bad(err, name, d, "%s", "a ByteLevel decoder with other decoder steps is not supported");
+  for (int i = t->fuse_at + 1; i < t->ndec; i++)
+    if (t->dec[i].kind != DEC_STRIP || t->dec[i].stop != 0)
+      return bad(err, name, d, "%s", "after Fuse only a Strip of leading characters (stop 0) is supported");
+  if (bl) return 0;
+  for (int i = 0; i < t->fuse_at; i++) t->first_differs |= t->dec[i].kind == DEC_METASPACE && t->dec[i].prefix;
+  mj_buf b = {0};
+  for (int32_t id = 0; id < t->nent; id++) {
+    tok_entry *e = &t->ent[id];
+    if (!e->used || e->added) continue;
+    b.len = 0;
+    decode_token(t, e->piece, e->piece_len, false, &b);
+    e->bytes = mj_arena_strndup(&t->arena, b.data ? b.data : "", b.len);
+    e->bytes_len = (uint32_t)b.len;
+  }
+  mj_buf_free(&b);
+  return 0;
 }
 
 int tok_load_mem(const char *text, size_t len, const char *name, tok_tokenizer **out, mj_err *err) {
@@ -952,16 +1127,15 @@ int tok_load_mem(const char *text, size_t len, const char *name, tok_tokenizer *
   tok_tokenizer *t = mj_xcalloc(1, sizeof *t);
   t->name = mj_xstrdup(name);
   mj_arena_init(&t->arena, 1 << 20);
-  int r = load_model(t, json_get(root, "model"), name, err);
-  if (!r) r = load_added(t, json_get(root, "added_tokens"), name, err);
-  if (!r) r = load_normalizer(t, json_get(root, "normalizer"), name, err);
+  /* The pre-tokenizer first: a ByteLevel step makes the model's BPE work
+   * on bytes, its absence on characters. */
   const json *pre = json_get(root, "pre_tokenizer");
-  if (!r && is_null(pre)) r = bad(err, name, root, "%s", "no pre_tokenizer (ByteLevel is needed)");
-  if (!r) r = add_step(t, pre, name, err);
-  if (!r && (t->nsteps == 0 || t->steps[t->nsteps - 1].kind != STEP_BYTELEVEL))
-    r = bad(err, name, pre, "%s", "the pre_tokenizer does not end with ByteLevel (byte-level BPE only)");
+  int r = load_normalizer(t, json_get(root, "normalizer"), name, err);
+  if (!r && !is_null(pre)) r = add_step(t, pre, name, err);
+  if (!r) r = load_model(t, json_get(root, "model"), name, err);
+  if (!r) r = load_added(t, json_get(root, "added_tokens"), name, err);
   if (!r) r = load_post(t, json_get(root, "post_processor"), name, err);
-  if (!r) r = load_decoder(json_get(root, "decoder"), name, err);
+  if (!r) r = load_decoder(t, json_get(root, "decoder"), name, err);
   mj_arena_free(&ja); /* everything kept was copied */
   if (r) {
     tok_destroy(t);
@@ -1117,18 +1291,43 @@ static void bpe_word(tok_tokenizer *t, const unsigned char *w, size_t n, tok_ids
     t->sym_prev = mj_xrealloc(t->sym_prev, t->sym_cap * sizeof *t->sym_prev);
     t->sym_next = mj_xrealloc(t->sym_next, t->sym_cap * sizeof *t->sym_next);
   }
-  /* One symbol per byte whose token exists (a byte-level vocabulary has
-   * all 256; a missing one is dropped, as the reference does without an
-   * unknown token). */
+  /* Byte-level: one symbol per byte whose token exists (a byte-level
+   * vocabulary has all 256; a missing one is dropped, as the reference
+   * does without an unknown token).  Over characters: one symbol per
+   * character in the vocabulary; else, with byte_fallback, one per byte
+   * (its <0xXX> token) when all exist; else the unk_token (one for a run
+   * of them with fuse_unk); else nothing. */
   int32_t m = 0;
-  for (size_t i = 0; i < n; i++) {
-    int32_t id = t->byte_id[w[i]];
-    if (id < 0) continue;
-    t->sym_id[m] = id;
-    t->sym_prev[m] = m - 1;
-    t->sym_next[m] = m + 1;
-    m++;
+  bool unk_run = false;
+#define SYM(x)                 \
+  do {                         \
+    t->sym_id[m] = (x);        \
+    t->sym_prev[m] = m - 1;    \
+    t->sym_next[m] = m + 1;    \
+    m++;                       \
+  } while (0)
+  for (size_t i = 0; i < n;) {
+    if (t->byte_level) {
+      int32_t id = t->byte_id[w[i++]];
+      if (id >= 0) SYM(id);
+      continue;
+    }
+    size_t len = 1;
+    if (utf8_next(w + i, n - i, &len) < 0) len = 1;
+    int32_t id = smap_get(&t->vocab_bytes, (const char *)w + i, len);
+    bool fb = id < 0 && t->byte_fallback;
+    for (size_t k = 0; fb && k < len; k++) fb = t->fallback_id[w[i + k]] >= 0;
+    if (id >= 0) {
+      SYM(id);
+    } else if (fb) {
+      for (size_t k = 0; k < len; k++) SYM(t->fallback_id[w[i + k]]);
+    } else if (t->unk_id >= 0) {
+      if (!(t->fuse_unk && unk_run)) SYM(t->unk_id);
+    }
+    unk_run = id < 0 && !fb && t->unk_id >= 0;
+    i += len;
   }
+#undef SYM
   if (m == 0) return;
   t->sym_next[m - 1] = -1;
   size_t nheap = 0;
@@ -1287,6 +1486,33 @@ static void split_pieces(tok_tokenizer *t, int step, pre_step *st, const char *s
   free(v);
 }
 
+/* Metaspace, as the reference's: every space becomes the replacement; the
+ * replacement is prepended (unless the text starts with one) always, or
+ * with "first" only to the piece that starts the input; with split, each
+ * replacement starts a new piece (MergedWithNext). */
+static void metaspace(tok_tokenizer *t, int step, const pre_step *st, const char *s, size_t n, tok_ids *out) {
+  mj_buf *b = &t->prefixed[step];
+  b->len = 0;
+  for (size_t i = 0; i < n; i++)
+    if (s[i] == ' ') mj_buf_put(b, st->rep, st->rep_len);
+    else mj_buf_putc(b, s[i]);
+  bool starts = b->len >= st->rep_len && memcmp(b->data, st->rep, st->rep_len) == 0;
+  if (!starts && (st->prepend == 1 || (st->prepend == 2 && s == t->first_ptr))) {
+    mj_buf_put(b, st->rep, st->rep_len); /* room, then shift */
+    memmove(b->data + st->rep_len, b->data, b->len - st->rep_len);
+    memcpy(b->data, st->rep, st->rep_len);
+  }
+  const char *d = b->data;
+  size_t m = b->len, from = 0;
+  if (st->split)
+    for (size_t i = 1; i + st->rep_len <= m; i++)
+      if (memcmp(d + i, st->rep, st->rep_len) == 0) {
+        pre_tokenize(t, step + 1, d + from, i - from, out);
+        from = i;
+      }
+  pre_tokenize(t, step + 1, d + from, m - from, out);
+}
+
 static void pre_tokenize(tok_tokenizer *t, int step, const char *s, size_t n, tok_ids *out) {
   if (t->failed || n == 0) return;
   if (step == t->nsteps) {
@@ -1295,6 +1521,10 @@ static void pre_tokenize(tok_tokenizer *t, int step, const char *s, size_t n, to
     return;
   }
   pre_step *st = &t->steps[step];
+  if (st->kind == STEP_METASPACE) {
+    metaspace(t, step, st, s, n, out);
+    return;
+  }
   if (st->kind == STEP_BYTELEVEL && st->add_prefix_space && s[0] != ' ') {
     mj_buf *b = &t->prefixed[step];
     b->len = 0;
@@ -1400,14 +1630,16 @@ static void model_segment(tok_tokenizer *t, const char *s, size_t n, tok_ids *ou
 static void raw_segment(tok_tokenizer *t, const char *s, size_t n, tok_ids *out) {
   /* The normalized copy must outlive the recursion below; nothing inside
    * normalizes again, so one buffer pair serves. */
+  bool first = s == t->first_ptr;
   s = normalize(t, s, n, &n);
+  t->first_ptr = first ? s : NULL;
   split_added(t, &t->norm_trie, s, n, model_segment, out);
 }
 
 int tok_pre_pieces(tok_tokenizer *t, const char *text, size_t len, void (*fn)(void *ctx, const char *s, size_t n),
                    void *ctx, mj_err *err) {
   tok_ids none = {0};
-  t->err = err, t->failed = 0, t->piece_fn = fn, t->piece_ctx = ctx;
+  t->err = err, t->failed = 0, t->piece_fn = fn, t->piece_ctx = ctx, t->first_ptr = text;
   pre_tokenize(t, 0, text, len, &none);
   t->piece_fn = NULL, t->piece_ctx = NULL;
   tok_ids_free(&none);
@@ -1426,6 +1658,7 @@ int tok_encode(tok_tokenizer *t, const char *text, size_t len, bool add_special,
   }
   if (add_special)
     for (size_t i = 0; i < t->prefix.n; i++) tok_ids_push(out, t->prefix.v[i]);
+  t->first_ptr = text;
   split_added(t, &t->raw_trie, text, len, raw_segment, out);
   if (add_special)
     for (size_t i = 0; i < t->suffix.n; i++) tok_ids_push(out, t->suffix.v[i]);
@@ -1482,17 +1715,45 @@ size_t tok_stream_finish(tok_stream *s, mj_buf *out) {
   return 3;
 }
 
+/* A Strip after Fuse: up to start copies of its character leave the front
+ * of the whole text (what was appended since before, while it begins). */
+static void strip_front(tok_stream *s, mj_buf *out, size_t before) {
+  const tok_tokenizer *t = s->t;
+  if (s->strip_done) return;
+  const dec_op *o = NULL;
+  for (int i = t->fuse_at + 1; i < t->ndec && !o; i++) o = &t->dec[i];
+  if (!o) {
+    s->strip_done = true;
+    return;
+  }
+  size_t k = before;
+  while (s->stripped < o->start && out->len - k >= o->content_len && !memcmp(out->data + k, o->content, o->content_len))
+    k += o->content_len, s->stripped++;
+  memmove(out->data + before, out->data + k, out->len - k);
+  out->len -= k - before;
+  if (out->len > before || s->stripped == o->start) s->strip_done = true;
+}
+
 size_t tok_decode_stream(tok_stream *s, int32_t id, mj_buf *out) {
   const tok_tokenizer *t = s->t;
   if (id < 0 || id >= t->nent || !t->ent[id].used) return 0;
   const tok_entry *e = &t->ent[id];
+  if (e->added && e->special && s->skip_special) return 0;
+  size_t before = out->len;
+  bool first = s->ntok++ == 0;
   if (e->added) {
-    if (e->special && s->skip_special) return 0;
-    size_t n = tok_stream_finish(s, out);
+    tok_stream_finish(s, out);
     mj_buf_put(out, e->bytes, e->bytes_len);
-    return n + e->bytes_len;
+  } else if (first && t->first_differs) {
+    mj_buf b = {0};
+    decode_token(t, e->piece, e->piece_len, true, &b);
+    stream_bytes(s, b.data ? b.data : "", b.len, out);
+    mj_buf_free(&b);
+  } else {
+    stream_bytes(s, e->bytes, e->bytes_len, out);
   }
-  return stream_bytes(s, e->bytes, e->bytes_len, out);
+  strip_front(s, out, before);
+  return out->len - before;
 }
 
 void tok_decode(const tok_tokenizer *t, const int32_t *ids, size_t n, bool skip_special, mj_buf *out) {

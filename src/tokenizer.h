@@ -89,6 +89,9 @@ typedef struct tok_stream {
   bool skip_special;
   unsigned char pend[4];
   int npend;
+  size_t ntok;     /* tokens decoded (the first may decode differently: Metaspace) */
+  int stripped;    /* leading characters a Strip after Fuse removed so far */
+  bool strip_done; /* the text has begun: nothing more to strip */
 } tok_stream;
 void tok_stream_init(tok_stream *s, const tok_tokenizer *t, bool skip_special);
 /* Append the newly complete text to out; returns the number of bytes

