@@ -1094,12 +1094,23 @@ static int load_decoder(tok_tokenizer *t, const json *d, const char *name, mj_er
   for (int i = t->fuse_at + 1; i < t->ndec; i++)
     if (t->dec[i].kind != DEC_STRIP || t->dec[i].stop != 0)
       return bad(err, name, d, "%s", "after Fuse only a Strip of leading characters (stop 0) is supported");
-  if (bl) return 0;
-  for (int i = 0; i < t->fuse_at; i++) t->first_differs |= t->dec[i].kind == DEC_METASPACE && t->dec[i].prefix;
+  /* Added tokens go through the decoder too, as in the reference (their
+   * content, where it is all byte-level alphabet, becomes those bytes). */
   mj_buf b = {0};
+  if (bl) {
+    for (int32_t id = 0; id < t->nent; id++) {
+      tok_entry *e = &t->ent[id];
+      if (!e->used || !e->added || !piece_to_bytes(e->piece, e->piece_len, &b)) continue;
+      e->bytes = mj_arena_strndup(&t->arena, b.data ? b.data : "", b.len);
+      e->bytes_len = (uint32_t)b.len;
+    }
+    mj_buf_free(&b);
+    return 0;
+  }
+  for (int i = 0; i < t->fuse_at; i++) t->first_differs |= t->dec[i].kind == DEC_METASPACE && t->dec[i].prefix;
   for (int32_t id = 0; id < t->nent; id++) {
     tok_entry *e = &t->ent[id];
-    if (!e->used || e->added) continue;
+    if (!e->used) continue;
     b.len = 0;
     decode_token(t, e->piece, e->piece_len, false, &b);
     e->bytes = mj_arena_strndup(&t->arena, b.data ? b.data : "", b.len);
@@ -1741,14 +1752,15 @@ size_t tok_decode_stream(tok_stream *s, int32_t id, mj_buf *out) {
   if (e->added && e->special && s->skip_special) return 0;
   size_t before = out->len;
   bool first = s->ntok++ == 0;
-  if (e->added) {
-    tok_stream_finish(s, out);
-    mj_buf_put(out, e->bytes, e->bytes_len);
-  } else if (first && t->first_differs) {
+  if (first && t->first_differs) {
     mj_buf b = {0};
     decode_token(t, e->piece, e->piece_len, true, &b);
-    stream_bytes(s, b.data ? b.data : "", b.len, out);
+    if (e->added) tok_stream_finish(s, out), mj_buf_put(out, b.data, b.len);
+    else stream_bytes(s, b.data ? b.data : "", b.len, out);
     mj_buf_free(&b);
+  } else if (e->added) {
+    tok_stream_finish(s, out);
+    mj_buf_put(out, e->bytes, e->bytes_len);
   } else {
     stream_bytes(s, e->bytes, e->bytes_len, out);
   }

