@@ -1740,8 +1740,10 @@ static void strip_front(tok_stream *s, mj_buf *out, size_t before) {
   size_t k = before;
   while (s->stripped < o->start && out->len - k >= o->content_len && !memcmp(out->data + k, o->content, o->content_len))
     k += o->content_len, s->stripped++;
-  memmove(out->data + before, out->data + k, out->len - k);
-  out->len -= k - before;
+  if (k > before) { /* (nothing appended: out may still be empty, data NULL) */
+    memmove(out->data + before, out->data + k, out->len - k);
+    out->len -= k - before;
+  }
   if (out->len > before || s->stripped == o->start) s->strip_done = true;
 }
 
