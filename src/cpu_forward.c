@@ -22,6 +22,15 @@
 #include <string.h>
 
 #include "ref_model.h"
+#include "shard.h"
+
+/* One rank's slices of one layer (cpu_params.tp/ep). */
+typedef struct rank_layer {
+  model_weight q_b, kv_b, o; /* its heads' rows of q_b and kv_b, o's columns that read them */
+  model_mlp dense;           /* its intermediate rows (dense layers) */
+  model_mlp *experts;        /* [n_routed_experts]: its slice of the experts it owns (others unused) */
+  model_mlp shared;
+} rank_layer;
 
 typedef struct layer_cache {
   float *latent; /* [max_ctx][kv_lora_rank], after kv_a_layernorm */
@@ -44,6 +53,10 @@ struct cpu_model {
   int score_max;       /* tokens those hold */
   const int32_t *force_sel, *force_ids; /* cpu_model_force_choices, for the next call */
   int force_max;
+  int world;            /* ranks computed (1: the unsplit model) */
+  shard_plan *plan;     /* [world] */
+  rank_layer **rl;      /* [world][layers] */
+  mj_arena shards;      /* the column slices (copies) */
 };
 
 static float *xalloc_f(size_t n) {
@@ -70,6 +83,37 @@ int cpu_model_create(const model *m, const cpu_params *p, cpu_model **out, mj_er
   }
   s->inv_freq = xalloc_f((size_t)c->qk_rope_head_dim / 2);
   model_rope_inv_freq(c->rope_theta, c->qk_rope_head_dim, s->inv_freq);
+  int tp = p->tp > 1 ? p->tp : 1, ep = p->ep > 1 ? p->ep : 1;
+  s->world = tp > ep ? tp : ep;
+  if (s->world > 1) {
+    mj_arena_init(&s->shards, 1 << 20);
+    s->plan = mj_xcalloc((size_t)s->world, sizeof *s->plan);
+    s->rl = mj_xcalloc((size_t)s->world, sizeof *s->rl);
+    for (int r = 0; r < s->world; r++) {
+      int rc = shard_plan_make(c, r, tp, ep, &s->plan[r], err);
+      if (rc) {
+        cpu_model_destroy(s);
+        return rc;
+      }
+      const shard_plan *pl = &s->plan[r];
+      s->rl[r] = mj_xcalloc((size_t)c->num_hidden_layers, sizeof **s->rl);
+      for (int64_t L = 0; L < c->num_hidden_layers; L++) {
+        const model_layer *ly = &m->layers[L];
+        rank_layer *k = &s->rl[r][L];
+        shard_weight_rows(&ly->q_b, pl->q_b_rows, &k->q_b);
+        shard_weight_rows(&ly->kv_b, pl->kv_b_rows, &k->kv_b);
+        shard_weight_cols(&ly->o, pl->o_cols, &s->shards, &k->o);
+        if (!ly->sparse) {
+          shard_mlp(&ly->dense, pl->dense_inter, &s->shards, &k->dense);
+          continue;
+        }
+        k->experts = mj_xcalloc((size_t)c->n_routed_experts, sizeof *k->experts);
+        for (int64_t e = pl->experts.begin; e < pl->experts.end; e++)
+          shard_mlp(&ly->experts[e], pl->expert_inter, &s->shards, &k->experts[e]);
+        if (c->n_shared_experts > 0) shard_mlp(&ly->shared, pl->shared_inter, &s->shards, &k->shared);
+      }
+    }
+  }
   *out = s;
   return 0;
 }
@@ -83,6 +127,12 @@ void cpu_model_destroy(cpu_model *s) {
   }
   free(s->lc);
   free(s->inv_freq);
+  for (int r = 0; s->rl && r < s->world; r++) {
+    for (int64_t L = 0; s->rl[r] && L < s->m->cfg.num_hidden_layers; L++) free(s->rl[r][L].experts);
+    free(s->rl[r]);
+  }
+  free(s->rl), free(s->plan);
+  if (s->world > 1) mj_arena_free(&s->shards);
   free(s);
 }
 
@@ -164,39 +214,28 @@ static void indexer(cpu_model *s, int64_t L, const model_layer *ly, layer_cache 
 }
 
 /* ---- MLA attention ---------------------------------------------------------------------- */
-static void attention(cpu_model *s, int64_t L, const float *xn, int64_t n, int64_t pos, uint8_t *sel,
-                      float *out) {
+/* The attention of nh heads whose q_b rows, kv_b rows and o columns are
+ * given (all heads, or one rank's), from the normalised q latent qa and the
+ * layer's cache; out [n][hidden] is o's (partial) output. */
+static void attend_heads(cpu_model *s, int64_t L, const model_weight *q_b, const model_weight *kv_b,
+                         const model_weight *ow, int64_t nh, const float *qa, int64_t n, int64_t pos,
+                         const uint8_t *sel, float *out) {
   const model_config *c = &s->m->cfg;
-  const model_layer *ly = &s->m->layers[L];
   layer_cache *lc = &s->lc[L];
-  int64_t nh = c->num_attention_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim;
-  int64_t r = c->kv_lora_rank, qr = c->q_lora_rank, dq = dn + dr, T = pos + n;
+  int64_t dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim;
+  int64_t r = c->kv_lora_rank, dq = dn + dr, T = pos + n;
   int th = s->p.threads;
-
-  /* q_resid = q_a_layernorm(q_a_proj(x)); the latent norms use the RMSNorm
-   * class default eps 1e-6, not rms_norm_eps. */
-  float *qa = xalloc_f((size_t)(n * qr)), *q = xalloc_f((size_t)(n * nh * dq));
-  ref_matmul(&ly->q_a, xn, n, qa, th);
-  for (int64_t i = 0; i < n; i++) ref_rmsnorm(qa + i * qr, &ly->q_a_norm, 1e-6, qr, qa + i * qr);
-  ref_matmul(&ly->q_b, qa, n, q, th);
-  float *ckv = xalloc_f((size_t)(n * (r + dr)));
-  ref_matmul(&ly->kv_a, xn, n, ckv, th);
-  for (int64_t i = 0; i < n; i++) {
+  float *q = xalloc_f((size_t)(n * nh * dq));
+  ref_matmul(q_b, qa, n, q, th);
+  for (int64_t i = 0; i < n; i++)
     for (int64_t h = 0; h < nh; h++) ref_rope_interleaved(q + (i * nh + h) * dq + dn, dr, pos + i, s->inv_freq);
-    ref_rmsnorm(ckv + i * (r + dr), &ly->kv_a_norm, 1e-6, r, lc->latent + (pos + i) * r);
-    float *kr = lc->krope + (pos + i) * dr;
-    memcpy(kr, ckv + i * (r + dr) + r, (size_t)dr * sizeof *kr);
-    ref_rope_interleaved(kr, dr, pos + i, s->inv_freq);
-  }
-  if (ly->has_indexer) indexer(s, L, ly, lc, xn, qa, n, pos, sel, T);
-
   float scale = 1.0f / sqrtf((float)dq);
   float *o = xalloc_f((size_t)(n * nh * dv)), *p = xalloc_f((size_t)T);
   int64_t kvw = nh * (dn + dv);
   if (!s->p.absorbed) {
     /* Expanded: k_nope and v of every cached token through kv_b_proj. */
     float *kv = xalloc_f((size_t)(T * kvw));
-    ref_matmul(&ly->kv_b, lc->latent, T, kv, th);
+    ref_matmul(kv_b, lc->latent, T, kv, th);
     for (int64_t i = 0; i < n; i++)
       for (int64_t h = 0; h < nh; h++) {
         const float *qh = q + (i * nh + h) * dq, *kh = kv + h * (dn + dv);
@@ -208,7 +247,7 @@ static void attention(cpu_model *s, int64_t L, const float *xn, int64_t n, int64
     /* Absorbed: q_lat = W_uk^T q_nope per head, scores against the cached
      * latents, the output latent expanded by W_uv afterwards. */
     float *wkb = xalloc_f((size_t)(kvw * r)), *ql = xalloc_f((size_t)r), *ol = xalloc_f((size_t)r);
-    for (int64_t row = 0; row < kvw; row++) model_weight_row(&ly->kv_b, row, wkb + row * r);
+    for (int64_t row = 0; row < kvw; row++) model_weight_row(kv_b, row, wkb + row * r);
     for (int64_t i = 0; i < n; i++)
       for (int64_t h = 0; h < nh; h++) {
         const float *qh = q + (i * nh + h) * dq;
@@ -229,11 +268,89 @@ static void attention(cpu_model *s, int64_t L, const float *xn, int64_t n, int64
       }
     free(wkb), free(ql), free(ol);
   }
-  ref_matmul(&ly->o, o, n, out, th);
-  free(qa), free(q), free(ckv), free(o), free(p);
+  ref_matmul(ow, o, n, out, th);
+  free(q), free(o), free(p);
+}
+
+/* out[t] += part[t] for n rows of the hidden width: a rank's partial result
+ * into the sum (the all-reduce, in rank order). */
+static void add_rows(float *out, const float *part, int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i] += part[i];
+}
+
+static void attention(cpu_model *s, int64_t L, const float *xn, int64_t n, int64_t pos, uint8_t *sel,
+                      float *out) {
+  const model_config *c = &s->m->cfg;
+  const model_layer *ly = &s->m->layers[L];
+  layer_cache *lc = &s->lc[L];
+  int64_t nh = c->num_attention_heads, dr = c->qk_rope_head_dim, H = c->hidden_size;
+  int64_t r = c->kv_lora_rank, qr = c->q_lora_rank, T = pos + n;
+  int th = s->p.threads;
+
+  /* q_resid = q_a_layernorm(q_a_proj(x)); the latent norms use the RMSNorm
+   * class default eps 1e-6, not rms_norm_eps.  (Whole on every rank.) */
+  float *qa = xalloc_f((size_t)(n * qr));
+  ref_matmul(&ly->q_a, xn, n, qa, th);
+  for (int64_t i = 0; i < n; i++) ref_rmsnorm(qa + i * qr, &ly->q_a_norm, 1e-6, qr, qa + i * qr);
+  float *ckv = xalloc_f((size_t)(n * (r + dr)));
+  ref_matmul(&ly->kv_a, xn, n, ckv, th);
+  for (int64_t i = 0; i < n; i++) {
+    ref_rmsnorm(ckv + i * (r + dr), &ly->kv_a_norm, 1e-6, r, lc->latent + (pos + i) * r);
+    float *kr = lc->krope + (pos + i) * dr;
+    memcpy(kr, ckv + i * (r + dr) + r, (size_t)dr * sizeof *kr);
+    ref_rope_interleaved(kr, dr, pos + i, s->inv_freq);
+  }
+  if (ly->has_indexer) indexer(s, L, ly, lc, xn, qa, n, pos, sel, T);
+  if (s->world == 1 || !s->plan[0].attn_reduce) {
+    attend_heads(s, L, &ly->q_b, &ly->kv_b, &ly->o, nh, qa, n, pos, sel, out);
+  } else { /* each rank its heads; their o_proj partials summed */
+    float *part = xalloc_f((size_t)(n * H));
+    memset(out, 0, (size_t)(n * H) * sizeof *out);
+    for (int k = 0; k < s->world; k++) {
+      const rank_layer *rl = &s->rl[k][L];
+      int64_t hk = s->plan[k].heads.end - s->plan[k].heads.begin;
+      attend_heads(s, L, &rl->q_b, &rl->kv_b, &rl->o, hk, qa, n, pos, sel, part);
+      add_rows(out, part, n * H);
+    }
+    free(part);
+  }
+  free(qa), free(ckv);
 }
 
 /* ---- MoE ---------------------------------------------------------------------------------- */
+/* out = the routed experts e0..e1 (mlps[e]) on the tokens that chose them,
+ * weighted, plus the shared expert (may be NULL).  Experts in ascending
+ * order, each on its tokens (the reference's loop order, so the sums add
+ * up in the same order). */
+static void moe_experts(cpu_model *s, const model_mlp *mlps, int64_t e0, int64_t e1, const model_mlp *shared,
+                        const float *xn, int64_t n, const int64_t *idx, const float *w, float *out) {
+  const model_config *c = &s->m->cfg;
+  int64_t H = c->hidden_size, K = c->num_experts_per_tok;
+  int th = s->p.threads;
+  memset(out, 0, (size_t)(n * H) * sizeof *out);
+  float *xe = xalloc_f((size_t)(n * H)), *ye = xalloc_f((size_t)(n * H)), *we = xalloc_f((size_t)n);
+  int64_t *te = mj_xmalloc((size_t)n * sizeof *te);
+  for (int64_t e = e0; e < e1; e++) {
+    int64_t m = 0;
+    for (int64_t t = 0; t < n; t++)
+      for (int64_t k = 0; k < K; k++)
+        if (idx[t * K + k] == e) {
+          te[m] = t, we[m] = w[t * K + k];
+          memcpy(xe + m * H, xn + t * H, (size_t)H * sizeof *xe);
+          m++;
+        }
+    if (!m) continue;
+    ref_swiglu(&mlps[e], xe, m, ye, th);
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t d = 0; d < H; d++) out[te[i] * H + d] += ye[i * H + d] * we[i];
+  }
+  if (shared) {
+    ref_swiglu(shared, xn, n, ye, th);
+    for (int64_t i = 0; i < n * H; i++) out[i] += ye[i];
+  }
+  free(xe), free(ye), free(we), free(te);
+}
+
 static void moe(cpu_model *s, int64_t L, const model_layer *ly, const float *xn, int64_t n, float *out) {
   const model_config *c = &s->m->cfg;
   int64_t H = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
@@ -251,30 +368,20 @@ static void moe(cpu_model *s, int64_t L, const model_layer *ly, const float *xn,
     for (int64_t k = 0; k < K; k++) idx[t * K + k] = s->force_ids[(L * s->force_max + t) * K + k];
     ref_route_weights(logits + t * E, c, idx + t * K, w + t * K);
   }
-  memset(out, 0, (size_t)(n * H) * sizeof *out);
-  /* Experts in ascending order, each on the tokens that chose it (the
-   * reference's loop order, so the sums add up in the same order). */
-  float *xe = xalloc_f((size_t)(n * H)), *ye = xalloc_f((size_t)(n * H)), *we = xalloc_f((size_t)n);
-  int64_t *te = mj_xmalloc((size_t)n * sizeof *te);
-  for (int64_t e = 0; e < E; e++) {
-    int64_t m = 0;
-    for (int64_t t = 0; t < n; t++)
-      for (int64_t k = 0; k < K; k++)
-        if (idx[t * K + k] == e) {
-          te[m] = t, we[m] = w[t * K + k];
-          memcpy(xe + m * H, xn + t * H, (size_t)H * sizeof *xe);
-          m++;
-        }
-    if (!m) continue;
-    ref_swiglu(&ly->experts[e], xe, m, ye, th);
-    for (int64_t i = 0; i < m; i++)
-      for (int64_t d = 0; d < H; d++) out[te[i] * H + d] += ye[i * H + d] * we[i];
+  if (s->world == 1) {
+    moe_experts(s, ly->experts, 0, E, c->n_shared_experts > 0 ? &ly->shared : NULL, xn, n, idx, w, out);
+  } else { /* each rank its experts (or their slices) and its slice of the shared one, summed */
+    float *part = xalloc_f((size_t)(n * H));
+    memset(out, 0, (size_t)(n * H) * sizeof *out);
+    for (int k = 0; k < s->world; k++) {
+      const rank_layer *rl = &s->rl[k][L];
+      moe_experts(s, rl->experts, s->plan[k].experts.begin, s->plan[k].experts.end,
+                  c->n_shared_experts > 0 ? &rl->shared : NULL, xn, n, idx, w, part);
+      add_rows(out, part, n * H);
+    }
+    free(part);
   }
-  if (c->n_shared_experts > 0) {
-    ref_swiglu(&ly->shared, xn, n, ye, th);
-    for (int64_t i = 0; i < n * H; i++) out[i] += ye[i];
-  }
-  free(logits), free(w), free(idx), free(xe), free(ye), free(we), free(te);
+  free(logits), free(w), free(idx);
 }
 
 /* ---- the whole pass ------------------------------------------------------------------------- */
@@ -304,8 +411,19 @@ int cpu_forward(cpu_model *s, const int32_t *tokens, int64_t n, int64_t pos, flo
     attention(s, L, xn, n, pos, sel, y);
     for (int64_t i = 0; i < n * H; i++) x[i] += y[i];
     for (int64_t i = 0; i < n; i++) ref_rmsnorm(x + i * H, &ly->post_norm, c->rms_norm_eps, H, xn + i * H);
-    if (ly->sparse) moe(s, L, ly, xn, n, y);
-    else ref_swiglu(&ly->dense, xn, n, y, s->p.threads);
+    if (ly->sparse) {
+      moe(s, L, ly, xn, n, y);
+    } else if (s->world == 1 || !s->plan[0].dense_reduce) {
+      ref_swiglu(&ly->dense, xn, n, y, s->p.threads);
+    } else { /* each rank its intermediate rows, summed */
+      float *part = xalloc_f((size_t)(n * H));
+      memset(y, 0, (size_t)(n * H) * sizeof *y);
+      for (int k = 0; k < s->world; k++) {
+        ref_swiglu(&s->rl[k][L].dense, xn, n, part, s->p.threads);
+        add_rows(y, part, n * H);
+      }
+      free(part);
+    }
     for (int64_t i = 0; i < n * H; i++) x[i] += y[i];
     if (s->dump) memcpy(s->dump + L * n * H, x, (size_t)(n * H) * sizeof *x);
   }

@@ -8,6 +8,10 @@
  * computed from the compressed cache in either the expanded form (kv_b_proj
  * applied to every cached latent, as the reference does) or the absorbed
  * form (kv_b_proj folded into the query and output), which must agree.
+ * With cpu_params.tp/ep it computes each block the way the ranks of a
+ * sharded deployment do (their heads, intermediate rows and experts, from
+ * shard_plan_make) and sums the partials in rank order where those ranks
+ * all-reduce: the whole-model proof of the sharded arithmetic.
  * Prefix: cpu_.
  */
 #ifndef MOEJIT_CPU_FORWARD_H
@@ -23,6 +27,8 @@ typedef struct cpu_params {
   int64_t max_ctx; /* cache capacity in tokens (0: 4096, capped by the config) */
   int threads;     /* matmul threads (0 or 1: none) */
   bool absorbed;   /* absorbed MLA instead of the expanded form */
+  int tp, ep;      /* > 1: compute every sharded block as the ranks of --tp/--ep would (src/shard.h), each
+                      on its own slices, and sum their partial results where the GPUs all-reduce */
 } cpu_params;
 
 typedef struct cpu_model cpu_model;

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "cpu_forward.h"
 #include "gpu_model.h"
 #include "mkmodel.h"
 #include "model.h"
@@ -395,6 +396,67 @@ static void test_split_sums_nvfp4(void) {
   model_free(m);
 }
 
+/* The whole model (issue 18): cpu_forward with cpu_params.tp/ep computes
+ * every sharded block as the ranks would (their heads, rows and experts)
+ * and sums their partials where they all-reduce; its logits over a prompt
+ * and decode steps must equal the unsplit forward's.  Both the expanded
+ * and the absorbed attention. */
+static double sharded_forward_err(model *m, int tp, int ep, bool absorbed) {
+  enum { PROMPT = 19, STEPS = 4 };
+  int64_t V = m->cfg.vocab_size;
+  cpu_params p1 = {.max_ctx = 64, .absorbed = absorbed}, pn = p1;
+  pn.tp = tp, pn.ep = ep;
+  cpu_model *a = NULL, *b = NULL;
+  mj_err err = {0};
+  if (cpu_model_create(m, &p1, &a, &err) || cpu_model_create(m, &pn, &b, &err)) {
+    fprintf(stderr, "  --tp %d --ep %d: %s\n", tp, ep, err.msg);
+    cpu_model_destroy(a);
+    mj_err_clear(&err);
+    return -1;
+  }
+  int32_t tok[PROMPT + STEPS];
+  uint64_t r = 12345u + (uint64_t)tp * 31 + (uint64_t)ep;
+  for (int i = 0; i < PROMPT + STEPS; i++) r = r * 6364136223846793005ull + 1, tok[i] = (int32_t)((r >> 33) % (uint64_t)V);
+  float *la = mj_xmalloc((size_t)PROMPT * V * 4), *lb = mj_xmalloc((size_t)PROMPT * V * 4);
+  double worst = 0;
+  T_EQ_INT(cpu_forward(a, tok, PROMPT, 0, la, true, &err), 0);
+  T_EQ_INT(cpu_forward(b, tok, PROMPT, 0, lb, true, &err), 0);
+  for (int i = 0; i < PROMPT; i++) worst = fmax(worst, ref_rel_err(lb + (size_t)i * V, la + (size_t)i * V, (size_t)V));
+  for (int st = 0; st < STEPS; st++) {
+    T_EQ_INT(cpu_forward(a, tok + PROMPT + st, 1, PROMPT + st, la, false, &err), 0);
+    T_EQ_INT(cpu_forward(b, tok + PROMPT + st, 1, PROMPT + st, lb, false, &err), 0);
+    worst = fmax(worst, ref_rel_err(lb, la, (size_t)V));
+  }
+  free(la), free(lb);
+  cpu_model_destroy(a), cpu_model_destroy(b);
+  return worst;
+}
+
+static void test_sharded_forward(void) {
+  static const int sp[][2] = {{2, 1}, {4, 1}, {8, 1}, {1, 2}, {1, 4}, {1, 8}, {2, 2}, {4, 4}, {8, 8}};
+  const char *kinds[2] = {"bf16", "NVFP4 experts"};
+  for (int q = 0; q < 2; q++) {
+    model *m = load_preset("small", q == 1);
+    double worst = 0;
+    int ran = 0;
+    for (size_t i = 0; i < MJ_ARRAY_LEN(sp); i++)
+      for (int ab = 0; ab < 2; ab++) {
+        double e = sharded_forward_err(m, sp[i][0], sp[i][1], ab == 1);
+        T_CHECK(e >= 0);
+        if (e < 0) continue;
+        ran++;
+        worst = fmax(worst, e);
+        if (e > 2e-6) fprintf(stderr, "  small %s --tp %d --ep %d%s: rel err %.3g\n", kinds[q], sp[i][0], sp[i][1],
+                              ab ? " (absorbed)" : "", e);
+        T_CHECK(e <= 2e-6);
+      }
+    printf("  small (%s), 3 layers: %d sharded forwards (prompt 19 + 4 decode steps, every logit), worst rel err %.3g\n",
+           kinds[q], ran, worst);
+    T_EQ_INT(ran, (int)MJ_ARRAY_LEN(sp) * 2);
+    model_free(m);
+  }
+}
+
 int main(void) {
   mj_arena_init(&arena, 1 << 12);
   snprintf(tmpdir, sizeof tmpdir, "/tmp/test_shard.XXXXXX");
@@ -404,6 +466,7 @@ int main(void) {
   T_RUN(test_plan_errors);
   T_RUN(test_split_sums_bf16);
   T_RUN(test_split_sums_nvfp4);
+  T_RUN(test_sharded_forward);
   nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
   mj_arena_free(&arena);
   return t_status();
