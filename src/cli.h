@@ -104,11 +104,13 @@
     "  needed with --arch; with a GPU of the target it also captures the graphs.\n" \
     "  -j N splits the compiles between N processes\n")               \
   X(info, "load and validate a GLM-5 checkpoint folder and summarise it",     \
-    "moejit info -m DIR [--json] [--tp N --ep M]\n"                          \
+    "moejit info -m DIR [--json] [--tp N --ep M [--rank R]] [--read]\n"     \
     "  checks config.json, hf_quant_config.json and every safetensors header,\n" \
     "  then prints layers, widths, experts, quantisation, bytes, and whether\n" \
     "  the GPU decode engine takes the model (and why not); with --tp/--ep, the\n" \
-    "  weight bytes each GPU would hold (docs/multigpu.md)\n")             \
+    "  weight bytes each GPU would hold (docs/multigpu.md); --read drops the\n" \
+    "  checkpoint from the page cache, reads rank R's share (default 0) as its\n" \
+    "  upload will, and says how many bytes came from storage\n")             \
   X(mkmodel, "write a synthetic GLM-5 checkpoint (Hugging Face / ModelOpt layout)", \
     "moejit mkmodel --out DIR [--preset tiny|small|medium|glm5] [--layers N]\n"     \
     "       [--dense-layers N] [--experts E] [--experts-per-tok K]\n"        \

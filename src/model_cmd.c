@@ -8,8 +8,10 @@
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -20,31 +22,77 @@
 #include "nccldrv.h"
 #include "shard.h"
 
+/* This process's bytes read from storage so far (/proc/self/io
+ * read_bytes: page-cache hits do not count); -1 when unknown. */
+static int64_t storage_read_bytes(void) {
+  FILE *f = fopen("/proc/self/io", "r");
+  char line[128];
+  long long v = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "read_bytes: %lld", &v) == 1) break;
+  if (f) fclose(f);
+  return v;
+}
+
+/* --read: drop the checkpoint's files from the page cache, then read the
+ * rank's share as its upload will, and say how much came from storage:
+ * a rank must read its share of the checkpoint, not all of it. */
+static void read_share(const model *m, const shard_plan *p, uint64_t share) {
+  for (int i = 0; i < m->st.nfiles; i++) {
+    posix_fadvise(m->st.files[i].fd, 0, 0, POSIX_FADV_DONTNEED);
+    madvise(m->st.files[i].map, m->st.files[i].size, MADV_RANDOM); /* no readahead around what is read */
+  }
+  int64_t r0 = storage_read_bytes();
+  double t0 = mj_now_ms();
+  uint64_t sum = 0, n = shard_rank_read(m, p, &sum);
+  double ms = mj_now_ms() - t0;
+  int64_t r1 = storage_read_bytes();
+  char b1[32], b2[32], b3[32];
+  printf("read       rank %d of %d: %s of the checkpoint's %s (%.1f%%; its share %s) in %.1f s, ", p->rank, p->world,
+         mj_fmt_bytes((double)n, b1, sizeof b1), mj_fmt_bytes((double)m->bytes_total, b2, sizeof b2),
+         100.0 * (double)n / (double)m->bytes_total, mj_fmt_bytes((double)share, b3, sizeof b3), ms / 1e3);
+  if (r0 >= 0 && r1 >= r0)
+    printf("%s from storage (/proc/self/io; checksum %016llx)\n", mj_fmt_bytes((double)(r1 - r0), b1, sizeof b1),
+           (unsigned long long)sum);
+  else
+    printf("storage reads unknown (no /proc/self/io)\n");
+}
+
 int cmd_info(int argc, char **argv, mj_err *err) {
   const char *dir = NULL;
   bool as_json = false;
-  int64_t tp = 1, ep = 1;
+  int64_t tp = 1, ep = 1, rank = 0;
+  bool do_read = false;
   cli_opt opts[] = {{"model", 'm', CLI_STR, &dir}, {"json", 0, CLI_FLAG, &as_json}, {"tp", 0, CLI_INT, &tp},
-                    {"ep", 0, CLI_INT, &ep}};
+                    {"ep", 0, CLI_INT, &ep}, {"rank", 0, CLI_INT, &rank}, {"read", 0, CLI_FLAG, &do_read}};
   int r = cli_parse("info", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (r) return r < 0 ? 0 : r;
   if (!dir) return mj_fail(err, MJ_EUSAGE, "moejit info: -m DIR is required");
   int world;
   if ((r = nc_parallel_check("info", tp, ep, &world, err))) return r;
+  if (do_read && as_json) return mj_fail(err, MJ_EUSAGE, "moejit info: --read reports in text; drop --json");
+  if (rank < 0 || rank >= world)
+    return mj_fail(err, MJ_EUSAGE, "moejit info: --rank %lld is not one of the %d ranks of --tp %lld --ep %lld",
+                   (long long)rank, world, (long long)tp, (long long)ep);
   model *m;
   if ((r = model_load(dir, &m, err))) return r;
   /* --tp/--ep: the weight bytes each rank would hold (shard.h). */
   uint64_t rank_shards = 0, rank_whole = 0;
+  shard_plan read_plan;
   if (world > 1) {
     shard_plan p;
     mj_err pe = {0};
-    if ((r = shard_plan_make(&m->cfg, 0, (int)tp, (int)ep, &p, &pe))) {
+    if ((r = shard_plan_make(&m->cfg, (int)rank, (int)tp, (int)ep, &p, &pe))) {
       mj_fail(err, pe.code, "moejit info: %s: %s", dir, pe.msg);
       mj_err_clear(&pe);
       model_free(m);
       return r;
     }
     shard_rank_bytes(m, &p, &rank_shards, &rank_whole);
+    read_plan = p;
+  } else if (do_read && (r = shard_plan_make(&m->cfg, 0, 1, 1, &read_plan, err))) {
+    model_free(m);
+    return r;
   }
   const model_config *c = &m->cfg;
   int64_t nsparse = 0, nfull = 0;
@@ -100,6 +148,7 @@ int cmd_info(int argc, char **argv, mj_err *err) {
       printf("ranks      %d (--tp %lld --ep %lld): %s of weights a rank (%s its shards, %s on every rank)\n", world,
              (long long)tp, (long long)ep, mj_fmt_bytes((double)(rank_shards + rank_whole), b1, sizeof b1),
              mj_fmt_bytes((double)rank_shards, b2, sizeof b2), mj_fmt_bytes((double)rank_whole, b3, sizeof b3));
+    if (do_read) read_share(m, &read_plan, world > 1 ? rank_shards + rank_whole : m->bytes_total);
   }
   mj_err_clear(&ge);
   model_free(m);

@@ -1,6 +1,9 @@
 /* shard.c: the tensor/expert-parallel plan and weight slices (shard.h). */
 #include "shard.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <string.h>
 
 shard_range shard_split(int64_t n, int parts, int k) {
@@ -136,47 +139,147 @@ static void add_split(const model_weight *w, int64_t rows, int64_t cols, uint64_
   *whole += scalar_bytes(w);
 }
 
-/* An MLP's bytes: its intermediate slice when split, else whole. */
-static void mlp_bytes(const model_mlp *m, shard_range inter, bool split, uint64_t *sharded, uint64_t *whole) {
+/* Every weight and vector of the model, as rank p takes it: fw(weight,
+ * rows, cols, shard) with the block the rank holds (the whole weight and
+ * shard false where every rank holds it), fv(vector) for the vectors, which
+ * every rank holds. */
+typedef struct walk {
+  void (*fw)(void *ctx, const model_weight *w, shard_range rows, shard_range cols, bool shard);
+  void (*fv)(void *ctx, const model_vec *v);
+  void *ctx;
+} walk;
+
+static shard_range all(int64_t n) { return (shard_range){0, n}; }
+static void whole_w(const walk *k, const model_weight *w) { k->fw(k->ctx, w, all(w->rows), all(w->cols), false); }
+static void walk_mlp(const walk *k, const model_mlp *m, shard_range inter, bool split) {
   if (!split) {
-    *whole += weight_bytes(&m->gate) + weight_bytes(&m->up) + weight_bytes(&m->down);
+    whole_w(k, &m->gate), whole_w(k, &m->up), whole_w(k, &m->down);
     return;
   }
-  add_split(&m->gate, len(inter), m->gate.cols, sharded, whole);
-  add_split(&m->up, len(inter), m->up.cols, sharded, whole);
-  add_split(&m->down, m->down.rows, len(inter), sharded, whole);
+  k->fw(k->ctx, &m->gate, inter, all(m->gate.cols), true);
+  k->fw(k->ctx, &m->up, inter, all(m->up.cols), true);
+  k->fw(k->ctx, &m->down, all(m->down.rows), inter, true);
 }
 
-void shard_rank_bytes(const model *m, const shard_plan *p, uint64_t *sharded, uint64_t *whole) {
+static void rank_walk(const model *m, const shard_plan *p, const walk *k) {
   const model_config *c = &m->cfg;
-  uint64_t s = 0, w = weight_bytes(&m->embed) + weight_bytes(&m->lm_head) + vec_bytes(&m->norm);
+  whole_w(k, &m->embed);
   for (int64_t l = 0; l < c->num_hidden_layers; l++) {
     const model_layer *ly = &m->layers[l];
-    w += vec_bytes(&ly->input_norm) + vec_bytes(&ly->post_norm) + vec_bytes(&ly->q_a_norm) + vec_bytes(&ly->kv_a_norm);
-    w += weight_bytes(&ly->q_a) + weight_bytes(&ly->kv_a);
-    if (ly->has_indexer)
-      w += weight_bytes(&ly->idx_wq_b) + weight_bytes(&ly->idx_wk) + weight_bytes(&ly->idx_wproj) +
-           vec_bytes(&ly->idx_k_norm_w) + vec_bytes(&ly->idx_k_norm_b);
+    k->fv(k->ctx, &ly->input_norm), k->fv(k->ctx, &ly->post_norm), k->fv(k->ctx, &ly->q_a_norm), k->fv(k->ctx, &ly->kv_a_norm);
+    whole_w(k, &ly->q_a), whole_w(k, &ly->kv_a);
+    if (ly->has_indexer) {
+      whole_w(k, &ly->idx_wq_b), whole_w(k, &ly->idx_wk), whole_w(k, &ly->idx_wproj);
+      k->fv(k->ctx, &ly->idx_k_norm_w), k->fv(k->ctx, &ly->idx_k_norm_b);
+    }
     if (p->attn_reduce) {
-      add_split(&ly->q_b, len(p->q_b_rows), ly->q_b.cols, &s, &w);
-      add_split(&ly->kv_b, len(p->kv_b_rows), ly->kv_b.cols, &s, &w);
-      add_split(&ly->o, ly->o.rows, len(p->o_cols), &s, &w);
+      k->fw(k->ctx, &ly->q_b, p->q_b_rows, all(ly->q_b.cols), true);
+      k->fw(k->ctx, &ly->kv_b, p->kv_b_rows, all(ly->kv_b.cols), true);
+      k->fw(k->ctx, &ly->o, all(ly->o.rows), p->o_cols, true);
     } else {
-      w += weight_bytes(&ly->q_b) + weight_bytes(&ly->kv_b) + weight_bytes(&ly->o);
+      whole_w(k, &ly->q_b), whole_w(k, &ly->kv_b), whole_w(k, &ly->o);
     }
     if (!ly->sparse) {
-      mlp_bytes(&ly->dense, p->dense_inter, p->dense_reduce, &s, &w);
+      walk_mlp(k, &ly->dense, p->dense_inter, p->dense_reduce);
       continue;
     }
-    w += weight_bytes(&ly->router) + vec_bytes(&ly->router_bias);
+    whole_w(k, &ly->router);
+    k->fv(k->ctx, &ly->router_bias);
     for (int64_t e = p->experts.begin; e < p->experts.end; e++) {
       const model_mlp *x = &ly->experts[e];
-      if (p->ep > 1) /* whole experts, owned by this rank alone */
-        s += weight_bytes(&x->gate) + weight_bytes(&x->up) + weight_bytes(&x->down);
-      else
-        mlp_bytes(x, p->expert_inter, p->moe_reduce, &s, &w);
+      if (p->ep > 1) { /* whole experts, owned by this rank alone */
+        k->fw(k->ctx, &x->gate, all(x->gate.rows), all(x->gate.cols), true);
+        k->fw(k->ctx, &x->up, all(x->up.rows), all(x->up.cols), true);
+        k->fw(k->ctx, &x->down, all(x->down.rows), all(x->down.cols), true);
+      } else {
+        walk_mlp(k, x, p->expert_inter, p->moe_reduce);
+      }
     }
-    if (c->n_shared_experts > 0) mlp_bytes(&ly->shared, p->shared_inter, p->moe_reduce, &s, &w);
+    if (c->n_shared_experts > 0) walk_mlp(k, &ly->shared, p->shared_inter, p->moe_reduce);
   }
-  *sharded = s, *whole = w;
+  k->fv(k->ctx, &m->norm);
+  whole_w(k, &m->lm_head);
+}
+
+typedef struct bytes_ctx {
+  uint64_t sharded, whole;
+} bytes_ctx;
+static void bytes_w(void *ctx, const model_weight *w, shard_range rows, shard_range cols, bool shard) {
+  bytes_ctx *b = ctx;
+  if (!shard) {
+    b->whole += weight_bytes(w);
+  } else if (len(rows) == w->rows && len(cols) == w->cols) { /* a whole expert this rank alone holds */
+    b->sharded += weight_bytes(w);
+  } else {
+    add_split(w, len(rows), len(cols), &b->sharded, &b->whole);
+  }
+}
+static void bytes_v(void *ctx, const model_vec *v) { ((bytes_ctx *)ctx)->whole += vec_bytes(v); }
+
+void shard_rank_bytes(const model *m, const shard_plan *p, uint64_t *sharded, uint64_t *whole) {
+  bytes_ctx b = {0, 0};
+  walk k = {bytes_w, bytes_v, &b};
+  rank_walk(m, p, &k);
+  *sharded = b.sharded, *whole = b.whole;
+}
+
+/* ---- reading a rank's share ---------------------------------------------------------------- */
+typedef struct read_ctx {
+  uint64_t bytes, sum;
+} read_ctx;
+
+/* Read n bytes at p (8 at a time), as an upload would.  The pages are
+ * asked for first (MADV_WILLNEED on the page-rounded range), so the kernel
+ * reads those and, with the mapping set MADV_RANDOM by the caller, nothing
+ * around them. */
+static void read_range(read_ctx *r, const void *p, size_t n) {
+  const unsigned char *c = p;
+  if (n) {
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p & ~(pg - 1);
+    madvise((void *)a, (uintptr_t)p + n - a, MADV_WILLNEED);
+  }
+  uint64_t s = 0;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v;
+    memcpy(&v, c + i, 8);
+    s += v;
+  }
+  for (; i < n; i++) s += c[i];
+  r->sum += s;
+  r->bytes += n;
+}
+
+/* The rows x cols block of a row-major array of elements of eb bytes (NVFP4:
+ * codes two to a byte, scales one per 16): each row's run of columns. */
+static void read_block(read_ctx *r, const void *base, int64_t cols_total, shard_range rows, shard_range cols, double eb) {
+  size_t row_bytes = (size_t)(cols_total * eb), off = (size_t)(cols.begin * eb), n = (size_t)(len(cols) * eb);
+  if (off == 0 && n == row_bytes) { /* whole rows: one range */
+    read_range(r, (const char *)base + (size_t)rows.begin * row_bytes, (size_t)len(rows) * row_bytes);
+    return;
+  }
+  for (int64_t i = rows.begin; i < rows.end; i++) read_range(r, (const char *)base + (size_t)i * row_bytes + off, n);
+}
+
+static void read_w(void *ctx, const model_weight *w, shard_range rows, shard_range cols, bool shard) {
+  (void)shard;
+  read_ctx *r = ctx;
+  switch (w->fmt) {
+  case MODEL_W_BF16: read_block(r, w->w, w->cols, rows, cols, 2); break;
+  case MODEL_W_F32: read_block(r, w->w, w->cols, rows, cols, 4); break;
+  case MODEL_W_NVFP4:
+    read_block(r, w->w, w->cols, rows, cols, 0.5);
+    read_block(r, w->scale, w->cols, rows, cols, 1.0 / 16);
+    r->bytes += 4; /* scale_2, read with the header */
+    break;
+  }
+}
+static void read_v(void *ctx, const model_vec *v) { read_range(ctx, v->p, (size_t)v->n * (v->f32 ? 4 : 2)); }
+
+uint64_t shard_rank_read(const model *m, const shard_plan *p, uint64_t *checksum) {
+  read_ctx r = {0, 0};
+  walk k = {read_w, read_v, &r};
+  rank_walk(m, p, &k);
+  if (checksum) *checksum = r.sum;
+  return r.bytes;
 }

@@ -85,5 +85,10 @@ void shard_mlp(const model_mlp *m, shard_range inter, mj_arena *a, model_mlp *ou
  * embeddings, lm_head, and blocks the plan leaves unsplit).  NVFP4 counts
  * codes, block scales and scale_2 (input_scale is unused). */
 void shard_rank_bytes(const model *m, const shard_plan *p, uint64_t *sharded, uint64_t *whole);
+/* Read every byte of the checkpoint that rank p needs (its blocks of the
+ * split weights, row by row where a block is columns; everything every
+ * rank holds), as its upload will: the bytes read (equal to shard_rank_bytes'
+ * sum); *checksum (may be NULL) a sum of them, so nothing is skipped. */
+uint64_t shard_rank_read(const model *m, const shard_plan *p, uint64_t *checksum);
 
 #endif

@@ -72,6 +72,11 @@ cmp -s "$tmp/a.out" "$tmp/tp1.out" && ok "--tp 1 --ep 1 runs in-process, same te
 # info --tp/--ep: the bytes a rank would hold, or why the model does not split so
 $MOEJIT info -m "$tmp/m" --tp 2 --ep 2 | grep -qx "ranks      2 (--tp 2 --ep 2): [0-9.]* KiB of weights a rank ([0-9.]* KiB its shards, [0-9.]* KiB on every rank)" &&
   ok "info --tp 2 --ep 2" || bad "info --tp 2 --ep 2: $($MOEJIT info -m "$tmp/m" --tp 2 --ep 2 2>&1 | tail -1)"
+# --read: a rank reads its share (the bytes counted above), from the page cache or storage
+$MOEJIT info -m "$tmp/m" --tp 2 --ep 2 --rank 1 --read | grep -qx "read       rank 1 of 2: [0-9.]* KiB of the checkpoint's [0-9.]* KiB ([0-9.]*%; its share [0-9.]* KiB) in [0-9.]* s, .* from storage (/proc/self/io; checksum [0-9a-f]*)" &&
+  ok "info --read: rank 1 of 2" || bad "info --read: $($MOEJIT info -m "$tmp/m" --tp 2 --ep 2 --rank 1 --read 2>&1 | tail -1)"
+expect 1 "moejit: moejit info: --rank 2 is not one of the 2 ranks of --tp 2 --ep 2" $MOEJIT info -m "$tmp/m" --tp 2 --ep 2 --rank 2
+expect 1 "moejit: moejit info: --read reports in text; drop --json" $MOEJIT info -m "$tmp/m" --read --json
 expect 1 "moejit: moejit info: $tmp/m: --tp 4: each rank's share of moe_intermediate_size (32 / 4 = 8) is not a whole number of 16-column NVFP4 scale blocks" \
   $MOEJIT info -m "$tmp/m" --tp 4
 # a rank started by a launcher that disagrees with the flags, or gives no unique id

@@ -13,7 +13,7 @@
  * (routing on every rank, each rank's routed experts plus its slice of the
  * shared expert), within 1e-5 relative.  And the bytes a rank holds
  * (shard_rank_bytes): the shards of all ranks plus what every rank holds
- * are the model's bytes.
+ * are the model's bytes, and shard_rank_read reads exactly that many.
  */
 #define _XOPEN_SOURCE 700
 #include <ftw.h>
@@ -365,6 +365,10 @@ static void check_bytes(const model *m, const char *name) {
       ok = shard_plan_make(&m->cfg, r, sp[i][0], sp[i][1], &p, &err) == 0;
       if (!ok) break;
       shard_rank_bytes(m, &p, &s, &w);
+      /* shard_rank_read (moejit info --read) reads exactly those bytes */
+      uint64_t ck = 0;
+      T_EQ_INT(shard_rank_read(m, &p, &ck), s + w);
+      T_CHECK(ck != 0);
       sum += s;
       if (r == 0) w0 = w;
       same &= w == w0;
