@@ -133,16 +133,16 @@ int gen_run(const gen_opts *o, session *S, gen_seq *s, int np, mj_err *err) {
   for (int k = 0; k < np; k++) tok_stream_init(&s[k].ts, o->tok, true), s[k].slot = -1;
   int32_t *tk = mj_xmalloc((size_t)P * 4), *sl = mj_xmalloc((size_t)P * 4), *ids = mj_xmalloc((size_t)P * 4);
   int *who = mj_xmalloc((size_t)P * sizeof *who), *owner = mj_xmalloc((size_t)P * sizeof *owner);
+  for (int i = 0; i < P; i++) owner[i] = -1; /* the prompt live in each slot */
   double t0 = mj_now_ms();
   for (;;) {
-    /* Free slots take the next prompts. */
-    while (next < np && sess_live(S) < P)
+    /* Free slots take the next prompts (one that ends at once frees its slot again). */
+    while (next < np && sess_live(S) < P) {
       if ((rc = admit(o, S, &s[next], next, err))) goto out;
-      else next++;
+      if (s[next].slot >= 0) owner[s[next].slot] = next;
+      next++;
+    }
     /* One row per live sequence, in slot order. */
-    for (int i = 0; i < P; i++) owner[i] = -1;
-    for (int k = 0; k < next; k++)
-      if (s[k].slot >= 0) owner[s[k].slot] = k;
     int n = 0;
     for (int i = 0; i < P; i++) {
       int k = owner[i];
@@ -155,7 +155,7 @@ int gen_run(const gen_opts *o, session *S, gen_seq *s, int np, mj_err *err) {
     if ((rc = sess_step(S, tk, sl, n, ids, NULL, err))) goto out;
     steps++, rows += n;
     for (int i = 0; i < n; i++)
-      if (take(o, &s[who[i]], ids[i])) finish(o, S, &s[who[i]]);
+      if (take(o, &s[who[i]], ids[i])) finish(o, S, &s[who[i]]), owner[sl[i]] = -1;
   }
   print_results(o, S, s, np, mj_now_ms() - t0, steps, rows);
 out:

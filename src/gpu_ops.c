@@ -12,7 +12,7 @@ int gop_get(const gop_ctx *cx, kt_id k, const char *entry, const dsl_define *def
   jit_request req = {kt_template(k), {entry, defs, ndefs}, generic, cx->arch};
   int rc = jit_get(&req, f, err);
   if (rc) return rc;
-  kt_note(k, *f);
+  if (cx->dry) kt_note(k, *f); /* warm-up's count per family; nothing on a real step's launch path */
   *launch = (*f)->fn != NULL && !cx->dry;
   return 0;
 }

@@ -22,7 +22,8 @@
 #include "config.h"
 
 /* ---- NVRTC ------------------------------------------------------------------------------- */
-const char *kc_cuda_include(void) {
+/* The include folder NVRTC compiles against (the CUDA toolkit's). */
+static const char *kc_cuda_include(void) {
   static char dir[512];
   if (!dir[0]) {
     /* The toolkit configure found; a GPU host with the toolkit elsewhere

@@ -62,7 +62,5 @@ int kc_compile(const kc_job *j, kc_out *o, mj_err *err);
 
 /* The versions of this build and of the compilers it runs with. */
 const cache_producer *kc_producer(void);
-/* The include folder NVRTC compiles against (the CUDA toolkit's). */
-const char *kc_cuda_include(void);
 
 #endif

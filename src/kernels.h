@@ -54,8 +54,9 @@ static inline const char *kt_template(kt_id k) { return kt_kernels[k].tmpl; }
 int kt_find(const char *name);
 
 /* Distinct kernels obtained per family since the last kt_counts_reset
- * (warm-up's summary): every launcher notes each kernel it obtains (fn:
- * the jit_fn, which the front door keeps unique per kernel). */
+ * (warm-up's summary): a launcher notes each kernel a dry step obtains,
+ * and the MoE layer each kernel of a new bucket (fn: the jit_fn, which the
+ * front door keeps unique per kernel); a real step's launches note nothing. */
 void kt_note(kt_id k, const void *fn);
 void kt_counts(uint64_t out[KT_N]);
 void kt_counts_reset(void);

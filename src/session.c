@@ -233,9 +233,9 @@ static int check_rows(session *s, const int32_t *token, const int32_t *slot, int
       return mj_fail(err, MJ_EINPUT, "session: the rows of slot %d are not adjacent (rows %d and %d)", k, s->last[k], i);
     s->last[k] = i;
   }
-  for (int i = 0; i < n; i++) {
-    int k = slot[i], first = i;
-    while (first > 0 && slot[first - 1] == k) first--;
+  for (int i = 0, first = 0; i < n; i++) { /* first: the first row of slot[i]'s run */
+    int k = slot[i];
+    if (i > 0 && slot[i - 1] != k) first = i;
     if (s->last[k] == i && s->seq[k].len + (i - first + 1) > s->o.max_ctx)
       return mj_fail(err, MJ_EINPUT, "session: slot %d would hold %lld tokens, past its context of %lld", k,
                      (long long)(s->seq[k].len + (i - first + 1)), (long long)s->o.max_ctx);
@@ -252,9 +252,8 @@ static int step_gpu(session *s, const int32_t *token, const int32_t *slot, int n
     /* Each slot continues where it is (its rows are adjacent; those of an
      * earlier chunk are already in its length). */
     for (int i = i0; i < i0 + k; i++) {
-      int first = i;
-      while (first > i0 && slot[first - 1] == slot[i]) first--;
-      s->pos[i - i0] = (int32_t)(s->seq[slot[i]].len + (i - first));
+      bool cont = i > i0 && slot[i - 1] == slot[i];
+      s->pos[i - i0] = cont ? s->pos[i - i0 - 1] + 1 : (int32_t)s->seq[slot[i]].len;
       host |= s->last[slot[i]] == i && !s->seq[slot[i]].dev_sample;
     }
     float *lg = logits ? logits + (size_t)i0 * V : host ? s->lg : NULL;

