@@ -28,20 +28,49 @@
 #include "cli.h"
 #include "jit.h"
 #include "session.h"
+#include "coll.h"
 #include "nccldrv.h"
 #include "timing.h"
 
+/* The default of --allreduce-us: see docs/multigpu.md ("The projection"). */
+#define BENCH_ALLREDUCE_US 20.0
+
+/* A rank's collectives for `--rank`: NCCL with a world of one, or nothing
+ * at all while `off` (to time the rank's own work, collectives excluded). */
+typedef struct switch_coll {
+  coll c;
+  coll *nccl;
+  bool off;
+} switch_coll;
+static int sw_reduce(coll *c, CUdeviceptr buf, size_t n, CUstream s, mj_err *err) {
+  switch_coll *w = (switch_coll *)c;
+  return w->off ? 0 : w->nccl->ops->all_reduce(w->nccl, buf, n, s, err);
+}
+static int sw_gather(coll *c, CUdeviceptr send, CUdeviceptr recv, size_t n, CUstream s, mj_err *err) {
+  switch_coll *w = (switch_coll *)c;
+  return w->off ? 0 : w->nccl->ops->all_gather(w->nccl, send, recv, n, s, err);
+}
+static void sw_destroy(coll *c) { coll_destroy(((switch_coll *)c)->nccl); }
+static const coll_ops sw_ops = {sw_reduce, sw_gather, sw_destroy};
+
+/* What one rank's benchmark adds to each batch's row. */
+typedef struct rank_row {
+  double us_graph, us_excl; /* graph step with its NCCL calls, and with the collectives left out */
+} rank_row;
+
 int bench_decode(int argc, char **argv, mj_err *err) {
   const char *dir = NULL, *synth = "glm5", *batch_s = "1,8,32";
-  int64_t layers = 18, dense = 3, ctx = 1024, steps = 10, reps = 9, seed = 0, tp = 1, ep = 1;
-  bool no_graphs = false, region = false;
+  int64_t layers = 18, dense = 3, ctx = 1024, steps = 10, reps = 9, seed = 0, tp = 1, ep = 1, rank = -1;
+  double ar_us = BENCH_ALLREDUCE_US;
+  bool no_graphs = false, region = false, head_whole = false;
   cli_opt opts[] = {{"model", 'm', CLI_STR, &dir},   {"synthetic", 0, CLI_STR, &synth},
                     {"layers", 0, CLI_INT, &layers}, {"dense", 0, CLI_INT, &dense},
                     {"batch", 0, CLI_STR, &batch_s}, {"ctx", 0, CLI_INT, &ctx},
                     {"steps", 0, CLI_INT, &steps},   {"reps", 0, CLI_INT, &reps},
                     {"seed", 0, CLI_INT, &seed},     {"no-graphs", 0, CLI_FLAG, &no_graphs},
                     {"profile-region", 0, CLI_FLAG, &region}, {"tp", 0, CLI_INT, &tp},
-                    {"ep", 0, CLI_INT, &ep}};
+                    {"ep", 0, CLI_INT, &ep},         {"rank", 0, CLI_INT, &rank},
+                    {"allreduce-us", 0, CLI_NUM, &ar_us}, {"head-whole", 0, CLI_FLAG, &head_whole}};
   int rc = cli_parse("bench", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (rc) return rc < 0 ? 0 : rc;
   int64_t batches[16];
@@ -62,7 +91,18 @@ int bench_decode(int argc, char **argv, mj_err *err) {
     return mj_fail(err, MJ_EUSAGE, "moejit bench decode: --synthetic knows only glm5 (or give -m DIR)");
   int world;
   if ((rc = nc_parallel_check("bench decode", tp, ep, &world, err))) return rc;
-  if (world > 1) return nc_parallel_run("bench decode", "bench", tp, ep, argc, argv, err);
+  if (rank >= 0 && world == 1) return mj_fail(err, MJ_EUSAGE, "moejit bench decode: --rank needs --tp N or --ep M");
+  if (rank >= world || rank < -1)
+    return mj_fail(err, MJ_EUSAGE, "moejit bench decode: --rank %lld is not one of the %d ranks (0..%d)", (long long)rank,
+                   world, world - 1);
+  if (!(ar_us >= 0 && ar_us <= 1e6))
+    return mj_fail(err, MJ_EUSAGE, "moejit bench decode: --allreduce-us must be 0..1000000, not %g", ar_us);
+  /* --rank R: this process alone builds rank R's share on its one GPU;
+   * without it, the launcher starts the ranks and each runs its share */
+  coll *rank_coll = NULL;
+  if (world > 1 && rank < 0 &&
+      ((rc = nc_parallel_run("bench decode", "bench", tp, ep, argc, argv, &rank_coll, err)) || !rank_coll))
+    return rc;
   if ((rc = cu_init(err))) return rc;
   const cu_device *dev = cu_dev();
   double copy_bps;
@@ -75,9 +115,17 @@ int bench_decode(int argc, char **argv, mj_err *err) {
   o.max_ctx = ctx + 2;
   o.gpu.use_graphs = !no_graphs;
   o.gpu.max_rows = (int)bmax;
+  switch_coll sw = {.c = {.ops = &sw_ops, .rank = 0, .world = 1, .capturable = true}};
+  if (rank >= 0) {
+    if ((rc = coll_nccl_solo(&sw.nccl, err))) return rc;
+    o.gpu.tp = (int)tp, o.gpu.ep = (int)ep, o.gpu.rank = (int)rank, o.gpu.coll = &sw.c;
+  }
+  o.gpu.head_whole = head_whole;
+  if (rank_coll) o.gpu.tp = (int)tp, o.gpu.ep = (int)ep, o.gpu.rank = rank_coll->rank, o.gpu.coll = rank_coll;
   model *m = NULL;
   session *S = NULL;
   gpu_prof *profs = NULL;
+  rank_row *rrow = NULL;
   mj_arena a;
   mj_arena_init(&a, 4096);
   double t0 = mj_now_ms();
@@ -107,6 +155,13 @@ int bench_decode(int argc, char **argv, mj_err *err) {
     printf("profiled region: one eager step of %d rows\n", sess_padded(S, B, &graph));
     goto out;
   }
+  if (rank >= 0)
+    printf("rank %lld of %d (--tp %lld --ep %lld): %d of %lld heads, experts %lld..%lld, lm_head rows %lld..%lld%s; "
+           "collectives: NCCL %s with a world of one (each a copy), in the graphs\n",
+           (long long)rank, world, (long long)tp, (long long)ep, d->heads,
+           (long long)(si.plan->heads.end - si.plan->heads.begin) * (tp > 1 ? tp : 1), (long long)si.plan->experts.begin,
+           (long long)si.plan->experts.end - 1, (long long)si.plan->vocab.begin, (long long)si.plan->vocab.end - 1,
+           si.plan->head_gather ? " (all-gathered)" : " (whole)", nc_version_string());
   printf("decode step: %s, %d layers (%s), hidden %d, vocab %d, on %s (%s, %d SMs)\n",
          dir ? dir : "synthetic GLM-5 (random weights made on the device)", (int)(dir ? m->cfg.num_hidden_layers : layers),
          dir ? "checkpoint" : "full width", d->hidden, d->vocab, dev->name, dev->arch, dev->sm_count);
@@ -119,6 +174,7 @@ int bench_decode(int argc, char **argv, mj_err *err) {
   printf("|---|---|---|---|---|---|---|---|---|---|\n");
 
   profs = mj_xcalloc((size_t)nb, sizeof *profs);
+  rrow = mj_xcalloc((size_t)nb, sizeof *rrow);
   uint64_t rng = (uint64_t)seed * 2654435761u + 12345;
   for (int bi = 0; bi < nb; bi++) {
     int B = (int)batches[bi];
@@ -145,6 +201,17 @@ int bench_decode(int argc, char **argv, mj_err *err) {
     if (graph && (rc = sess_measure_rows(S, tok, slot, pos, B, &tg, err))) goto next;
     if ((rc = sess_measure_rows(S, tok, slot, pos, B, &te, err))) goto next;
     if (!graph) tg.us = te.us;
+    rrow[bi].us_graph = tg.us;
+    if (rank >= 0 && graph) { /* again with the collectives left out (captured anew) */
+      sess_measure tx = {.mode = SESS_GRAPH, .steps = (int)steps, .reps = (int)reps};
+      sw.off = true;
+      sess_drop_graphs(S);
+      rc = sess_measure_rows(S, tok, slot, pos, B, &tx, err);
+      sw.off = false;
+      sess_drop_graphs(S);
+      if (rc) goto next;
+      rrow[bi].us_excl = tx.us;
+    }
     sess_measure pm = {.mode = SESS_PROFILE};
     if ((rc = sess_measure_rows(S, tok, slot, pos, B, &pm, err))) goto next;
     gpu_prof *p = &profs[bi];
@@ -163,6 +230,28 @@ int bench_decode(int argc, char **argv, mj_err *err) {
   }
   for (int bi = 0; bi < nb; bi++) {
     gpu_prof *p = &profs[bi];
+    if (rank >= 0 && bi == 0) {
+      sess_get_info(S, &si);
+      const gpu_counters *c = &si.counters;
+      int ncoll = c->coll_reduce + c->coll_gather;
+      printf("\n### rank %lld of %d: its own work, and a projection for %d GPUs\n\n", (long long)rank, world, world);
+      printf("collectives a step: %d all-reduce and %d all-gather (at batch %lld: %.0f + %.0f bytes a rank sends)\n",
+             c->coll_reduce, c->coll_gather, (long long)batches[nb - 1], c->coll_reduce_bytes, c->coll_gather_bytes);
+      printf("all-reduce latency used: %.1f us a collective (--allreduce-us; %s; NOT measured here: one GPU)\n\n",
+             ar_us, ar_us == BENCH_ALLREDUCE_US ? "the default, a published NCCL small-message figure, docs/multigpu.md" : "given");
+      printf("| batch | step us (graph, NCCL world of one) | step us (collectives left out) | rank GB moved | %% of copy "
+             "(collectives left out) | + %d x %.1f us | projected step us | projected tok/s (%d GPUs) |\n",
+             ncoll, ar_us, world);
+      printf("|---|---|---|---|---|---|---|---|\n");
+      for (int k = 0; k < nb; k++) {
+        const gpu_prof *q = &profs[k];
+        double by = q->bytes_attn + q->bytes_dense + q->bytes_experts + q->bytes_router + q->bytes_head + q->bytes_kv;
+        double ex = rrow[k].us_excl, proj = ex + ncoll * ar_us;
+        printf("| %lld | %.1f | %.1f | %.3f | %.1f%% | %.1f | %.1f | %.1f |\n", (long long)batches[k], rrow[k].us_graph, ex,
+               by / 1e9, ex > 0 ? 100.0 * by / (ex * 1e3) * 1e9 / copy_bps : 0.0, ncoll * ar_us, proj,
+               batches[k] / (proj / 1e6));
+      }
+    }
     printf("\n### batch %lld: one profiled eager step, per op (sum of its launches)\n\n", (long long)batches[bi]);
     printf("| op | launches | us | %% of kernels |\n|---|---|---|---|\n");
     for (int k = 0; k < p->n; k++)
@@ -181,8 +270,10 @@ int bench_decode(int argc, char **argv, mj_err *err) {
   }
   rc = 0;
 out:
-  free(profs);
+  free(profs), free(rrow);
   sess_destroy(S);
+  if (sw.nccl) coll_destroy(&sw.c);
+  coll_destroy(rank_coll);
   if (m) model_free(m);
   mj_arena_free(&a);
   return rc;

@@ -34,9 +34,11 @@
     "                 [--check-tokens N] [--experts E] [--hidden H] [--inter I]\n" \
     "moejit bench decode [-m DIR | --synthetic glm5 [--layers N] [--dense D]] [--batch 1,8,32]\n" \
     "                 [--ctx N] [--steps N] [--reps N] [--seed S] [--no-graphs] [--profile-region]\n" \
-    "                 [--tp N] [--ep M]\n" \
+    "                 [--tp N] [--ep M] [--rank R] [--allreduce-us US] [--head-whole]\n" \
     "  decode: the whole GLM-5 step (default: 18 full-width layers, 3 dense, random\n" \
-    "  weights made on the GPU), graph and eager times, per-op breakdown, roofline share\n") \
+    "  weights made on the GPU), graph and eager times, per-op breakdown, roofline share\n" \
+    "  --rank R: with --tp/--ep, only rank R's share on this one GPU, its collectives NCCL\n" \
+    "  calls with a world of one, and a projection for all ranks at --allreduce-us a collective\n") \
   X(replay, "replay a shape trace on the MoE kernels: what it compiles, how fast it runs", \
     "moejit replay FILE.jsonl [-m DIR | --synthetic glm5] [--dry-run] [--verify] [--steps]\n" \
     "              [--json] [--arch ARCH] [--copies N] [--reps N] [--verify-max N]\n" \
@@ -110,7 +112,10 @@
     "  the GPU decode engine takes the model (and why not); with --tp/--ep, the\n" \
     "  weight bytes each GPU would hold (docs/multigpu.md); --read drops the\n" \
     "  checkpoint from the page cache, reads rank R's share (default 0) as its\n" \
-    "  upload will, and says how many bytes came from storage\n")             \
+    "  upload will, and says how many bytes came from storage\n"               \
+    "moejit info --preset glm5 [--layers 78] [--dense 3] [--tp N] [--ep M] [--rank R] [--gpu-mem 141]\n" \
+    "  will it fit, from the config alone: weights a GPU, KV cache bytes a token\n" \
+    "  a GPU, and the tokens of context left on a GPU of --gpu-mem GB\n")     \
   X(mkmodel, "write a synthetic GLM-5 checkpoint (Hugging Face / ModelOpt layout)", \
     "moejit mkmodel --out DIR [--preset tiny|small|medium|glm5] [--layers N]\n"     \
     "       [--dense-layers N] [--experts E] [--experts-per-tok K]\n"        \
@@ -140,12 +145,13 @@
   X(trace, "make and check shape traces (which MoE shapes decode steps use)",  \
     "moejit trace synth -o FILE [--experts 256] [--topk 8] [--batch B] [--steps N]\n" \
     "                   [--skew zipf:S|uniform] [--seed X] [--layers L] [--hidden H] [--inter I]\n" \
-    "moejit trace check FILE\n"                                               \
+    "moejit trace check FILE [--ep M]\n"                                      \
     "  synth  a synthetic trace: B rows a step (default 1), N steps (default 16),\n" \
     "         L MoE layers from layer 3 (default 1); each row picks topk distinct\n" \
     "         experts, the expert of popularity rank r with weight 1/r^S (default\n" \
     "         uniform); deterministic for a seed\n"                            \
-    "  check  validate a trace and summarise it: steps, rows, buckets, experts\n" \
+    "  check  validate a trace and summarise it: steps, rows, buckets, experts;\n" \
+    "         --ep M: the experts and rows of the busiest of M expert-parallel ranks\n" \
     "  the format: docs/trace.md\n")
 
 #define X(name, summary, usage) int cmd_##name(int argc, char **argv, mj_err *err);

@@ -108,8 +108,7 @@ int cpu_model_create(const model *m, const cpu_params *p, cpu_model **out, mj_er
           continue;
         }
         k->experts = mj_xcalloc((size_t)c->n_routed_experts, sizeof *k->experts);
-        for (int64_t e = pl->experts.begin; e < pl->experts.end; e++)
-          shard_mlp(&ly->experts[e], pl->expert_inter, &s->shards, &k->experts[e]);
+        for (int64_t e = pl->experts.begin; e < pl->experts.end; e++) k->experts[e] = ly->experts[e]; /* whole */
         if (c->n_shared_experts > 0) shard_mlp(&ly->shared, pl->shared_inter, &s->shards, &k->shared);
       }
     }

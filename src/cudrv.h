@@ -28,7 +28,7 @@
   X(cuLaunchKernel) X(cuMemAlloc) X(cuMemFree) X(cuMemGetInfo)                \
   X(cuMemAllocHost) X(cuMemFreeHost) X(cuMemcpyHtoD) X(cuMemcpyDtoH)          \
   X(cuMemcpyDtoD) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)                   \
-  X(cuMemcpyDtoDAsync) X(cuMemsetD8) X(cuMemsetD32) X(cuMemsetD8Async)        \
+  X(cuMemcpyDtoDAsync) X(cuMemcpy2DAsync) X(cuMemsetD8) X(cuMemsetD32) X(cuMemsetD8Async)        \
   X(cuMemsetD32Async) X(cuStreamCreate) X(cuStreamDestroy)                    \
   X(cuStreamSynchronize) X(cuStreamWaitEvent) X(cuStreamBeginCapture) X(cuStreamEndCapture)        \
   X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy)                \

@@ -29,6 +29,7 @@
 #include "cli.h"
 #include "generate.h"
 #include "mkmodel.h"
+#include "coll.h"
 #include "nccldrv.h"
 
 /* The data folder: MOEJIT_DATA_DIR, else $XDG_DATA_HOME/moejit, else
@@ -159,7 +160,10 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
   if ((r = nc_parallel_check("generate", tp, ep, &world, err))) return r;
   if (world > 1 && ((prompt && strcmp(prompt, "-") == 0) || (prompts_path && strcmp(prompts_path, "-") == 0)))
     return mj_fail(err, MJ_EUSAGE, "moejit generate: with --tp/--ep every rank reads the prompt: give it as text or a file, not stdin");
-  if (world > 1) return nc_parallel_run("generate", NULL, tp, ep, argc, argv, err);
+  /* Several ranks: this process is the launcher (done when the ranks are),
+   * or one rank, which runs the session on its share with NCCL. */
+  coll *rank_coll = NULL;
+  if (world > 1 && ((r = nc_parallel_run("generate", NULL, tp, ep, argc, argv, &rank_coll, err)) || !rank_coll)) return r;
 
   char defdir[4096];
   if (!dir) {
@@ -241,6 +245,10 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
   sess_opts so;
   sess_opts_default(&so);
   if ((r = sess_pick_backend("moejit generate", backend, m, quiet || as_json, &so.backend, err))) goto out;
+  if (rank_coll && so.backend != SESS_CUDA) {
+    r = mj_fail(err, MJ_EUSAGE, "moejit generate: --tp/--ep run on GPUs; this model runs on the CPU (--backend cpu)");
+    goto out;
+  }
   if (trace_path && so.backend != SESS_CUDA) {
     r = mj_fail(err, MJ_EUSAGE, "moejit generate: --trace records the GPU's MoE shapes; this run is on the CPU");
     goto out;
@@ -252,8 +260,9 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
   so.gpu.quiet = quiet || as_json;
   /* the device draws with these filters and the seed */
   so.gpu.sampling = sample_filters(o.sp.temperature, o.sp.top_k, o.sp.top_p, o.sp.min_p, o.sp.seed);
-  so.trace_path = trace_path;
+  so.trace_path = rank_coll && rank_coll->rank > 0 ? NULL : trace_path; /* rank 0 records the trace */
   so.model_name = dir;
+  if (rank_coll) so.gpu.tp = (int)tp, so.gpu.ep = (int)ep, so.gpu.rank = rank_coll->rank, so.gpu.coll = rank_coll;
   if ((r = sess_create(m, &so, &S, err))) goto out;
   r = gen_run(&o, S, s, np, err);
   if (!r) r = sess_close(S, err);
@@ -266,5 +275,6 @@ out:
   sess_destroy(S);
   if (tok) tok_destroy(tok);
   if (m) model_free(m);
+  coll_destroy(rank_coll);
   return r;
 }

@@ -11,6 +11,13 @@
  * rows to a captured size and replays that size's graph (captured on first
  * use, after one eager run has brought every kernel through the front
  * door), or runs the list eagerly.
+ *
+ * A rank of a sharded model (gpu_opts.tp/ep/rank, shard.h) is the same
+ * code on smaller widths: its heads, its dense and shared intermediate
+ * rows, its routed experts and its vocabulary rows, each a slice of the
+ * checkpoint; enqueue adds the collectives (an all-reduce after o_proj,
+ * after the dense MLP and after the MoE layer, an all-gather of the
+ * logits), which the graphs capture like kernels.
  */
 #include "gpu_model.h"
 #include "timing.h"
@@ -33,7 +40,7 @@ typedef struct gpu_layer {
   CUdeviceptr w_gu, w_down; /* dense: bf16 [2I][H], [H][I] */
   moe_weights moe;          /* sparse */
   CUdeviceptr sh_gu, sh_down; /* a bf16 shared expert, run as a dense MLP beside the NVFP4 slots */
-  bool no_fp4_shared;         /* the MoE's shared slot is empty (bf16 or no shared expert): skipped */
+  bool no_fp4_shared;         /* the MoE's shared slot is empty (bf16, no shared expert, or another rank's): skipped */
   gop_cache cache;
 } gpu_layer;
 
@@ -60,6 +67,11 @@ struct gpu_model {
   int32_t *hrows;       /* pinned [3][bmax], then [bmax] sampled ids */
   CUdeviceptr x, y, xn, xs, P, qa, iw, Q, qlat, iq, sel, olat, o_attn, gu, h, logits, tok_out, attn_scr, dsa_scr,
       stash, sel_stash; /* with trace: routing [layer][bmax][topk], DSA selections [layer][bmax][idx_topk] */
+  /* a rank: its plan, lm_head rows, and the logits before the all-gather */
+  shard_plan plan;
+  bool sharded;  /* plan.world > 1 */
+  int vocab_l;   /* lm_head rows held */
+  CUdeviceptr logits_l, gather; /* f32 [bmax][vocab_l]; [world][bmax][vocab_l] */
   bool any_indexer;
   moe_bufs mb;
   moe_bucket buckets[64];
@@ -96,7 +108,7 @@ static size_t carve_weights(gpu_model *g, CUdeviceptr base) {
   const gop_dims *d = &g->d;
   size_t off = 0, H = (size_t)d->hidden;
   g->embed = take(base, &off, (size_t)d->vocab * H * 2);
-  g->lm_head = take(base, &off, (size_t)d->vocab * H * 2);
+  g->lm_head = take(base, &off, (size_t)g->vocab_l * H * 2);
   g->norm = take(base, &off, H * 2);
   g->inv_freq = take(base, &off, (size_t)d->rope / 2 * 4);
   for (int i = 0; i < g->n_layers; i++) {
@@ -147,6 +159,11 @@ static size_t carve_acts(gpu_model *g, CUdeviceptr base) {
   g->gu = take(base, &off, B * 2 * g->mlp_max * 4);
   g->h = take(base, &off, B * g->mlp_max * 2);
   g->logits = take(base, &off, B * d->vocab * 4);
+  g->logits_l = g->logits, g->gather = 0;
+  if (g->plan.head_gather) {
+    g->logits_l = take(base, &off, B * g->vocab_l * 4);
+    g->gather = take(base, &off, (size_t)g->plan.world * B * g->vocab_l * 4);
+  }
   g->tok_out = take(base, &off, B * 4);
   /* The scratch sizes are not monotone in the rows (the attention's split
    * plan changes with them): take the largest over every row count. */
@@ -195,10 +212,17 @@ static int check_config(const model_config *c, const char *dir, mj_err *err) {
 
 /* sh_inter: the intermediate width of a bf16 shared expert (0: none, or
  * NVFP4 in the MoE layer's shared slot). */
-static void setup_dims(gpu_model *g, const model_config *c, int sh_inter, const gpu_opts *o) {
+static void setup_dims(gpu_model *g, const model_config *c, int sh_inter, const gpu_opts *o, const shard_plan *p) {
   g->o = *o;
-  g->sh_inter = sh_inter;
-  g->mlp_max = (int)(c->intermediate_size > sh_inter ? c->intermediate_size : sh_inter);
+  g->plan = *p;
+  g->sharded = p->world > 1;
+  /* A bf16 shared expert is split like the dense MLP (p->shared_inter). */
+  g->sh_inter = sh_inter && g->sharded ? (int)(p->shared_inter.end - p->shared_inter.begin) : sh_inter;
+  g->inter = (int)(p->dense_inter.end - p->dense_inter.begin);
+  g->mlp_max = g->inter > g->sh_inter ? g->inter : g->sh_inter;
+  g->vocab_l = (int)(p->vocab.end - p->vocab.begin);
+  /* Collectives that cannot be captured: every step runs eagerly. */
+  if (g->sharded && (!o->coll || !o->coll->capturable)) g->o.use_graphs = false;
   if (g->o.slots < 1) g->o.slots = 1;
   if (g->o.use_graphs && g->o.n_graph_batches == 0) {
     static const int def[] = {1, 2, 4, 8, 16, 32, 64};
@@ -220,8 +244,9 @@ static void setup_dims(gpu_model *g, const model_config *c, int sh_inter, const 
                     .kv_rank = (int)c->kv_lora_rank, .q_rank = (int)c->q_lora_rank, .idx_heads = (int)c->index_n_heads,
                     .idx_dim = (int)c->index_head_dim, .idx_topk = (int)c->index_topk, .max_ctx = (int)ctx,
                     .rms_eps = (float)c->rms_norm_eps};
+  g->d.heads = (int)(p->heads.end - p->heads.begin);
   g->mc = model_moe_of(c);
-  g->inter = (int)c->intermediate_size;
+  if (g->sharded) g->mc.e_first = (int)p->experts.begin, g->mc.e_count = (int)(p->experts.end - p->experts.begin);
   g->n_layers = (int)c->num_hidden_layers;
   g->L = mj_xcalloc((size_t)g->n_layers, sizeof *g->L);
   const gop_dims *d = &g->d;
@@ -237,8 +262,28 @@ static void setup_dims(gpu_model *g, const model_config *c, int sh_inter, const 
   }
 }
 
+/* The plan of the rank o names (world 1 without --tp/--ep); a sharded
+ * step needs collectives unless it only compiles (dry). */
+static int make_plan(const model_config *c, const gpu_opts *o, bool dry, shard_plan *p, mj_err *err) {
+  int tp = o->tp > 1 ? o->tp : 1, ep = o->ep > 1 ? o->ep : 1;
+  int rc = shard_plan_make(c, tp * ep > 1 ? o->rank : 0, tp, ep, p, err);
+  if (rc) return rc;
+  if (o->head_whole) p->vocab = (shard_range){0, c->vocab_size}, p->head_gather = false;
+  if (p->world > 1 && !dry && !o->coll)
+    return mj_fail(err, MJ_EINTERNAL, "gpu: rank %d of %d without collectives", p->rank, p->world);
+  return 0;
+}
+
+/* Whether layer i's NVFP4 shared expert runs here: on one GPU, or on one
+ * rank of the world, a different one per layer (its width cannot be split
+ * as the bf16 one is: the expert kernels take 1024-multiples). */
+static bool shared_here(const gpu_model *g, int i) { return !g->sharded || i % g->plan.world == g->plan.rank; }
+
 static int setup(gpu_model *g, const model_config *c, int sh_inter, const gpu_opts *o, mj_err *err) {
-  setup_dims(g, c, sh_inter, o);
+  shard_plan plan;
+  int rc0 = make_plan(c, o, false, &plan, err);
+  if (rc0) return rc0;
+  setup_dims(g, c, sh_inter, o, &plan);
   const gop_dims *d = &g->d;
   CU_CHECK(err, cu.cuStreamCreate(&g->s, CU_STREAM_NON_BLOCKING));
   int rc = moe_side_create(&g->side, err);
@@ -311,10 +356,22 @@ static model_nvfp4 as_nvfp4(const model_weight *w) {
   return (model_nvfp4){w->w, w->scale, w->scale2, (int)w->rows, (int)w->cols};
 }
 
-static int upload_layer(gpu_model *g, upload *u, const model_layer *ml, gpu_layer *l, mj_err *err) {
+/* Layer li of the checkpoint as this rank holds it (the whole layer on one
+ * GPU): row slices are views, column slices copies into a. */
+static int upload_layer(gpu_model *g, upload *u, const model_layer *ml, int li, gpu_layer *l, mj_arena *a, mj_err *err) {
   const gop_dims *d = &g->d;
+  const shard_plan *pl = &g->plan;
   size_t H = (size_t)d->hidden;
   int rc;
+  model_weight q_b = ml->q_b, kv_b = ml->kv_b, o = ml->o;
+  model_mlp dense = ml->dense, shared = ml->shared;
+  if (pl->attn_reduce) {
+    shard_weight_rows(&ml->q_b, pl->q_b_rows, &q_b);
+    shard_weight_rows(&ml->kv_b, pl->kv_b_rows, &kv_b);
+    shard_weight_cols(&ml->o, pl->o_cols, a, &o);
+  }
+  if (!ml->sparse && pl->dense_reduce) shard_mlp(&ml->dense, pl->dense_inter, a, &dense);
+  if (ml->sparse && l->sh_gu && g->sharded) shard_mlp(&ml->shared, pl->shared_inter, a, &shared);
   CUdeviceptr p = l->w_in;
   if ((rc = put_vec(l->in_norm, &ml->input_norm, false, err)) || (rc = put_vec(l->post_norm, &ml->post_norm, false, err)) ||
       (rc = put_weight(u, p, &ml->q_a, err)) ||
@@ -329,28 +386,29 @@ static int upload_layer(gpu_model *g, upload *u, const model_layer *ml, gpu_laye
         (rc = put_weight(u, l->w_q + (size_t)d->heads * (d->nope + d->rope) * d->q_rank * 2, &ml->idx_wq_b, err)))
       return rc;
   }
-  if ((rc = put_weight(u, l->w_q, &ml->q_b, err)) || (rc = put_weight(u, l->kv_b, &ml->kv_b, err)) ||
-      (rc = put_weight(u, l->o, &ml->o, err)) || (rc = put_vec(l->prep.q_a_norm, &ml->q_a_norm, false, err)) ||
+  if ((rc = put_weight(u, l->w_q, &q_b, err)) || (rc = put_weight(u, l->kv_b, &kv_b, err)) ||
+      (rc = put_weight(u, l->o, &o, err)) || (rc = put_vec(l->prep.q_a_norm, &ml->q_a_norm, false, err)) ||
       (rc = put_vec(l->prep.kv_a_norm, &ml->kv_a_norm, false, err)))
     return rc;
   if (!l->sparse) {
-    if ((rc = put_weight(u, l->w_gu, &ml->dense.gate, err)) ||
-        (rc = put_weight(u, l->w_gu + (size_t)g->inter * H * 2, &ml->dense.up, err)) ||
-        (rc = put_weight(u, l->w_down, &ml->dense.down, err)))
+    if ((rc = put_weight(u, l->w_gu, &dense.gate, err)) ||
+        (rc = put_weight(u, l->w_gu + (size_t)g->inter * H * 2, &dense.up, err)) ||
+        (rc = put_weight(u, l->w_down, &dense.down, err)))
       return rc;
     return 0;
   }
   if ((rc = put_weight(u, l->moe.router, &ml->router, err)) || (rc = put_vec(l->moe.bias, &ml->router_bias, true, err)))
     return rc;
-  if (l->sh_gu && ((rc = put_weight(u, l->sh_gu, &ml->shared.gate, err)) ||
-                   (rc = put_weight(u, l->sh_gu + (size_t)g->sh_inter * H * 2, &ml->shared.up, err)) ||
-                   (rc = put_weight(u, l->sh_down, &ml->shared.down, err))))
+  if (l->sh_gu && ((rc = put_weight(u, l->sh_gu, &shared.gate, err)) ||
+                   (rc = put_weight(u, l->sh_gu + (size_t)g->sh_inter * H * 2, &shared.up, err)) ||
+                   (rc = put_weight(u, l->sh_down, &shared.down, err))))
     return rc;
   const model_moe_cfg *mc = &g->mc;
   double eb = (double)(moe_gate_up_bytes(mc) + moe_down_bytes(mc));
-  for (int e = 0; e <= mc->n_experts; e++) {
-    const model_mlp *x = e < mc->n_experts ? &ml->experts[e] : &ml->shared;
-    if (e == mc->n_experts && (!x->gate.w || l->sh_gu)) { /* none in the slot: skipped, and zeros */
+  int L = model_moe_local(mc); /* the rank's experts: mc->e_first .. + L - 1, then the shared slot */
+  for (int e = 0; e <= L; e++) {
+    const model_mlp *x = e < L ? &ml->experts[mc->e_first + e] : &ml->shared;
+    if (e == L && (!x->gate.w || l->sh_gu || !shared_here(g, li))) { /* none in the slot: skipped, and zeros */
       l->no_fp4_shared = true;
       CU_CHECK(err, cu.cuMemsetD8(l->moe.gate_up + (size_t)e * moe_gate_up_bytes(mc), 0, moe_gate_up_bytes(mc)));
       CU_CHECK(err, cu.cuMemsetD8(l->moe.down + (size_t)e * moe_down_bytes(mc), 0, moe_down_bytes(mc)));
@@ -407,10 +465,17 @@ int gpu_model_create(const model *m, const gpu_opts *o, gpu_model **out, mj_err 
   for (size_t i = 0; i < MJ_ARRAY_LEN(cols); i++) maxc = cols[i] > maxc ? cols[i] : maxc;
   u.row = mj_xmalloc((size_t)maxc * 4);
   mj_progress_begin(&u.prog, "upload", (double)g->wbytes, o->quiet);
+  model_weight head;
+  shard_weight_rows(&m->lm_head, g->plan.vocab, &head);
   rc = put_weight(&u, g->embed, &m->embed, err);
-  if (!rc) rc = put_weight(&u, g->lm_head, &m->lm_head, err);
+  if (!rc) rc = put_weight(&u, g->lm_head, &head, err);
   if (!rc) rc = put_vec(g->norm, &m->norm, false, err);
-  for (int i = 0; i < g->n_layers && !rc; i++) rc = upload_layer(g, &u, &m->layers[i], &g->L[i], err);
+  for (int i = 0; i < g->n_layers && !rc; i++) {
+    mj_arena a;
+    mj_arena_init(&a, 1 << 20);
+    rc = upload_layer(g, &u, &m->layers[i], i, &g->L[i], &a, err);
+    mj_arena_free(&a);
+  }
   mj_progress_end(&u.prog);
   cu.cuMemFreeHost(u.stage);
   free(u.row);
@@ -480,7 +545,7 @@ int gpu_model_synthetic(const model_config *cfg, uint64_t seed, const gpu_opts *
 #define TRY(call) \
   if ((rc = (call))) goto fail
   TRY(fill(g->embed, (size_t)d->vocab * H, false, sd++, -1.0f, 1.0f, g->s, err));
-  TRY(fill_w(g, g->lm_head, (size_t)d->vocab, H, &sd, err));
+  TRY(fill_w(g, g->lm_head, (size_t)g->vocab_l, H, &sd, err));
   TRY(fill(g->norm, H, false, sd++, 0.9f, 1.1f, g->s, err));
   for (int i = 0; i < g->n_layers; i++) {
     gpu_layer *l = &g->L[i];
@@ -498,6 +563,7 @@ int gpu_model_synthetic(const model_config *cfg, uint64_t seed, const gpu_opts *
     }
     if (l->sparse) {
       float a = 3.0f / sqrtf((float)H);
+      l->no_fp4_shared = !shared_here(g, i); /* another rank's */
       TRY(fill(l->moe.router, (size_t)g->mc.n_experts * H, false, sd++, -a, a, g->s, err));
       TRY(fill(l->moe.bias, (size_t)g->mc.n_experts, true, sd++, -0.05f, 0.05f, g->s, err));
     } else {
@@ -555,6 +621,7 @@ static int bucket(gpu_model *g, int np, moe_bucket **out, mj_err *err) {
   moe_bucket *b = &g->buckets[g->nbuckets];
   b->bcap = np;
   moe_plan_default(&g->mc, np, &b->plan);
+  b->plan.acc = g->sharded && g->sh_inter > 0; /* the combine adds to the bf16 shared expert's part */
   int rc = moe_kernels_load(&b->k, &b->plan, g->arch, err);
   if (rc) return rc;
   g->nbuckets++;
@@ -602,9 +669,35 @@ static int prof_done(gpu_prof *p, CUstream s, mj_err *err) {
     if (prof && (rc = prof_done(prof, s, err))) return rc;         \
   } while (0)
 
+/* The sum of buf [np][H] f32 over the ranks, where the plan splits a block. */
+static int reduce(gpu_model *g, CUdeviceptr buf, int np, CUstream s, mj_err *err) {
+  g->cnt.coll_reduce++;
+  g->cnt.coll_reduce_bytes += (double)np * g->d.hidden * 4;
+  return g->dry ? 0 : coll_all_reduce(g->o.coll, buf, (size_t)np * g->d.hidden, s, err);
+}
+
+/* The ranks' logits [np][vocab_l] gathered and laid out as [np][vocab]. */
+static int gather_logits(gpu_model *g, int np, CUstream s, mj_err *err) {
+  size_t vl = (size_t)g->vocab_l, n = (size_t)np * vl;
+  g->cnt.coll_gather++;
+  g->cnt.coll_gather_bytes += (double)n * 4;
+  if (g->dry) return 0;
+  int rc = coll_all_gather(g->o.coll, g->logits_l, g->gather, n, s, err);
+  for (int r = 0; r < g->plan.world && !rc; r++) {
+    CUDA_MEMCPY2D c = {.srcMemoryType = CU_MEMORYTYPE_DEVICE, .srcDevice = g->gather + (size_t)r * n * 4,
+                       .srcPitch = vl * 4, .dstMemoryType = CU_MEMORYTYPE_DEVICE,
+                       .dstDevice = g->logits + (size_t)r * vl * 4, .dstPitch = (size_t)g->d.vocab * 4,
+                       .WidthInBytes = vl * 4, .Height = (size_t)np};
+    CU_CHECK(err, cu.cuMemcpy2DAsync(&c, s));
+  }
+  return rc;
+}
+
 static int enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err) {
   const gop_dims *d = &g->d;
   int H = d->hidden, rc;
+  g->cnt.coll_reduce = g->cnt.coll_gather = 0;
+  g->cnt.coll_reduce_bytes = g->cnt.coll_gather_bytes = 0;
   float scale = 1.0f / sqrtf((float)(d->nope + d->rope));
   moe_bucket *mb = NULL;
   CUdeviceptr yp = 0, sel = 0;
@@ -629,8 +722,27 @@ static int enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err
     OP("attn.attend", gop_mla_attend(d, g->qlat, l->cache, g->rows, sel, scale, g->olat, g->attn_scr, np, &cx, err));
     OP("attn.v_out", gop_mla_vout(d, g->olat, l->kv_b, g->o_attn, np, &cx, err));
     OP("attn.o_proj", gop_gemv(l->o, g->o_attn, g->y, np, H, d->heads * d->v, &cx, err));
+    if (g->plan.attn_reduce) OP("coll.all_reduce", reduce(g, g->y, np, s, err));
     OP("norm", gop_add_rmsnorm(g->x, g->y, false, l->post_norm, d->rms_eps, g->xn, np, H, &cx, err));
-    if (l->sparse) {
+    if (l->sparse && g->sharded) {
+      /* A rank's part: its slice of a bf16 shared expert into mb.outf,
+       * its experts' part added to it (or written, without one), the
+       * ranks' parts summed.  All on s: the side stream's overlap is a
+       * one-GPU refinement not carried over yet. */
+      if (!mb && (rc = bucket(g, np, &mb, err))) return rc;
+      if (l->sh_gu) {
+        OP("moe.shared", gop_gemv(l->sh_gu, g->xn, g->gu, np, 2 * g->sh_inter, H, &cx, err));
+        OP("moe.shared", gop_silu_mul(g->gu, g->h, np, g->sh_inter, &cx, err));
+        OP("moe.shared", gop_gemv(l->sh_down, g->h, g->mb.outf, np, H, g->sh_inter, &cx, err));
+      }
+      if (!g->dry)
+        OP("moe.partial", moe_forward_partial(&mb->k, &mb->plan, &l->moe, &g->mb, g->xn, np, !l->no_fp4_shared, s, err));
+      if (prof || g->o.trace)
+        CU_CHECK(err, cu.cuMemcpyDtoDAsync(g->stash + (size_t)i * g->bmax * g->mc.topk * 4, g->mb.tok_expert,
+                                           (size_t)np * g->mc.topk * 4, s));
+      OP("coll.all_reduce", reduce(g, g->mb.outf, np, s, err));
+      yp = g->mb.outf, ybf = false;
+    } else if (l->sparse) {
       /* A bf16 shared expert, added to x at once (its norm output is
        * dropped): on the side stream, beside the routing and the routed
        * experts (which read xn, not x); joined after them.  Timed alone
@@ -673,11 +785,13 @@ static int enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err
       OP("mlp.gate_up", gop_gemv(l->w_gu, g->xn, g->gu, np, 2 * g->inter, H, &cx, err));
       OP("mlp.silu_mul", gop_silu_mul(g->gu, g->h, np, g->inter, &cx, err));
       OP("mlp.down", gop_gemv(l->w_down, g->h, g->y, np, H, g->inter, &cx, err));
+      if (g->plan.dense_reduce) OP("coll.all_reduce", reduce(g, g->y, np, s, err));
       yp = g->y, ybf = false;
     }
   }
   OP("norm", gop_add_rmsnorm(g->x, yp, ybf, g->norm, d->rms_eps, g->xn, np, H, &cx, err));
-  OP("lm_head", gop_gemv(g->lm_head, g->xn, g->logits, np, d->vocab, H, &cx, err));
+  OP("lm_head", gop_gemv(g->lm_head, g->xn, g->logits_l, np, g->vocab_l, H, &cx, err));
+  if (g->plan.head_gather) OP("coll.all_gather", gather_logits(g, np, s, err));
   OP("sample", gop_sample(g->logits, np, d->vocab, &g->o.sampling, g->rows, g->tok_out, &cx, err));
   return 0;
 }
@@ -820,12 +934,23 @@ bool gpu_layer_sparse(const gpu_model *g, int layer) { return g->L[layer].sparse
 int gpu_layers(const gpu_model *g) { return g->n_layers; }
 
 /* ---- warming the cache ------------------------------------------------------------ */
+/* A model of c's widths with its dimensions and nothing else (no memory,
+ * no stream): what warm-up and the footprint walk. */
+static int dims_only(const model_config *c, int sh_inter, const gpu_opts *o, gpu_model **out, mj_err *err) {
+  shard_plan plan;
+  int rc = check_config(c, NULL, err);
+  if (!rc) rc = make_plan(c, o, true, &plan, err);
+  if (rc) return rc;
+  *out = mj_xcalloc(1, sizeof **out);
+  setup_dims(*out, c, sh_inter, o, &plan);
+  return 0;
+}
+
 int gpu_warm(const model_config *c, int sh_inter, const gpu_opts *o, const char *arch, const int *batches, int nb,
              void (*progress)(void *ctx, int i, int n), void *ctx, mj_err *err) {
-  int rc = check_config(c, NULL, err);
+  gpu_model *g;
+  int rc = dims_only(c, sh_inter, o, &g, err);
   if (rc) return rc;
-  gpu_model *g = mj_xcalloc(1, sizeof *g);
-  setup_dims(g, c, sh_inter, o);
   g->arch = arch; /* this model's steps: compile for arch, launch nothing */
   g->dry = true;
   /* Placeholder addresses, never dereferenced (nothing launches), but not
@@ -848,6 +973,22 @@ int gpu_warm(const model_config *c, int sh_inter, const gpu_opts *o, const char 
   free(g->L);
   free(g);
   return rc;
+}
+
+int gpu_footprint_of(const model_config *c, int sh_inter, const gpu_opts *o, gpu_footprint *f, mj_err *err) {
+  gpu_model *g;
+  int rc = dims_only(c, sh_inter, o, &g, err);
+  if (rc) return rc;
+  const gop_dims *d = &g->d;
+  f->weights = carve_weights(g, 0);
+  f->kv_per_token = 0;
+  for (int i = 0; i < g->n_layers; i++)
+    f->kv_per_token += (size_t)(d->kv_rank + d->rope) * 2 + (g->L[i].indexer ? (size_t)d->idx_dim * 4 : 0);
+  size_t all = carve_acts(g, 0), kv = (size_t)(g->o.slots + 1) * (size_t)d->max_ctx * f->kv_per_token;
+  f->acts = all > kv ? all - kv : 0; /* less the per-layer rounding to 256 bytes */
+  free(g->L);
+  free(g);
+  return 0;
 }
 
 /* ---- a profiled step ----------------------------------------------------------------- */
@@ -916,13 +1057,13 @@ static int profile_step(gpu_model *g, int np, gpu_prof *prof, mj_err *err) {
       int n = 0;
       for (int r = 0; r < np; r++)
         for (int k = 0; k < K && slot[r] != g->o.slots; k++) {
-          int x = ids[((size_t)i * B + r) * K + k];
-          if (x >= 0 && x < g->mc.n_experts && !seen[x]) seen[x] = true, n++;
+          int x = ids[((size_t)i * B + r) * K + k] - g->mc.e_first; /* this rank's experts */
+          if (x >= 0 && x < model_moe_local(&g->mc) && !seen[x]) seen[x] = true, n++;
         }
       prof->experts_touched += n + (l->sh_gu || !l->no_fp4_shared); /* the shared one, either format */
       prof->bytes_experts += (n + !l->no_fp4_shared) * eb + 3.0 * g->sh_inter * H * 2;
     }
-    prof->bytes_head = (double)d->vocab * H * 2;
+    prof->bytes_head = (double)g->vocab_l * H * 2;
     free(ids), free(seen);
   }
   rc = 0;
@@ -935,6 +1076,7 @@ out:
 }
 
 const gop_dims *gpu_dims(const gpu_model *g) { return &g->d; }
+const shard_plan *gpu_plan(const gpu_model *g) { return &g->plan; }
 int gpu_max_rows(const gpu_model *g) { return g->bmax; }
 
 /* ---- measuring (session.h's sess_measure_rows) ------------------------------------ */
@@ -967,6 +1109,12 @@ int gpu_profile_region(gpu_model *g, const int32_t *token, const int32_t *slot, 
   if ((rc = enqueue(g, np, g->s, NULL, err)) || (rc = read_tokens(g, 1, &id, err))) return rc;
   CU_CHECK(err, cu.cuProfilerStop());
   return 0;
+}
+
+void gpu_drop_graphs(gpu_model *g) {
+  cu.cuStreamSynchronize(g->s);
+  for (int i = 0; i < GPU_MAX_GRAPHS; i++)
+    if (g->graph[i]) cu.cuGraphExecDestroy(g->graph[i]), g->graph[i] = NULL;
 }
 
 int gpu_capture_all(gpu_model *g, mj_err *err) {

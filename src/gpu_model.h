@@ -24,9 +24,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "coll.h"
 #include "gpu_ops.h"
 #include "model.h"
 #include "moe.h"
+#include "shard.h"
 #include "trace.h"
 
 #define GPU_MAX_GRAPHS 16
@@ -41,6 +43,14 @@ typedef struct gpu_opts {
   sample_params sampling;          /* the device sampler reads the filters and the seed */
   bool quiet;                     /* no progress bar or summary line */
   bool trace;                     /* keep each layer's routing and DSA selection (gpu_read_routing, _sel) */
+  /* One rank of a sharded model (shard.h, docs/multigpu.md): --tp, --ep
+   * (0 or 1: none), this rank, and the collectives its step calls (needed
+   * when max(tp, ep) > 1; the step then runs its graphs only when
+   * coll->capturable).  coll's world may be smaller than the plan's (a
+   * rank's benchmark on one GPU: NCCL with a world of one). */
+  int tp, ep, rank;
+  coll *coll;
+  bool head_whole;                /* lm_head whole on every rank, not vocabulary-split with an all-gather */
 } gpu_opts;
 
 void gpu_opts_default(gpu_opts *o);
@@ -59,6 +69,17 @@ int gpu_bf16_shared_inter(const model *m);
  * size and once at the end. */
 int gpu_warm(const model_config *c, int sh_inter, const gpu_opts *o, const char *arch, const int *batches, int nb,
              void (*progress)(void *ctx, int i, int n), void *ctx, mj_err *err);
+/* What the engine would allocate for a model of c's widths under o (its
+ * rank's share when o names --tp/--ep), without a GPU: the weights, the
+ * activations and scratch of o.max_rows rows, and the KV cache bytes one
+ * token takes (every layer's MLA latent and rope key in bf16, and the
+ * indexer key in f32 where a layer runs its own indexer; whole on every
+ * rank: MLA's latent is not split by heads). */
+typedef struct gpu_footprint {
+  size_t weights, acts;     /* acts: without the caches */
+  size_t kv_per_token;
+} gpu_footprint;
+int gpu_footprint_of(const model_config *c, int sh_inter, const gpu_opts *o, gpu_footprint *f, mj_err *err);
 /* Upload a loaded checkpoint.  Needs NVFP4 routed experts; other NVFP4
  * linears are dequantised to bf16.  Out of memory is an MJ_ENOMEM naming the
  * bytes needed and free. */
@@ -90,9 +111,13 @@ typedef struct gpu_counters {
   uint64_t steps, graph_steps, eager_steps, padded_rows, rows;
   double capture_ms, upload_ms;
   int graphs;
+  /* collectives one step enqueues (the last step's) and the bytes a rank sends into them */
+  int coll_reduce, coll_gather;
+  double coll_reduce_bytes, coll_gather_bytes;
 } gpu_counters;
 void gpu_counters_get(const gpu_model *g, gpu_counters *c);
-const gop_dims *gpu_dims(const gpu_model *g);
+const gop_dims *gpu_dims(const gpu_model *g); /* heads: the rank's */
+const shard_plan *gpu_plan(const gpu_model *g);
 int gpu_max_rows(const gpu_model *g);
 size_t gpu_weight_bytes(const gpu_model *g);
 
@@ -125,6 +150,8 @@ int gpu_profile(gpu_model *g, const int32_t *token, const int32_t *slot, const i
 int gpu_profile_region(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, mj_err *err);
 /* Capture (if not yet) and launch every captured size's graph once. */
 int gpu_capture_all(gpu_model *g, mj_err *err);
+/* Destroy the captured graphs (the next graph step captures again). */
+void gpu_drop_graphs(gpu_model *g);
 
 /* ---- diagnosis (tests, `moejit forward --choices`) ---------------------------------- */
 /* With opts.trace: the DSA selection (idx_topk token positions) the last

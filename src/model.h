@@ -64,7 +64,13 @@ typedef struct model_moe_cfg {
   int n_group, topk_group;
   bool norm_topk_prob;
   float scaling;    /* routed_scaling_factor */
+  /* Expert parallelism (shard.h): this rank holds and runs routed experts
+   * e_first .. e_first + e_count - 1 only; e_count 0: all of them. */
+  int e_first, e_count;
 } model_moe_cfg;
+
+/* The routed experts a rank holds (all without expert parallelism). */
+static inline int model_moe_local(const model_moe_cfg *c) { return c->e_count > 0 ? c->e_count : c->n_experts; }
 
 /* One NVFP4 linear as the checkpoint stores it: W [n, k] with codes [n, k/2]
  * (even column in the low nibble), e4m3 scales [n, k/16] and the global

@@ -58,18 +58,89 @@ static void read_share(const model *m, const shard_plan *p, uint64_t share) {
     printf("storage reads unknown (no /proc/self/io)\n");
 }
 
+/* Bytes kept back on each GPU for what the engine does not allocate itself:
+ * the CUDA context, loaded cubins, NCCL's buffers (an allowance, not a
+ * measurement). */
+#define FIT_RESERVE_GB 3.0
+
+/* `moejit info --preset glm5 [--layers N] --tp N --ep M`: will the model
+ * fit, from the config alone (no weights): the engine's own device layout
+ * of a rank's share (gpu_footprint_of), the KV cache a token takes, and
+ * the tokens of context the rest of the GPU holds. */
+static int info_fit(const char *preset, int64_t layers, int64_t dense, int64_t tp, int64_t ep, int64_t rank,
+                    double gpu_gb, mj_err *err) {
+  if (strcmp(preset, "glm5") != 0)
+    return mj_fail(err, MJ_EUSAGE, "moejit info: --preset knows only glm5 (give -m DIR for another model)");
+  if (layers < 1 || layers > 1000 || dense < 0 || dense > layers)
+    return mj_fail(err, MJ_EUSAGE, "moejit info: --layers 1..1000 and 0 <= --dense <= --layers");
+  if (!(gpu_gb > 0 && gpu_gb < 1e6)) return mj_fail(err, MJ_EUSAGE, "moejit info: --gpu-mem wants GB, more than 0");
+  mj_arena a;
+  mj_arena_init(&a, 4096);
+  model_config c;
+  model_config_glm5(&c, layers, dense, &a);
+  gpu_opts o;
+  gpu_opts_default(&o);
+  o.slots = 1, o.max_ctx = 1; /* the caches are counted per token below */
+  o.tp = (int)tp, o.ep = (int)ep, o.rank = (int)rank;
+  /* GLM-5-NVFP4's layout: routed experts NVFP4, the shared expert and everything else bf16 */
+  int sh = (int)(c.moe_intermediate_size * c.n_shared_experts);
+  gpu_footprint f;
+  int r = gpu_footprint_of(&c, sh, &o, &f, err);
+  if (r) {
+    mj_arena_free(&a);
+    return r;
+  }
+  int world = (int)(tp > ep ? tp : ep), nidx = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; l++) nidx += c.layer_indexer_full[l];
+  double mem = gpu_gb * 1e9, left = mem - (double)f.weights - (double)f.acts - FIT_RESERVE_GB * 1e9;
+  char b1[32], b2[32];
+  printf("model      GLM-5 (the glm5 preset: %lld layers, %lld dense), routed experts NVFP4, the rest bf16\n",
+         (long long)layers, (long long)dense);
+  printf("split      --tp %lld --ep %lld: rank %lld of %d, on a GPU of %.0f GB (--gpu-mem; H200: 141)\n", (long long)tp,
+         (long long)ep, (long long)rank, world, gpu_gb);
+  printf("weights    %.1f GB a GPU (%s; the engine's device layout of the rank's share)\n", (double)f.weights / 1e9,
+         mj_fmt_bytes((double)f.weights, b1, sizeof b1));
+  printf("kv cache   %zu bytes a token a GPU: the MLA latent and rope key (%lld x bf16) in %lld layers, the indexer "
+         "key (%lld x f32) in %d; whole on every rank\n",
+         f.kv_per_token, (long long)(c.kv_lora_rank + c.qk_rope_head_dim), (long long)c.num_hidden_layers,
+         (long long)c.index_head_dim, nidx);
+  printf("other      %s of activations and scratch (%d rows a step) + %.0f GB kept back for the CUDA context, kernels "
+         "and NCCL (an allowance, not measured)\n",
+         mj_fmt_bytes((double)f.acts, b2, sizeof b2), 64, FIT_RESERVE_GB);
+  if (left <= 0)
+    printf("context    does not fit: the weights alone take %.1f GB of %.0f GB\n", (double)f.weights / 1e9, gpu_gb);
+  else
+    printf("context    %.0f tokens fit a GPU, summed over the sequences (%.1f sequences of 8k tokens, %.1f of 128k)\n",
+           left / (double)f.kv_per_token, left / (double)f.kv_per_token / 8192, left / (double)f.kv_per_token / 131072);
+  mj_arena_free(&a);
+  return 0;
+}
+
 int cmd_info(int argc, char **argv, mj_err *err) {
-  const char *dir = NULL;
+  const char *dir = NULL, *preset = NULL;
   bool as_json = false;
-  int64_t tp = 1, ep = 1, rank = 0;
+  int64_t tp = 1, ep = 1, rank = 0, layers = -1, dense = -1; /* -1: not given */
+  double gpu_gb = -1;
   bool do_read = false;
   cli_opt opts[] = {{"model", 'm', CLI_STR, &dir}, {"json", 0, CLI_FLAG, &as_json}, {"tp", 0, CLI_INT, &tp},
-                    {"ep", 0, CLI_INT, &ep}, {"rank", 0, CLI_INT, &rank}, {"read", 0, CLI_FLAG, &do_read}};
+                    {"ep", 0, CLI_INT, &ep}, {"rank", 0, CLI_INT, &rank}, {"read", 0, CLI_FLAG, &do_read},
+                    {"preset", 0, CLI_STR, &preset}, {"layers", 0, CLI_INT, &layers}, {"dense", 0, CLI_INT, &dense},
+                    {"gpu-mem", 0, CLI_NUM, &gpu_gb}};
   int r = cli_parse("info", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (r) return r < 0 ? 0 : r;
-  if (!dir) return mj_fail(err, MJ_EUSAGE, "moejit info: -m DIR is required");
+  if (dir && preset) return mj_fail(err, MJ_EUSAGE, "moejit info: give -m DIR or --preset glm5, not both");
+  if (!preset && (layers != -1 || dense != -1 || gpu_gb != -1))
+    return mj_fail(err, MJ_EUSAGE, "moejit info: --layers, --dense and --gpu-mem go with --preset glm5");
+  if (!dir && !preset) return mj_fail(err, MJ_EUSAGE, "moejit info: -m DIR (or --preset glm5) is required");
   int world;
   if ((r = nc_parallel_check("info", tp, ep, &world, err))) return r;
+  if (preset) {
+    if (as_json || do_read) return mj_fail(err, MJ_EUSAGE, "moejit info: --preset reports in text, without --json or --read");
+    if (rank < 0 || rank >= world)
+      return mj_fail(err, MJ_EUSAGE, "moejit info: --rank %lld is not one of the %d ranks", (long long)rank, world);
+    return info_fit(preset, layers == -1 ? 78 : layers, dense == -1 ? 3 : dense, tp, ep, rank, gpu_gb == -1 ? 141 : gpu_gb,
+                    err);
+  }
   if (do_read && as_json) return mj_fail(err, MJ_EUSAGE, "moejit info: --read reports in text; drop --json");
   if (rank < 0 || rank >= world)
     return mj_fail(err, MJ_EUSAGE, "moejit info: --rank %lld is not one of the %d ranks of --tp %lld --ep %lld",

@@ -189,6 +189,7 @@ static void plan_defs(const moe_plan *p, defs d[MOE_NK]) {
   def_i(r, "E", c->n_experts), def_i(r, "TOPK", c->topk), def_i(r, "BCAP", p->bcap);
   def_i(r, "NG", c->n_group > 0 ? c->n_group : 1), def_i(r, "TG", c->topk_group > 0 ? c->topk_group : 1);
   def_i(r, "NORM", c->norm_topk_prob);
+  if (c->e_count > 0) def_i(r, "E0", c->e_first), def_i(r, "EL", c->e_count);
   snprintf(r->v[r->n], sizeof r->v[0], "%.9g", (double)c->scaling);
   r->d[r->n] = (dsl_define){"SCALE", r->v[r->n]}, r->n++;
   for (int mode = 0; mode < 2; mode++) {
@@ -202,6 +203,7 @@ static void plan_defs(const moe_plan *p, defs d[MOE_NK]) {
   }
   r = &d[MOE_K_combine];
   def_i(r, "N", c->hidden), def_i(r, "TOPK", c->topk);
+  if (c->e_count > 0) def_i(r, "PARTIAL", p->acc ? 2 : 1);
 }
 
 int moe_kernels_load(moe_kernels *k, const moe_plan *p, const char *arch, mj_err *err) {
@@ -248,12 +250,12 @@ static size_t carve(CUdeviceptr base, size_t *off, size_t bytes, CUdeviceptr *p)
 }
 
 size_t moe_weights_carve(moe_weights *w, const model_moe_cfg *c, CUdeviceptr base) {
-  size_t E = (size_t)c->n_experts, off = 0;
+  size_t E = (size_t)c->n_experts, L = (size_t)model_moe_local(c), off = 0;
   carve(base, &off, E * (size_t)c->hidden * 2, &w->router);
   carve(base, &off, E * 4, &w->bias);
-  carve(base, &off, (E + 1) * moe_gate_up_bytes(c), &w->gate_up);
-  carve(base, &off, (E + 1) * moe_down_bytes(c), &w->down);
-  return carve(base, &off, (E + 1) * 16, &w->gscale);
+  carve(base, &off, (L + 1) * moe_gate_up_bytes(c), &w->gate_up);
+  carve(base, &off, (L + 1) * moe_down_bytes(c), &w->down);
+  return carve(base, &off, (L + 1) * 16, &w->gscale);
 }
 
 int moe_weights_alloc(moe_weights *w, const model_moe_cfg *c, mj_err *err) {
@@ -271,7 +273,7 @@ void moe_weights_free(moe_weights *w) {
 int moe_weights_set_expert(const moe_weights *w, const model_moe_cfg *c, int e, const model_nvfp4 *gate,
                            const model_nvfp4 *up, const model_nvfp4 *down, mj_err *err) {
   if (gate->n != c->inter || gate->k != c->hidden || up->n != c->inter || up->k != c->hidden ||
-      down->n != c->hidden || down->k != c->inter || e < 0 || e > c->n_experts)
+      down->n != c->hidden || down->k != c->inter || e < 0 || e > model_moe_local(c))
     return mj_fail(err, MJ_EINPUT, "moe: expert %d has the wrong shape for this layer", e);
   size_t gub = moe_gate_up_bytes(c), dnb = moe_down_bytes(c);
   uint8_t *buf = mj_xmalloc(gub > dnb ? gub : dnb);
@@ -291,7 +293,7 @@ out:
 int moe_weights_set_all(const moe_weights *w, const model_moe_cfg *c, const model_nvfp4 *gate, const model_nvfp4 *up,
                         const model_nvfp4 *down, mj_err *err) {
   size_t gub = moe_gate_up_bytes(c), dnb = moe_down_bytes(c);
-  for (int e = 0; e <= c->n_experts; e++) {
+  for (int e = 0; e <= model_moe_local(c); e++) {
     int same = 0;
     while (same < e && !(gate[same].w == gate[e].w && gate[same].s == gate[e].s && up[same].w == up[e].w &&
                          up[same].s == up[e].s && down[same].w == down[e].w && down[same].s == down[e].s))
@@ -312,7 +314,7 @@ int moe_weights_set_all(const moe_weights *w, const model_moe_cfg *c, const mode
 
 int moe_weights_copy_experts(const moe_weights *dst, const moe_weights *src, const model_moe_cfg *c, CUstream s,
                              mj_err *err) {
-  size_t n = (size_t)c->n_experts + 1;
+  size_t n = (size_t)model_moe_local(c) + 1;
   CU_CHECK(err, cu.cuMemcpyDtoDAsync(dst->gate_up, src->gate_up, n * moe_gate_up_bytes(c), s));
   CU_CHECK(err, cu.cuMemcpyDtoDAsync(dst->down, src->down, n * moe_down_bytes(c), s));
   CU_CHECK(err, cu.cuMemcpyDtoDAsync(dst->gscale, src->gscale, n * 16, s));
@@ -355,7 +357,7 @@ size_t moe_bufs_carve(moe_bufs *b, const moe_plan *p, CUdeviceptr base) {
   size_t B = (size_t)p->bcap, H = (size_t)p->cfg.hidden, E = (size_t)p->cfg.n_experts, K = (size_t)p->cfg.topk;
   size_t S = (size_t)moe_slots(p), P = (size_t)moe_pairs(p), off = 0;
   struct { CUdeviceptr *ptr; size_t bytes; } t[] = {
-      {&b->x, B * H * 2},           {&b->out, B * H * 2},       {&b->logits, B * E * 4},
+      {&b->x, B * H * 2},           {&b->out, B * H * 2},       {&b->outf, B * H * 4},      {&b->logits, B * E * 4},
       {&b->slot_expert, S * 4},     {&b->slot_count, S * 4},    {&b->slot_off, S * 4},
       {&b->pair_token, P * 4},      {&b->pair_weight, P * 4},   {&b->tok_pair, B * (K + 1) * 4},
       {&b->tok_expert, B * K * 4},  {&b->tok_weight, B * K * 4}, {&b->h, P * (size_t)p->cfg.inter * 2},
@@ -402,7 +404,8 @@ int moe_launch(const moe_kernels *k, const moe_plan *p, const moe_weights *w, co
   case MOE_K_gate_up:
   case MOE_K_down: return moe_launch_slots(k, p, w, b, x_in, B, which, 0, (int)slots, s, err);
   case MOE_K_combine: {
-    void *a[] = {(void *)&b->y, (void *)&b->tok_pair, (void *)&b->out};
+    /* out (bf16) on one GPU; a partial combine (expert parallelism) writes outf (f32) */
+    void *a[] = {(void *)&b->y, (void *)&b->tok_pair, (void *)&b->out, (void *)&b->outf};
     return launch2(k->fn[which], (unsigned)(c->hidden / 1024), (unsigned)B, 256, s, a, err);
   }
   case MOE_NK: break;
@@ -418,7 +421,7 @@ int moe_launch_slots(const moe_kernels *k, const moe_plan *p, const moe_weights 
   if (first < 0 || n < 0 || first + n > moe_slots(p))
     return mj_fail(err, MJ_EINTERNAL, "moe: slots %d..%d outside 0..%d", first, first + n - 1, moe_slots(p) - 1);
   if (n == 0) return 0;
-  int mode = which == MOE_K_down, nexp = p->cfg.n_experts;
+  int mode = which == MOE_K_down, nexp = model_moe_local(&p->cfg); /* the shared expert's index */
   const moe_tile *t = mode ? &p->dn : &p->gu;
   CUdeviceptr W = mode ? w->down : w->gate_up, in = mode ? b->h : x_in;
   void *a[] = {&W, (void *)&w->gscale, &in, (void *)&b->slot_expert, (void *)&b->slot_count,
@@ -465,6 +468,19 @@ int moe_forward_overlap(const moe_kernels *k, const moe_plan *p, const moe_weigh
       (rc = moe_launch_slots(k, p, w, b, x_in, B, MOE_K_down, 1, slots - 1, s, err)))
     return rc;
   if (shared) CU_CHECK(err, cu.cuStreamWaitEvent(s, side->join, 0));
+  return moe_launch(k, p, w, b, x_in, B, MOE_K_combine, s, err);
+}
+
+int moe_forward_partial(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
+                        CUdeviceptr x_in, int B, bool shared, CUstream s, mj_err *err) {
+  if (p->cfg.e_count <= 0) return mj_fail(err, MJ_EINTERNAL, "moe: a partial layer needs a rank's experts");
+  int slots = moe_slots(p), first = shared ? 0 : 1, rc;
+  if (!shared && (rc = moe_clear_shared(b, p, B, s, err))) return rc;
+  if ((rc = moe_launch(k, p, w, b, x_in, B, MOE_K_router, s, err)) ||
+      (rc = moe_launch(k, p, w, b, x_in, B, MOE_K_route, s, err)) ||
+      (rc = moe_launch_slots(k, p, w, b, x_in, B, MOE_K_gate_up, first, slots - first, s, err)) ||
+      (rc = moe_launch_slots(k, p, w, b, x_in, B, MOE_K_down, first, slots - first, s, err)))
+    return rc;
   return moe_launch(k, p, w, b, x_in, B, MOE_K_combine, s, err);
 }
 

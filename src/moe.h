@@ -56,6 +56,7 @@ typedef struct moe_plan {
   int mt;       /* rows of a slot per pass (MT) */
   moe_tile gu, dn;
   int router_tb;
+  bool acc; /* expert parallelism: the combine adds to b->outf (moe_forward_partial) */
 } moe_plan;
 
 /* The default plan for a bucket: MT grows with the expected rows per
@@ -63,8 +64,8 @@ typedef struct moe_plan {
  * the tensor-core path, whose ALU cost does not grow with MT. */
 void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p);
 static inline int moe_slots(const moe_plan *p) {
-  int r = p->cfg.topk * p->bcap;
-  return 1 + (r < p->cfg.n_experts ? r : p->cfg.n_experts);
+  int r = p->cfg.topk * p->bcap, e = model_moe_local(&p->cfg);
+  return 1 + (r < e ? r : e);
 }
 static inline int moe_pairs(const moe_plan *p) { return p->bcap * (p->cfg.topk + 1); }
 
@@ -99,12 +100,15 @@ void moe_kernels_free(moe_kernels *k);
 int moe_kernels_probe(const moe_plan *p, const char *arch, bool cached[MOE_NK], uint64_t ids[MOE_NK], mj_err *err);
 
 /* ---- device memory --------------------------------------------------------------- */
+/* With expert parallelism (cfg.e_count > 0) the layer holds the router of
+ * every expert but only its own L = e_count experts: index i is routed
+ * expert e_first + i, index L the shared one. */
 typedef struct moe_weights {
   CUdeviceptr router;   /* bf16 [E, hidden] */
   CUdeviceptr bias;     /* f32 [E] e_score_correction_bias */
-  CUdeviceptr gate_up;  /* [E + 1] experts x moe_gate_up_bytes (the shared expert last) */
-  CUdeviceptr down;     /* [E + 1] x moe_down_bytes */
-  CUdeviceptr gscale;   /* f32 [E + 1][4]: gate s2, up s2, down s2, 0 */
+  CUdeviceptr gate_up;  /* [L + 1] experts x moe_gate_up_bytes (the shared expert last) */
+  CUdeviceptr down;     /* [L + 1] x moe_down_bytes */
+  CUdeviceptr gscale;   /* f32 [L + 1][4]: gate s2, up s2, down s2, 0 */
   CUdeviceptr base;     /* the allocation, when moe_weights_alloc made it */
 } moe_weights;
 
@@ -113,7 +117,8 @@ typedef struct moe_weights {
 size_t moe_weights_carve(moe_weights *w, const model_moe_cfg *c, CUdeviceptr base);
 int moe_weights_alloc(moe_weights *w, const model_moe_cfg *c, mj_err *err);
 void moe_weights_free(moe_weights *w);
-/* Repack expert e (e == n_experts: the shared one) and copy it in. */
+/* Repack expert e (a local index; e == model_moe_local: the shared one)
+ * and copy it in. */
 int moe_weights_set_expert(const moe_weights *w, const model_moe_cfg *c, int e, const model_nvfp4 *gate,
                            const model_nvfp4 *up, const model_nvfp4 *down, mj_err *err);
 
@@ -146,6 +151,7 @@ void moe_random_free(moe_random *r);
 typedef struct moe_bufs {
   CUdeviceptr x;            /* bf16 [bcap, hidden] input */
   CUdeviceptr out;          /* bf16 [bcap, hidden] output */
+  CUdeviceptr outf;         /* f32 [bcap, hidden]: the output of a rank's partial layer (moe_forward_partial) */
   CUdeviceptr logits;       /* f32 [bcap, E] */
   CUdeviceptr slot_expert, slot_count, slot_off; /* i32 [slots] */
   CUdeviceptr pair_token;   /* i32 [pairs] */
@@ -182,6 +188,16 @@ int moe_launch_slots(const moe_kernels *k, const moe_plan *p, const moe_weights 
  * pairs of a smaller batch may have written, so that the combine of a
  * layer whose slot 0 is skipped adds nothing for it. */
 int moe_clear_shared(const moe_bufs *b, const moe_plan *p, int B, CUstream s, mj_err *err);
+
+/* A rank's part of the layer under expert parallelism (cfg.e_count > 0):
+ * the router and route kernels as on one GPU (every rank makes the same
+ * choices), the expert kernels on the rank's own experts (and the shared
+ * slot when shared), and a combine that skips the choices of other ranks'
+ * experts and writes f32 to b->outf: = the sum, or += with plan.acc
+ * (b->outf then holds the partial of a bf16 shared expert).  The ranks'
+ * outf summed (an all-reduce) is the layer's output.  All on s. */
+int moe_forward_partial(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
+                        CUdeviceptr x_in, int B, bool shared, CUstream s, mj_err *err);
 
 /* A side stream and two events, for moe_forward_overlap. */
 typedef struct moe_side {

@@ -11,8 +11,8 @@
  * others are stopped and the launcher returns the first failure's status.
  * A process started by a launcher (ours, or mpirun) is a rank: it binds its
  * GPU, joins the NCCL communicator and checks it with an all-reduce and an
- * all-gather (nc_selftest).  The sharded decode step is not written yet, so
- * a rank then stops with a line saying so (docs/multigpu.md).
+ * all-gather (nc_selftest), then hands its collectives (coll.h) back to the
+ * command, which runs its decode step as that rank (docs/multigpu.md).
  *
  * Processes, not threads: each rank owns one CUDA context and one NCCL
  * communicator, which is also how mpirun runs it, so both launchers start
@@ -30,6 +30,7 @@
 
 #include "cudrv.h"
 #include "nccldrv.h"
+#include "coll.h"
 
 int nc_parallel_check(const char *cmd, int64_t tp, int64_t ep, int *world, mj_err *err) {
   if (tp < 1 || tp > NC_MAX_WORLD)
@@ -242,9 +243,9 @@ out:
   return rc;
 }
 
-/* A rank: its GPU, the communicator, the self-test, then the line that the
- * sharded step does not exist yet. */
-static int run_rank(const char *cmd, const nc_rank_info *ri, int world, mj_err *err) {
+/* A rank: its GPU, the communicator, the self-test, then its collectives
+ * for the command to run its step with. */
+static int run_rank(const char *cmd, const nc_rank_info *ri, int world, coll **out, mj_err *err) {
   if (ri->world != world)
     return mj_fail(err, MJ_EUSAGE, "moejit %s: %s=%d of %d ranks, but --tp/--ep ask for %d ranks", cmd, ri->source,
                    ri->rank, ri->world, world);
@@ -253,22 +254,22 @@ static int run_rank(const char *cmd, const nc_rank_info *ri, int world, mj_err *
   if (r) return r;
   ncclComm_t comm = NULL;
   if ((r = nc_comm_init(ri, &comm, err))) return r;
-  r = nc_selftest(comm, ri, true, err);
-  nc.ncclCommDestroy(comm);
-  if (r) return r;
-  return mj_fail(err, MJ_EUSAGE,
-                 "moejit %s: rank %d of %d: NCCL %s connected the ranks (all-reduce and all-gather in a CUDA graph "
-                 "checked), but the sharded decode step is not written yet (docs/multigpu.md)",
-                 cmd, ri->rank, ri->world, nc_version_string());
+  if ((r = nc_selftest(comm, ri, true, err))) {
+    nc.ncclCommDestroy(comm);
+    return r;
+  }
+  return coll_nccl_create(comm, ri->rank, ri->world, out, err);
 }
 
-int nc_parallel_run(const char *cmd, const char *pre, int64_t tp, int64_t ep, int argc, char **argv, mj_err *err) {
+int nc_parallel_run(const char *cmd, const char *pre, int64_t tp, int64_t ep, int argc, char **argv, coll **rank_coll,
+                    mj_err *err) {
+  *rank_coll = NULL;
   int world;
   int r = nc_parallel_check(cmd, tp, ep, &world, err);
   if (r) return r;
   nc_rank_info ri;
   if ((r = nc_rank_from_env(getenv, &ri, err))) return r;
-  if (ri.source) return run_rank(cmd, &ri, world, err);
+  if (ri.source) return run_rank(cmd, &ri, world, rank_coll, err);
   /* The launcher: enough GPUs, NCCL present, then one process per rank. */
   int ngpu = 0;
   if ((r = cu_device_count(&ngpu, err))) return r;

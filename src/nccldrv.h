@@ -119,11 +119,16 @@ int nc_comm_init(const nc_rank_info *ri, ncclComm_t *comm, mj_err *err);
  * the world size, which is the larger.  One MJ_EUSAGE line otherwise. */
 int nc_parallel_check(const char *cmd, int64_t tp, int64_t ep, int *world, mj_err *err);
 /* Run command cmd on more than one rank.  Started by a launcher (the rank
- * environment is set): be that rank (bind the GPU, join NCCL, self-test).
+ * environment is set): be that rank (bind the GPU, join NCCL, self-test)
+ * and return 0 with *rank_coll set to the rank's collectives (coll.h, NCCL
+ * over the ranks): the caller then runs the command as that rank.
  * Otherwise be the launcher: check the GPU count, then re-execute this
  * binary as `moejit [pre] argv...` once per rank (nc_spawn) and return the
- * first failure.  argv[0] is the command's name as main passed it. */
-int nc_parallel_run(const char *cmd, const char *pre, int64_t tp, int64_t ep, int argc, char **argv, mj_err *err);
+ * first failure, *rank_coll left NULL.  argv[0] is the command's name as
+ * main passed it. */
+struct coll;
+int nc_parallel_run(const char *cmd, const char *pre, int64_t tp, int64_t ep, int argc, char **argv,
+                    struct coll **rank_coll, mj_err *err);
 /* Start world copies of exe (args NULL-terminated) with the rank
  * environment set and a fresh MOEJIT_NCCL_ID_FILE in a private folder; wait
  * for all.  Rank 0 keeps stdout and stderr; the others' stdout goes to

@@ -334,7 +334,12 @@ void sess_get_info(const session *s, sess_info *i) {
     i->weight_bytes = gpu_weight_bytes(s->g);
     gpu_counters_get(s->g, &i->counters);
     i->dims = gpu_dims(s->g);
+    i->plan = gpu_plan(s->g);
   }
+}
+
+void sess_drop_graphs(session *s) {
+  if (s->g) gpu_drop_graphs(s->g);
 }
 
 int sess_padded(const session *s, int n, bool *graph) {

@@ -117,6 +117,9 @@ int sess_measure_rows(session *s, const int32_t *token, const int32_t *slot, con
 /* Capture every captured size's graph now (warm-up: shows the cache holds
  * every kernel, and how long capture takes). */
 int sess_capture_all(session *s, mj_err *err);
+/* Drop every captured graph: the next graph step captures again (a
+ * benchmark that changes what the step's collectives do). */
+void sess_drop_graphs(session *s);
 
 /* ---- what the session is ----------------------------------------------------------- */
 typedef struct sess_info {
@@ -125,7 +128,8 @@ typedef struct sess_info {
   int64_t max_ctx, vocab;
   size_t weight_bytes;     /* GPU: weights on the device */
   gpu_counters counters;   /* GPU: steps, graphs, capture time */
-  const gop_dims *dims;    /* GPU */
+  const gop_dims *dims;    /* GPU (heads: a rank's) */
+  const shard_plan *plan;  /* GPU: the rank's plan (world 1 on one GPU) */
 } sess_info;
 void sess_get_info(const session *s, sess_info *i);
 /* The size n rows run as (a captured size, or n itself when eager). */

@@ -39,15 +39,14 @@ int shard_plan_make(const model_config *c, int rank, int tp, int ep, shard_plan 
     return r;
   if (any_dense && (r = check_split("--tp", tp, "intermediate_size", c->intermediate_size, true, err))) return r;
   if (any_moe) {
-    if ((r = check_split("--ep", ep, "n_routed_experts", c->n_routed_experts, false, err))) return r;
-    if (ep == 1 && (r = check_split("--tp", tp, "moe_intermediate_size", c->moe_intermediate_size, true, err))) return r;
+    if ((r = check_split(ep > 1 ? "--ep" : "--tp", W, "n_routed_experts", c->n_routed_experts, false, err))) return r;
     if (Is > 0 && (r = check_split(tp > 1 ? "--tp" : "--ep", W, "the shared experts' width (moe_intermediate_size * "
                                    "n_shared_experts)", Is, true, err)))
       return r;
   }
   memset(p, 0, sizeof *p);
   p->rank = rank, p->world = W, p->tp = tp, p->ep = ep;
-  int tr = tp > 1 ? rank : 0, er = ep > 1 ? rank : 0;
+  int tr = tp > 1 ? rank : 0;
   p->heads = shard_split(H, tp, tr);
   p->q_b_rows = (shard_range){p->heads.begin * c->qk_head_dim, p->heads.end * c->qk_head_dim};
   int64_t kvh = c->qk_nope_head_dim + c->v_head_dim;
@@ -55,15 +54,22 @@ int shard_plan_make(const model_config *c, int rank, int tp, int ep, shard_plan 
   p->o_cols = (shard_range){p->heads.begin * c->v_head_dim, p->heads.end * c->v_head_dim};
   p->attn_reduce = p->dense_reduce = tp > 1;
   p->dense_inter = shard_split(c->intermediate_size, tp, tr);
-  p->experts = shard_split(c->n_routed_experts, ep, er);
-  p->expert_inter = shard_split(c->moe_intermediate_size, ep > 1 ? 1 : tp, ep > 1 ? 0 : tr);
+  /* Routed experts are split whole over the world, whatever the flag: the
+   * NVFP4 expert kernels read an expert's whole rows (their input width a
+   * multiple of 1024, which GLM-5's 2048 split 8 ways is not), and a whole
+   * expert is one long stream of bytes. */
+  p->experts = shard_split(c->n_routed_experts, W, rank);
   p->shared_inter = shard_split(Is, W, rank);
   p->moe_reduce = W > 1;
+  /* lm_head by vocabulary rows over the world when they divide (each rank
+   * computes its logits and an all-gather joins them), else whole. */
+  p->vocab = c->vocab_size % W == 0 ? shard_split(c->vocab_size, W, rank) : (shard_range){0, c->vocab_size};
+  p->head_gather = W > 1 && c->vocab_size % W == 0;
   return 0;
 }
 
 int shard_expert_rank(const shard_plan *p, int64_t n_experts, int64_t e) {
-  return p->ep > 1 ? (int)(e / (n_experts / p->ep)) : -1;
+  return p->world > 1 ? (int)(e / (n_experts / p->world)) : -1;
 }
 
 /* ---- weight slices ------------------------------------------------------------------- */
@@ -187,18 +193,16 @@ static void rank_walk(const model *m, const shard_plan *p, const walk *k) {
     k->fv(k->ctx, &ly->router_bias);
     for (int64_t e = p->experts.begin; e < p->experts.end; e++) {
       const model_mlp *x = &ly->experts[e];
-      if (p->ep > 1) { /* whole experts, owned by this rank alone */
-        k->fw(k->ctx, &x->gate, all(x->gate.rows), all(x->gate.cols), true);
-        k->fw(k->ctx, &x->up, all(x->up.rows), all(x->up.cols), true);
-        k->fw(k->ctx, &x->down, all(x->down.rows), all(x->down.cols), true);
-      } else {
-        walk_mlp(k, x, p->expert_inter, p->moe_reduce);
-      }
+      bool own = p->world > 1; /* whole experts, owned by this rank alone */
+      k->fw(k->ctx, &x->gate, all(x->gate.rows), all(x->gate.cols), own);
+      k->fw(k->ctx, &x->up, all(x->up.rows), all(x->up.cols), own);
+      k->fw(k->ctx, &x->down, all(x->down.rows), all(x->down.cols), own);
     }
     if (c->n_shared_experts > 0) walk_mlp(k, &ly->shared, p->shared_inter, p->moe_reduce);
   }
   k->fv(k->ctx, &m->norm);
-  whole_w(k, &m->lm_head);
+  if (p->head_gather) k->fw(k->ctx, &m->lm_head, p->vocab, all(m->lm_head.cols), true);
+  else whole_w(k, &m->lm_head);
 }
 
 typedef struct bytes_ctx {

@@ -16,11 +16,14 @@
  *     tokens and experts).
  *   - dense MLP (tp > 1): a block of the intermediate width: gate and up
  *     rows, down columns; an all-reduce after down.
- *   - MoE: with ep > 1 each rank owns a contiguous block of E/ep routed
- *     experts, whole; with tp > 1 and ep = 1 every rank owns every expert's
- *     block of the intermediate width instead.  The shared expert is split
+ *   - MoE: each rank owns a contiguous block of E/world routed experts,
+ *     whole, under --tp as under --ep (the NVFP4 expert kernels stream an
+ *     expert's whole rows; GLM-5's 2048-wide experts split 8 ways would be
+ *     256 wide, below their 1024-multiple).  The shared expert is split
  *     like the dense MLP over all the ranks of the MoE's all-reduce (the
  *     world), so it is counted once in the sum even with --ep alone.
+ *   - lm_head: the rank's block of vocabulary rows; an all-gather joins
+ *     the logits (whole on every rank when the vocabulary does not divide).
  * Splits of an input width that NVFP4 weights may have are whole 16-value
  * scale blocks, so a rank's slice of an NVFP4 tensor is NVFP4 again.
  * Prefix: shard_.
@@ -51,10 +54,12 @@ typedef struct shard_plan {
   shard_range dense_inter;
   bool dense_reduce;
   /* MoE: all-reduce after the layer when world > 1 */
-  shard_range experts;      /* routed experts owned */
-  shard_range expert_inter; /* of moe_intermediate_size, for each owned expert */
+  shard_range experts;      /* routed experts owned, whole (split over the world) */
   shard_range shared_inter; /* of moe_intermediate_size * n_shared_experts */
   bool moe_reduce;
+  /* lm_head: the rank's vocabulary rows, joined by an all-gather */
+  shard_range vocab;
+  bool head_gather;
 } shard_plan;
 
 /* The block of n that part k of parts owns (n % parts == 0 is checked by

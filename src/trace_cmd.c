@@ -191,17 +191,71 @@ static void trace_summary(const char *path, const trace_file *t) {
   free(order), free(per_expert), free(keys), free(captured), free(buckets);
 }
 
+/* Expert parallelism over M ranks (docs/multigpu.md: rank r owns experts
+ * r*E/M .. (r+1)*E/M - 1): in each MoE layer-step, the experts with rows
+ * and the rows each rank runs.  Every layer ends in an all-reduce, so the
+ * busiest rank sets the layer's time: the ratio max over mean says how
+ * much slower than a perfect spread that is. */
+static int cmp_dbl(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static void print_rank_balance(const trace_file *t, int M) {
+  const trace_header *h = &t->h;
+  int64_t n = 0;
+  for (int64_t i = 0; i < t->nsteps; i++) n += t->steps[i].nmoe;
+  if (!n) {
+    printf("ranks      --ep %d: no MoE layer-steps\n", M);
+    return;
+  }
+  double *re = mj_xmalloc((size_t)n * sizeof *re), *rr = mj_xmalloc((size_t)n * sizeof *rr);
+  int64_t *ex = mj_xmalloc((size_t)M * sizeof *ex), *rw = mj_xmalloc((size_t)M * sizeof *rw), idle = 0, k = 0;
+  double se = 0, sr = 0;
+  for (int64_t i = 0; i < t->nsteps; i++)
+    for (int j = 0; j < t->steps[i].nmoe; j++) {
+      const trace_moe *m = &t->steps[i].moe[j];
+      memset(ex, 0, (size_t)M * sizeof *ex), memset(rw, 0, (size_t)M * sizeof *rw);
+      int64_t te = 0, tr = 0, me = 0, mr = 0;
+      for (int e = 0; e < m->n; e++) {
+        int r = (int)((int64_t)m->expert[e] * M / h->n_experts);
+        ex[r]++, rw[r] += m->rows[e], te++, tr += m->rows[e];
+      }
+      for (int r = 0; r < M; r++) me = MJ_MAX(me, ex[r]), mr = MJ_MAX(mr, rw[r]), idle += ex[r] == 0;
+      re[k] = te ? (double)me * M / (double)te : 1.0, rr[k] = tr ? (double)mr * M / (double)tr : 1.0;
+      se += re[k], sr += rr[k], k++;
+    }
+  qsort(re, (size_t)n, sizeof *re, cmp_dbl), qsort(rr, (size_t)n, sizeof *rr, cmp_dbl);
+  size_t p90 = (size_t)((double)(n - 1) * 0.9);
+  printf("ranks      --ep %d (%d experts a rank): in a MoE layer-step the busiest rank runs %.2fx the mean of experts "
+         "(median %.2fx, p90 %.2fx, worst %.2fx) and %.2fx the mean of rows (median %.2fx, p90 %.2fx, worst %.2fx); "
+         "%.1f%% of rank-layer-steps have no expert\n",
+         M, h->n_experts / M, se / (double)n, re[(n - 1) / 2], re[p90], re[n - 1], sr / (double)n, rr[(n - 1) / 2], rr[p90],
+         rr[n - 1], 100.0 * (double)idle / ((double)n * M));
+  free(re), free(rr), free(ex), free(rw);
+}
+
 static int trace_cmd_check(int argc, char **argv, mj_err *err) {
   cli_list pos = {0};
-  int r = cli_parse("trace check", argc, argv, NULL, 0, &pos, err);
+  int64_t ep = 1;
+  cli_opt opts[] = {{"ep", 0, CLI_INT, &ep}};
+  int r = cli_parse("trace check", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), &pos, err);
   const char *path = pos.n == 1 ? pos.v[0] : NULL;
   int npos = pos.n;
   free(pos.v);
   if (r) return r < 0 ? 0 : r;
   if (npos != 1) return mj_fail(err, MJ_EUSAGE, "moejit trace check: expected one trace file");
+  if (ep < 1 || ep > 1024) return mj_fail(err, MJ_EUSAGE, "moejit trace check: --ep must be 1..1024, not %lld", (long long)ep);
   trace_file *t;
   if (trace_read(path, &t, err)) return err->code;
+  if (ep > 1 && t->h.n_experts % ep) {
+    r = mj_fail(err, MJ_EUSAGE, "moejit trace check: --ep %lld does not divide the trace's %d experts", (long long)ep,
+                t->h.n_experts);
+    trace_free(t);
+    return r;
+  }
   trace_summary(path, t);
+  if (ep > 1) print_rank_balance(t, (int)ep);
   trace_free(t);
   return 0;
 }

@@ -77,8 +77,24 @@ $MOEJIT info -m "$tmp/m" --tp 2 --ep 2 --rank 1 --read | grep -qx "read       ra
   ok "info --read: rank 1 of 2" || bad "info --read: $($MOEJIT info -m "$tmp/m" --tp 2 --ep 2 --rank 1 --read 2>&1 | tail -1)"
 expect 1 "moejit: moejit info: --rank 2 is not one of the 2 ranks of --tp 2 --ep 2" $MOEJIT info -m "$tmp/m" --tp 2 --ep 2 --rank 2
 expect 1 "moejit: moejit info: --read reports in text; drop --json" $MOEJIT info -m "$tmp/m" --read --json
-expect 1 "moejit: moejit info: $tmp/m: --tp 4: each rank's share of moe_intermediate_size (32 / 4 = 8) is not a whole number of 16-column NVFP4 scale blocks" \
+expect 1 "moejit: moejit info: $tmp/m: --tp 4: each rank's share of the shared experts' width (moe_intermediate_size * n_shared_experts) (32 / 4 = 8) is not a whole number of 16-column NVFP4 scale blocks" \
   $MOEJIT info -m "$tmp/m" --tp 4
+# info --preset: will GLM-5 fit, from the config alone (the engine's layout of a rank's share)
+$MOEJIT info --preset glm5 --tp 8 --ep 8 > "$tmp/fit8" && $MOEJIT info --preset glm5 --tp 4 --ep 4 > "$tmp/fit4" &&
+  $MOEJIT info --preset glm5 > "$tmp/fit1" || bad "info --preset glm5"
+w8=$(sed -n 's/^weights    \([0-9.]*\) GB a GPU.*/\1/p' "$tmp/fit8"); w4=$(sed -n 's/^weights    \([0-9.]*\) GB a GPU.*/\1/p' "$tmp/fit4")
+w1=$(sed -n 's/^weights    \([0-9.]*\) GB a GPU.*/\1/p' "$tmp/fit1")
+# 8 ranks hold more than an eighth of the whole (what every rank holds whole) and less than half of 4 ranks' share
+awk -v a="$w8" -v b="$w4" -v c="$w1" 'BEGIN { exit !(a > c / 8 && a < b && b > c / 4 && b < c / 2 && c > 400) }' &&
+  ok "info --preset: weights a GPU $w1 GB (1), $w4 GB (4), $w8 GB (8)" || bad "info --preset weights: $w1, $w4, $w8"
+grep -qx "kv cache   129792 bytes a token a GPU: the MLA latent and rope key (576 x bf16) in 78 layers, the indexer key (128 x f32) in 78; whole on every rank" "$tmp/fit8" &&
+  ok "info --preset: KV bytes a token" || bad "info --preset KV: $(grep kv "$tmp/fit8")"
+grep -q "^context    [0-9]* tokens fit a GPU" "$tmp/fit8" && grep -q "^context    does not fit" "$tmp/fit1" &&
+  ok "info --preset: context that fits" || bad "info --preset context: $(grep context "$tmp/fit8" "$tmp/fit1")"
+expect 1 "moejit: moejit info: --preset knows only glm5 (give -m DIR for another model)" $MOEJIT info --preset tiny
+expect 1 "moejit: moejit info: give -m DIR or --preset glm5, not both" $MOEJIT info -m "$tmp/m" --preset glm5
+expect 1 "moejit: moejit info: --layers, --dense and --gpu-mem go with --preset glm5" $MOEJIT info -m "$tmp/m" --gpu-mem 80
+expect 1 "moejit: moejit info: --gpu-mem wants GB, more than 0" $MOEJIT info --preset glm5 --gpu-mem 0
 # a rank started by a launcher that disagrees with the flags, or gives no unique id
 expect 1 "moejit: moejit generate: MOEJIT_RANK=1 of 4 ranks, but --tp/--ep ask for 2 ranks" \
   env MOEJIT_RANK=1 MOEJIT_WORLD_SIZE=4 MOEJIT_NCCL_ID_FILE="$tmp/id" $MOEJIT generate -m "$tmp/m" -p x --tp 2

@@ -106,18 +106,25 @@ static void check_partition(const model_config *c, const char *name, int tp, int
     T_CHECK(all_equal(cnt, parts[k].n, parts[k].reduce ? 1 : W, parts[k].what, name, tp, ep));
     free(cnt);
   }
-  /* routed experts: each (expert, intermediate row) once over the ranks */
-  int *cnt = mj_xcalloc((size_t)(E * Im), sizeof *cnt);
+  /* routed experts: each expert whole on exactly one rank (or on the one rank) */
+  int *cnt = mj_xcalloc((size_t)E, sizeof *cnt);
   bool owner_ok = true;
-  for (int r = 0; r < W; r++)
+  for (int r = 0; r < W; r++) {
+    T_CHECK(count(cnt, E, p[r].experts));
     for (int64_t e = p[r].experts.begin; e < p[r].experts.end; e++) {
-      T_CHECK(count(cnt + e * Im, Im, p[r].expert_inter));
       int o = shard_expert_rank(&p[r], E, e);
-      owner_ok &= ep > 1 ? o == r : o == -1;
+      owner_ok &= W > 1 ? o == r : o == -1;
     }
-  T_CHECK(all_equal(cnt, E * Im, 1, "(expert, intermediate)", name, tp, ep));
+  }
+  T_CHECK(all_equal(cnt, E, 1, "routed expert", name, tp, ep));
   T_CHECK(owner_ok);
   T_EQ_INT(p[0].moe_reduce, W > 1);
+  free(cnt);
+  /* lm_head rows: once over the ranks when gathered, else whole on each */
+  cnt = mj_xcalloc((size_t)c->vocab_size, sizeof *cnt);
+  for (int r = 0; r < W; r++) T_CHECK(count(cnt, c->vocab_size, p[r].vocab));
+  T_CHECK(all_equal(cnt, c->vocab_size, p[0].head_gather ? 1 : W, "vocabulary row", name, tp, ep));
+  T_EQ_INT(p[0].head_gather, W > 1 && c->vocab_size % W == 0);
   free(cnt);
 }
 
@@ -134,7 +141,11 @@ static void test_partition_glm5(void) {
   T_EQ_INT(p.heads.begin, 24); T_EQ_INT(p.heads.end, 32);
   T_EQ_INT(p.q_b_rows.begin, 24 * 256); T_EQ_INT(p.kv_b_rows.end, 32 * 448); T_EQ_INT(p.o_cols.begin, 24 * 256);
   T_EQ_INT(p.dense_inter.begin, 3 * 1536); T_EQ_INT(p.shared_inter.end, 4 * 256);
-  T_EQ_INT(p.experts.begin, 96); T_EQ_INT(p.experts.end, 128); T_EQ_INT(p.expert_inter.end, 2048);
+  T_EQ_INT(p.experts.begin, 96); T_EQ_INT(p.experts.end, 128);
+  T_EQ_INT(p.vocab.begin, 3 * 19360); T_EQ_INT(p.vocab.end, 4 * 19360); T_CHECK(p.head_gather);
+  /* --tp 8 alone splits the routed experts whole too */
+  T_EQ_INT(shard_plan_make(&c, 3, 8, 1, &p, &err), 0);
+  T_EQ_INT(p.experts.begin, 96); T_EQ_INT(p.experts.end, 128);
   T_EQ_INT(shard_expert_rank(&p, 256, 255), 7);
 }
 
@@ -165,8 +176,8 @@ static void test_plan_errors(void) {
       {false, 0, 2, 4, "--tp 2 --ep 4: each must be 1 or the number of ranks (the larger, 4)"},
       {false, 4, 4, 4, "rank 4 is not one of 4 ranks"},
       {true, 0, 4, 1,
-       "--tp 4: each rank's share of moe_intermediate_size (32 / 4 = 8) is not a whole number of 16-column NVFP4 "
-       "scale blocks"},
+       "--tp 4: each rank's share of the shared experts' width (moe_intermediate_size * n_shared_experts) "
+       "(32 / 4 = 8) is not a whole number of 16-column NVFP4 scale blocks"},
       {true, 0, 1, 4,
        "--ep 4: each rank's share of the shared experts' width (moe_intermediate_size * n_shared_experts) "
        "(32 / 4 = 8) is not a whole number of 16-column NVFP4 scale blocks"},
@@ -230,7 +241,6 @@ static void moe_layer(const model *m, const model_layer *ly, const shard_plan *p
       int64_t e = idx[t * K + k];
       if (p && (e < p->experts.begin || e >= p->experts.end)) continue;
       model_mlp mlp = ly->experts[e];
-      if (p) shard_mlp(&ly->experts[e], p->expert_inter, &a, &mlp);
       ref_swiglu(&mlp, x + t * H, 1, y, 1);
       for (int64_t d = 0; d < H; d++) out[t * H + d] += w[t * K + k] * y[d];
     }

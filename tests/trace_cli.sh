@@ -31,6 +31,21 @@ expect 0 "" $T check "$tmp/c.jsonl"
 has "eager      2 steps"
 has "buckets    100 x2"
 
+# --ep: the busiest rank's experts and rows over the mean, worked by hand on
+# a two-step trace of 8 experts over 2 ranks (0-3, 4-7): step 0 runs experts
+# 0, 1 (rows 1, 1) on rank 0 and 4 (rows 2) on rank 1: experts 2 / 1.5,
+# rows 2 / 2; step 1 runs 5, 6 (rows 1, 1), all on rank 1: experts 2 / 1,
+# rows 2 / 1, and rank 0 idle (1 of 4 rank-layer-steps).
+{
+  head -n 1 "$tmp/a.jsonl" | sed 's/"experts":256,"topk":8/"experts":8,"topk":2/'
+  echo '{"step":0,"rows":2,"captured":2,"moe":[{"layer":3,"bucket":2,"experts":[0,1,4],"rows":[1,1,2],"kernels":[]}]}'
+  echo '{"step":1,"rows":1,"captured":1,"moe":[{"layer":3,"bucket":1,"experts":[5,6],"rows":[1,1],"kernels":[]}]}'
+} > "$tmp/ep.jsonl"
+expect 0 "" $T check "$tmp/ep.jsonl" --ep 2
+has "ranks      --ep 2 (4 experts a rank): in a MoE layer-step the busiest rank runs 1.67x the mean of experts (median 1.33x, p90 1.33x, worst 2.00x) and 1.50x the mean of rows (median 1.00x, p90 1.00x, worst 2.00x); 25.0% of rank-layer-steps have no expert"
+expect 1 "moejit: moejit trace check: --ep 3 does not divide the trace's 8 experts" $T check "$tmp/ep.jsonl" --ep 3
+expect 1 "moejit: moejit trace check: --ep must be 1..1024, not 0" $T check "$tmp/ep.jsonl" --ep 0
+
 # bad flags: one line, status 1
 expect 1 "moejit: moejit trace: name an action: synth or check" $T
 expect 1 "moejit: moejit trace: unknown action 'replay' (synth or check)" $T replay

@@ -9,7 +9,7 @@
 
 #include "cudrv.h"
 
-#define GPU_TESTS(X) X(gemv) X(rmsnorm) X(moe) X(dense) X(mla) X(attn) X(decode) X(replay) X(nccl)
+#define GPU_TESTS(X) X(gemv) X(rmsnorm) X(moe) X(dense) X(mla) X(attn) X(decode) X(replay) X(nccl) X(shard)
 
 #define X(name) int gpu_test_##name(void);
 GPU_TESTS(X)
@@ -24,6 +24,7 @@ int main(int argc, char **argv) {
   base = base ? base + 1 : argv[1];
   char name[64];
   snprintf(name, sizeof name, "%.*s", (int)strcspn(base, "."), base);
+  setvbuf(stdout, NULL, _IOLBF, 0); /* a crash keeps what was printed */
   mj_err err = {0};
   if (cu_init(&err)) {
     printf("skip: %s\n", err.msg);
