@@ -1,17 +1,17 @@
 /* gop_mla.c: the launchers of the MLA ops around attention (gpu_ops.h,
- * "MLA attention"): mla_prep, mla_q and mla_vout, whose kernels live in
- * templates/mla.cu.
+ * "MLA attention"): mla_prep and mla_q, whose kernels live in
+ * templates/mla.cu (NVRTC), and mla_vout, templates/mla_vout.k (DSL).
  *
  * Each launcher checks the widths it is given, asks the front door for the
  * kernel specialised on them (or, for a shape the fast kernel cannot take,
  * straight for the generic variant, so no compile is wasted on a
  * specialisation that would be refused), and launches it on the caller's
  * stream.  The grid depends on which variant came back (jit_fn.generic),
- * and its formulas are the kernel's (see the comment atop mla.cu): they
- * must change together.  Nothing here allocates, synchronises or reads
- * back, so a step made of these launches can be captured in a CUDA graph;
- * B is a kernel argument and every B works in one launch (the weight
- * streaming kernels walk the batch in tiles). */
+ * and its formulas are the kernel's (see the comment atop mla.cu and
+ * mla_vout.k): they must change together.  Nothing here allocates,
+ * synchronises or reads back, so a step made of these launches can be
+ * captured in a CUDA graph; B is a kernel argument and every B works in
+ * one launch (the weight streaming kernels walk the batch in tiles). */
 #include <math.h>
 #include <stdio.h>
 
@@ -110,11 +110,22 @@ int gop_mla_vout(const gop_dims *d, CUdeviceptr olat, CUdeviceptr kv_b, CUdevice
                  mj_err *err) {
   if (mla_check_dims(d, B, "mla_vout", err)) return MJ_EINPUT;
   bool fast = d->kv_rank % 256 == 0 && d->v % 32 == 0 && kv_b % 16 == 0 && olat % 16 == 0;
-  char spec[96];
-  snprintf(spec, sizeof spec, "<%d, %d, %d, %d>", d->nope, d->v, d->kv_rank, mla_tile(B));
+  /* mla_vout.k's constants: the widths and the batch tile, or all zeros
+   * for the generic variant: asked for directly when !fast, standing in
+   * for a failed specialisation otherwise (mla_get's rule, as -D values). */
+  static const char *names[4] = {"NOPE", "V", "R", "TB"};
+  int vals[4] = {d->nope, d->v, d->kv_rank, mla_tile(B)};
+  char text[4][16];
+  dsl_define spec[4], zero[4];
+  for (int i = 0; i < 4; i++) {
+    snprintf(text[i], sizeof text[i], "%d", vals[i]);
+    spec[i] = (dsl_define){names[i], text[i]};
+    zero[i] = (dsl_define){names[i], "0"};
+  }
+  jit_spec generic = {NULL, zero, 4};
   const jit_fn *f;
   bool launch;
-  int rc = mla_get(cx, KT_mla_vout, "mla_vout", spec, "<0, 0, 0, 0>", fast, &f, &launch, err);
+  int rc = gop_get(cx, KT_mla_vout, NULL, fast ? spec : zero, 4, fast ? &generic : NULL, &f, &launch, err);
   if (rc || !launch) return rc;
   long grid = f->generic || !fast ? ((long)d->heads * d->v + MLA_BLOCK / 32 - 1) / (MLA_BLOCK / 32)
                                   : (long)d->heads * (d->v / 32);

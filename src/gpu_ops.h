@@ -100,7 +100,7 @@ int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, const gop_ctx *cx,
 int gop_sample(CUdeviceptr logits, int B, int V, const sample_params *sp, gop_rows rows, CUdeviceptr out,
                const gop_ctx *cx, mj_err *err);
 
-/* ---- MLA attention (src/gop_mla.c, templates/mla.cu) ------------------------------------ */
+/* ---- MLA attention (src/gop_mla.c, templates/mla.cu and mla_vout.k) --------------------- */
 
 /* The layer's normalised-input projection, one GEMV of the concatenated
  * weights [q_a; kv_a; idx_wk; idx_wproj], gives P f32 [B][pw] with

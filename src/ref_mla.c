@@ -1,5 +1,5 @@
 /* ref_mla.c: the CPU references of the MLA ops around the cache (ref.h,
- * "MLA attention"; the GPU versions are templates/mla.cu).
+ * "MLA attention"; the GPU versions are templates/mla.cu and mla_vout.k).
  *
  * They are built from the very ops cpu_forward.c's attention() and
  * indexer() call (ref_rmsnorm, ref_layernorm, ref_rope_interleaved from

@@ -1,6 +1,7 @@
-// mla.cu: the MLA ops of a GLM-5 decode step around attention, compiled at
-// run time by NVRTC (launchers: src/gop_mla.c; CPU references: ref_mla_*
-// in src/ref_mla.c; layouts: src/gpu_ops.h).
+// mla.cu: the MLA ops of a GLM-5 decode step around attention that rotate
+// with RoPE, compiled at run time by NVRTC (launchers: src/gop_mla.c; CPU
+// references: ref_mla_* in src/ref_mla.c; layouts: src/gpu_ops.h).  The
+// value output (per head W_uv olat) is the DSL kernel mla_vout.k.
 //
 //   mla_prep  the input projection's outputs to the normalised q latent
 //             (bf16), the cache record of the token (normalised kv latent
@@ -8,17 +9,16 @@
 //             indexer key (LayerNorm + RoPE, f32) and head weights.
 //   mla_q     the absorbed query: per head W_uk^T q_nope (the W_uk rows of
 //             kv_b), then the rotated q_rope; the indexer query's RoPE.
-//   mla_vout  the value output: per head W_uv olat (the W_uv rows of kv_b).
 //
-// mla_q and mla_vout stream 12.6 MB and 16.8 MB of weights at GLM-5 width
-// for a handful of rows: they must run at memory bandwidth.  Each thread
-// loads its slice of the weights once, with 16-byte loads, into registers,
-// and then walks every row of the batch in tiles of TB rows staged in
-// shared memory, so the weights are read once whatever B is.  TB (1, 2, 4
-// or 8) is a template argument the launcher picks from B, so a batch of one
-// row does not pay for the arithmetic of eight.  Partial sums are combined
-// with a "reduce-scatter" across lanes (each shuffle step halves the values
-// a lane holds), which costs a few shuffles per output rather than a full
+// mla_q streams 12.6 MB of weights at GLM-5 width for a handful of rows:
+// it must run at memory bandwidth.  Each thread loads its slice of the
+// weights once, with 16-byte loads, into registers, and then walks every
+// row of the batch in tiles of TB rows staged in shared memory, so the
+// weights are read once whatever B is.  TB (1, 2, 4 or 8) is a template
+// argument the launcher picks from B, so a batch of one row does not pay
+// for the arithmetic of eight.  Partial sums are combined with a
+// "reduce-scatter" across lanes (each shuffle step halves the values a
+// lane holds), which costs a few shuffles per output rather than a full
 // tree per output.
 //
 // RoPE is the reference's interleaved form written de-interleaved: pair
@@ -27,27 +27,25 @@
 // and sincosf is the accurate one (no fast math).
 //
 // Specialisation: template arguments bind the widths (mla_prep<QR, R, ROPE,
-// IDX_DIM>, mla_q<NOPE, ROPE, V, R, TB>, mla_vout<NOPE, V, R, TB>); all
-// zeros is the generic variant, which takes the same arguments and reads
-// the widths from them.  The specialised mla_q needs R % 64 == 0 and
-// mla_vout R % 256 == 0 and V % 32 == 0 (and 16-byte aligned weights): the
+// IDX_DIM>, mla_q<NOPE, ROPE, V, R, TB>); all zeros is the generic variant,
+// which takes the same arguments and reads the widths from them.  The
+// specialised mla_q needs R % 64 == 0 (and 16-byte aligned weights): the
 // launcher asks for the generic variant for other shapes.  Launch geometry
 // (the launchers compute the same numbers; see the comment above each
 // kernel):
 //   mla_prep  grid 3 * B (row, part), block 256.
 //   mla_q     grid heads * (R / 64) (generic: heads * ceil(R / 256)) main
 //             blocks, then the RoPE blocks; block 256.
-//   mla_vout  grid heads * V / 32 (generic: ceil(heads * V / 8)), block 256.
 //
 // Why NVRTC (docs/dsl.md, "DSL or NVRTC"): mla_prep and mla_q rotate with
-// sincosf, and the DSL's sin/cos are the SFU approximations; mla_vout needs
-// nothing the DSL lacks and is to move there.
+// sincosf, and the DSL's sin/cos are the SFU approximations (the named
+// gap; both move to the DSL once it has an accurate sin/cos).
 
 #include <cuda_bf16.h>
 
 #define MLA_BLOCK 256
 #define MLA_WARPS (MLA_BLOCK / 32)
-#define MLA_TB 8              // batch rows per tile of the generic variants
+#define MLA_TB 8              // batch rows per tile of mla_q's generic variant
 #define MLA_MAX_IDX_DIM 1024  // the indexer key's width, at most (shared memory)
 
 // The sum of v over the block, returned to every thread; partial holds 32
@@ -101,23 +99,6 @@ __device__ __forceinline__ void mla_rs_step(float *v, int lane) {
     const float send = up ? v[i] : v[i + N / 2];
     const float keep = up ? v[i + N / 2] : v[i];
     v[i] = keep + __shfl_xor_sync(0xffffffffu, send, S);
-  }
-}
-
-// Reduce-scatter of N values over the lane bits S, S / 2, ... 1: while
-// values remain to split, each step halves them; then plain butterfly
-// steps.  Afterwards v[0] of lane l is the warp's sum of value l / (32 / N)
-// (N a power of two <= 32, S = 16 at the top).
-template <int N, int S>
-__device__ __forceinline__ void mla_rs(float *v, int lane) {
-  if constexpr (S >= 1) {
-    if constexpr (N > 1) {
-      mla_rs_step<N, S>(v, lane);
-      mla_rs<N / 2, S / 2>(v, lane);
-    } else {
-      v[0] += __shfl_xor_sync(0xffffffffu, v[0], S);
-      mla_rs<1, S / 2>(v, lane);
-    }
   }
 }
 
@@ -308,85 +289,6 @@ mla_q(const float *__restrict__ Q, int qw, const __nv_bfloat16 *__restrict__ kv_
 #pragma unroll
       for (int k = 0; k < MLA_TB; k++)
         if (b0 + k < B) qlat[(size_t)(b0 + k) * ooff + (size_t)h * (r + dr) + a] = acc[k];
-    }
-  }
-}
-
-// ---- mla_vout ----------------------------------------------------------------------------
-// Specialised: block = (head h, 32 of its V output rows); warp w owns rows
-// 4w .. 4w + 3 of the block's, lane l the columns (l + 32 j) * 8 .. + 8 (j <
-// R / 256), loaded once as 16-byte vectors.  Per tile of TB batch rows (olat
-// staged in shared memory) a lane holds acc[TB][4]; the reduce over all five
-// lane bits (mla_rs) leaves the sum of value i = bb * 4 + k with the lanes l
-// of l / (8 / TB) = i, the first of which writes it.
-// Generic: one warp a output row (h, e) of all heads * V, lanes along the
-// latent, every batch row in turn.
-template <int NOPE, int V, int R, int TB>
-__global__ void __launch_bounds__(MLA_BLOCK, 2)
-mla_vout(const float *__restrict__ olat, const __nv_bfloat16 *__restrict__ kv_b, __nv_bfloat16 *__restrict__ o,
-         int B, int heads, int nope, int v, int kv_rank) {
-  constexpr bool SPEC = V > 0;
-  static_assert(!SPEC || (R % 256 == 0 && V % 32 == 0),
-                "mla_vout: the specialised variant needs R % 256 == 0, V % 32 == 0");
-  static_assert(!SPEC || TB == 1 || TB == 2 || TB == 4 || TB == 8, "mla_vout: TB is 1, 2, 4 or 8");
-  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
-  if constexpr (SPEC) {
-    constexpr int RW = 4, NJ = R / 256;
-    __shared__ __align__(16) float os[TB][R];
-    const int h = blockIdx.x / (V / 32), e0 = (blockIdx.x % (V / 32)) * 32 + warp * RW;
-    const __nv_bfloat16 *W = kv_b + ((size_t)h * (NOPE + V) + NOPE + e0) * R;
-    uint4 w[RW][NJ];
-#pragma unroll
-    for (int k = 0; k < RW; k++)
-#pragma unroll
-      for (int j = 0; j < NJ; j++)
-        w[k][j] = __ldg(reinterpret_cast<const uint4 *>(W + (size_t)k * R + (lane + 32 * j) * 8));
-    for (int b0 = 0; b0 < B; b0 += TB) {
-      __syncthreads();
-      for (int j = t; j < TB * R / 4; j += MLA_BLOCK) {
-        const int bb = j / (R / 4), c = j % (R / 4);
-        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (b0 + bb < B) x = reinterpret_cast<const float4 *>(olat + ((size_t)(b0 + bb) * heads + h) * R)[c];
-        reinterpret_cast<float4 *>(&os[bb][0])[c] = x;
-      }
-      __syncthreads();
-      float acc[TB * RW];
-#pragma unroll
-      for (int k = 0; k < TB * RW; k++) acc[k] = 0.0f;
-#pragma unroll
-      for (int bb = 0; bb < TB; bb++)
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {
-          const float4 *xs = reinterpret_cast<const float4 *>(&os[bb][(lane + 32 * j) * 8]);
-          float4 x = xs[0];
-#pragma unroll
-          for (int k = 0; k < RW; k++)
-            acc[bb * RW + k] += bf_lo(w[k][j].x) * x.x + bf_hi(w[k][j].x) * x.y + bf_lo(w[k][j].y) * x.z +
-                                bf_hi(w[k][j].y) * x.w;
-          x = xs[1];
-#pragma unroll
-          for (int k = 0; k < RW; k++)
-            acc[bb * RW + k] += bf_lo(w[k][j].z) * x.x + bf_hi(w[k][j].z) * x.y + bf_lo(w[k][j].w) * x.z +
-                                bf_hi(w[k][j].w) * x.w;
-        }
-      mla_rs<TB * RW, 16>(acc, lane);
-      constexpr int SHARE = 32 / (TB * RW); // lanes holding the same sum
-      const int i = lane / SHARE, bb = i / RW, k = i % RW;
-      if (lane % SHARE == 0 && b0 + bb < B)
-        o[(size_t)(b0 + bb) * heads * V + (size_t)h * V + e0 + k] = __float2bfloat16_rn(acc[0]);
-    }
-  } else {
-    const int row = blockIdx.x * MLA_WARPS + warp;
-    if (row >= heads * v) return;
-    const int h = row / v, e = row % v;
-    const __nv_bfloat16 *W = kv_b + ((size_t)h * (nope + v) + nope + e) * kv_rank;
-    for (int b = 0; b < B; b++) {
-      const float *x = olat + ((size_t)b * heads + h) * kv_rank;
-      float s = 0.0f;
-      for (int a = lane; a < kv_rank; a += 32) s += __bfloat162float(W[a]) * x[a];
-#pragma unroll
-      for (int k = 16; k > 0; k >>= 1) s += __shfl_xor_sync(0xffffffffu, s, k);
-      if (lane == 0) o[(size_t)b * heads * v + row] = __float2bfloat16_rn(s);
     }
   }
 }

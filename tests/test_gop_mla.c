@@ -80,13 +80,18 @@ static void test_compile(void) {
   /* Each weight-streaming kernel, per batch tile: specialised, compiled
    * only (no GPU of the target), and at most a few bytes spilled. */
   for (int tb = 1; tb <= 8; tb *= 2) {
-    const char *fmt[2] = {"mla_q<192, 64, 256, 512, %d>", "mla_vout<192, 256, 512, %d>"};
+    const char *fmt[2] = {"mla_q<192, 64, 256, 512, %d>", "mla_vout.k TB=%d"};
+    char tbs[4];
+    snprintf(tbs, sizeof tbs, "%d", tb);
+    const dsl_define vout[4] = {{"NOPE", "192"}, {"V", "256"}, {"R", "512"}, {"TB", tbs}};
     for (int k = 0; k < 2; k++) {
       char entry[64];
       snprintf(entry, sizeof entry, fmt[k], tb);
       const jit_fn *f = NULL;
       bool launch = true;
-      T_EQ_INT(gop_get(&DRY, k ? KT_mla_vout : KT_mla_q, entry, NULL, 0, NULL, &f, &launch, &err), 0);
+      T_EQ_INT(k ? gop_get(&DRY, KT_mla_vout, NULL, vout, 4, NULL, &f, &launch, &err)
+                 : gop_get(&DRY, KT_mla_q, entry, NULL, 0, NULL, &f, &launch, &err),
+               0);
       if (!f) continue;
       printf("%-30s %3d registers, %2d bytes spilled\n", entry, f->meta.regs, f->meta.spill_stores);
       T_CHECK(!f->generic && !launch);

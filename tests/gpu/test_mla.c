@@ -1,5 +1,5 @@
 /* test_mla.c (GPU): the MLA ops around the cache (gop_mla_prep, gop_mla_q,
- * gop_mla_vout: src/gop_mla.c, templates/mla.cu) against their CPU
+ * gop_mla_vout: src/gop_mla.c, templates/mla.cu and mla_vout.k) against their CPU
  * references (src/ref_mla.c).  Run by gputest (which exits 77 without a
  * GPU).
  *
