@@ -553,6 +553,14 @@ static int check_builtin(checker *K, dsl_node *n, int b) {
       return dsl_error(K->c, x[0]->loc, "%s() works on f32, found %s (convert first)", n->name, tstr(x[0]->type, a));
     n->type = f32;
     return 0;
+  case B_EXP_ACCURATE: /* exp_accurate(x) or exp_accurate(x, c): e^x + c */
+    for (int i = 0; i < n->nargs; i++) {
+      if (x[i]->is_lit && coerce(K, x[i], f32)) return MJ_EINPUT;
+      if (!is_scalar(x[i]->type) || x[i]->type->scalar != T_F32)
+        return dsl_error(K->c, x[i]->loc, "%s() works on f32, found %s (convert first)", n->name, tstr(x[i]->type, a));
+    }
+    n->type = f32;
+    return 0;
   case B_FMA: {
     dsl_type *t = NULL;
     for (int i = 0; i < 3; i++)

@@ -320,7 +320,7 @@ int dsl_check(dsl_ctx *c, dsl_program *p, const dsl_define *defs, int ndefs);
   X(B_TANH, "tanh", 1, 1) X(B_SIN, "sin", 1, 1) X(B_COS, "cos", 1, 1)         \
   X(B_FLOOR, "floor", 1, 1) X(B_CLZ, "clz", 1, 1) X(B_POPC, "popc", 1, 1)     \
   X(B_SIGMOID, "sigmoid", 1, 1) X(B_SILU, "silu", 1, 1)                       \
-  X(B_ATOMIC_MAX, "atomic_max", 2, 2)
+  X(B_ATOMIC_MAX, "atomic_max", 2, 2) X(B_EXP_ACCURATE, "exp_accurate", 1, 2)
 
 typedef enum {
 #define X(id, name, lo, hi) id,

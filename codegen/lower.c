@@ -349,6 +349,43 @@ static LLVMValueRef f32_intr(lw *L, const char *name, LLVMValueRef x) {
 
 static LLVMValueRef fexp2(lw *L, LLVMValueRef x) { return f32_intr(L, "llvm.nvvm.ex2.approx.f", x); }
 
+/* An f32 constant by its bits (the constants of CUDA's expf, exactly). */
+static LLVMValueRef cf32_bits(lw *L, uint32_t bits) {
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return LLVMConstReal(f32t(L), (double)f);
+}
+
+/* e^x as CUDA's expf computes it without fast math (libdevice's
+ * __nv_expf, non-ftz path), step for step, so a kernel moved from NVRTC
+ * keeps its bits: 2^(x log2 e) split into 2^k (k = round-down of x log2 e,
+ * clamped to [-126, 126] through a saturated fraction) times ex2.approx of
+ * the remainder, the remainder x log2 e - k with log2 e in two parts (two
+ * fmas).  Max error 2 ulp (CUDA's documented bound), against __expf's
+ * ex2.approx of an unsplit product, which loses accuracy as |x| grows.
+ * With c: e^x + c with the final scale fused into the add (one fma),
+ * which is what NVRTC's default contraction (-fmad=true) makes of
+ * expf(x) + c. */
+static LLVMValueRef exp_accurate(lw *L, LLVMValueRef x, LLVMValueRef c) {
+  LLVMTypeRef t = f32t(L);
+  LLVMValueRef a[3] = {x, cf32_bits(L, 0x3BBB989Du) /* log2 e / 252 */, LLVMConstReal(t, 0.5)};
+  LLVMValueRef frac = f32_intr(L, "llvm.nvvm.saturate.f", call_intrinsic(L, "llvm.fma", &t, 1, a, 3));
+  /* 1.5 * 2^23 + 1 + floor(252 frac): the low bits hold k + 127 = 1 .. 253 */
+  LLVMValueRef b[3] = {frac, LLVMConstReal(t, 252.0), LLVMConstReal(t, 12582913.0)};
+  LLVMValueRef j = call_intrinsic(L, "llvm.nvvm.fma.rm.f", NULL, 0, b, 3);
+  LLVMValueRef k = LLVMBuildFSub(L->b, j, LLVMConstReal(t, 12583039.0), ""); /* k, exact */
+  LLVMValueRef r[3] = {x, cf32_bits(L, 0x3FB8AA3Bu) /* log2 e, high part */, LLVMBuildFNeg(L->b, k, "")};
+  r[2] = call_intrinsic(L, "llvm.fma", &t, 1, r, 3);
+  r[1] = cf32_bits(L, 0x32A57060u); /* log2 e, low part */
+  LLVMValueRef rem = call_intrinsic(L, "llvm.fma", &t, 1, r, 3);
+  /* 2^k: k + 127 into the exponent field */
+  LLVMValueRef scale = LLVMBuildBitCast(L->b, LLVMBuildShl(L->b, LLVMBuildBitCast(L->b, j, i32t(L), ""), ci32(L, 23), ""), t, "");
+  LLVMValueRef e = f32_intr(L, "llvm.nvvm.ex2.approx.ftz.f", rem);
+  if (!c) return LLVMBuildFMul(L->b, e, scale, "");
+  LLVMValueRef d[3] = {e, scale, c};
+  return call_intrinsic(L, "llvm.fma", &t, 1, d, 3);
+}
+
 static LLVMValueRef builtin(lw *L, dsl_node *n) {
   dsl_node **x = n->args;
   LLVMValueRef a[4];
@@ -397,6 +434,7 @@ static LLVMValueRef builtin(lw *L, dsl_node *n) {
   case B_EXP: /* e^x = 2^(x * log2 e), on the SFU like CUDA's __expf */
     return fexp2(L, LLVMBuildFMul(L->b, ex(L, x[0]), LLVMConstReal(f32t(L), 1.4426950408889634), ""));
   case B_EXP2: return fexp2(L, ex(L, x[0]));
+  case B_EXP_ACCURATE: return exp_accurate(L, ex(L, x[0]), n->nargs == 2 ? ex(L, x[1]) : NULL);
   case B_LOG:
     return LLVMBuildFMul(L->b, f32_intr(L, "llvm.nvvm.lg2.approx.f", ex(L, x[0])), LLVMConstReal(f32t(L), 0.6931471805599453), "");
   case B_LOG2: return f32_intr(L, "llvm.nvvm.lg2.approx.f", ex(L, x[0]));

@@ -1,50 +1,60 @@
 /* gop_dense.c: the launchers of the dense ops of a decode step (gpu_ops.h,
  * section "dense ops"): embedding, residual add + RMSNorm, the batched bf16
- * GEMV, SiLU * up and sampling.  Kernels: templates/gemv_bf16_b.k (DSL),
- * templates/ops.cu and templates/sample.cu (NVRTC); CPU references:
- * src/ref_dense.c.
+ * GEMV, SiLU * up and sampling.  Kernels: templates/embed.k,
+ * add_rmsnorm.k, gemv_bf16_b.k and silu_mul.k (DSL), templates/sample.cu
+ * (NVRTC); CPU references: src/ref_dense.c.
  *
  * Each launcher turns its shapes into a specialisation, obtains the kernel
  * through gop_get (which answers "compile only" on a machine without the
  * target GPU: then the launcher returns 0 having launched nothing) and
  * launches it on the caller's stream.  Nothing here allocates, waits or
  * reads back, so a step of these launches can be captured in a graph.
- * Specialisations that need a divisible length fall back to the kernel's
- * generic variant (the same arguments and grid), chosen here when the
- * length does not divide and by the JIT when a specialisation fails. */
+ * The per-row kernels are specialised on their row length and need one
+ * that divides into their vectors; length 0 is each one's generic variant
+ * (the length passed at run time, the same arguments and grid), chosen
+ * here when the length does not divide and by the JIT when a
+ * specialisation fails. */
 #include <stdio.h>
+#include <string.h>
 
 #include "gpu_ops.h"
 
-/* A specialisation's text: NVRTC name expressions and DSL -D values. */
-typedef struct gop_names {
-  char entry[64], generic[64];
-} gop_names;
+#define GOP_MAXDEFS 8
 
-static int launch_2d(CUfunction fn, unsigned gx, unsigned gy, unsigned block, CUstream s, void **args, mj_err *err) {
-  CU_CHECK(err, cu.cuLaunchKernel(fn, gx, gy, 1, block, 1, 1, 0, s, args, NULL));
-  return 0;
+/* DSL -D values: defs[i] binds names[i] to vals[i], its text kept in v[i]. */
+static void gop_defs(const char *const *names, const int *vals, int n, char (*v)[16], dsl_define *defs) {
+  for (int i = 0; i < n; i++) {
+    snprintf(v[i], sizeof v[i], "%d", vals[i]);
+    defs[i] = (dsl_define){names[i], v[i]};
+  }
 }
 
-/* gop_get for an NVRTC entry of one of our .cu templates with its generic
- * variant (none when nm->generic is empty); *fn NULL (and 0 returned) when
- * there is nothing to launch. */
-static int get_cu(const gop_ctx *cx, kt_id file, const gop_names *nm, CUfunction *fn, mj_err *err) {
-  jit_spec generic = {nm->generic, NULL, 0};
+/* gop_get for a per-row DSL kernel whose first constant is the row length:
+ * a length of 0 names the generic variant, which a specialised length
+ * gets as its fallback.  *fn NULL (and 0 returned) when there is nothing
+ * to launch. */
+static int get_rows(const gop_ctx *cx, kt_id k, const char *const *names, const int *vals, int n, CUfunction *fn,
+                    mj_err *err) {
+  MJ_ASSERT(n >= 1 && n <= GOP_MAXDEFS);
+  char v[GOP_MAXDEFS][16];
+  dsl_define defs[GOP_MAXDEFS], gdefs[GOP_MAXDEFS];
+  gop_defs(names, vals, n, v, defs);
+  memcpy(gdefs, defs, (size_t)n * sizeof *defs);
+  gdefs[0].value = "0";
+  jit_spec generic = {NULL, gdefs, n};
   const jit_fn *f;
   bool launch;
-  int rc = gop_get(cx, file, nm->entry, NULL, 0, nm->generic[0] ? &generic : NULL, &f, &launch, err);
+  int rc = gop_get(cx, k, NULL, defs, n, vals[0] ? &generic : NULL, &f, &launch, err);
   *fn = rc == 0 && launch ? f->fn : NULL;
   return rc;
 }
 
 int gop_embed(CUdeviceptr table, CUdeviceptr token, CUdeviceptr x, int B, int H, const gop_ctx *cx, mj_err *err) {
   if (B < 1 || H < 1) return mj_fail(err, MJ_EINPUT, "gop_embed: batch %d and width %d must be positive", B, H);
-  gop_names nm;
-  snprintf(nm.entry, sizeof nm.entry, "embed_rows<%d, 256>", H % 8 == 0 ? H : 0);
-  snprintf(nm.generic, sizeof nm.generic, "embed_rows<0, 256>");
+  static const char *const names[] = {"H", "BLOCK"};
+  int vals[] = {H % 8 == 0 ? H : 0, 256};
   CUfunction fn;
-  int rc = get_cu(cx, KT_embed, &nm, &fn, err);
+  int rc = get_rows(cx, KT_embed, names, vals, 2, &fn, err);
   if (rc || !fn) return rc;
   void *args[] = {&table, &token, &x, &H};
   return cu_launch(fn, (unsigned)B, 256, 0, cx->s, args, err);
@@ -53,13 +63,11 @@ int gop_embed(CUdeviceptr table, CUdeviceptr token, CUdeviceptr x, int B, int H,
 int gop_add_rmsnorm(CUdeviceptr x, CUdeviceptr y, bool y_bf16, CUdeviceptr w, float eps, CUdeviceptr xn, int B,
                     int H, const gop_ctx *cx, mj_err *err) {
   if (B < 1 || H < 1) return mj_fail(err, MJ_EINPUT, "gop_add_rmsnorm: batch %d and width %d must be positive", B, H);
-  int ymode = y == 0 ? 0 : y_bf16 ? 2 : 1;
   int block = H <= 1024 ? 128 : 256; /* GLM-5's 6144: 6 float4 per thread */
-  gop_names nm;
-  snprintf(nm.entry, sizeof nm.entry, "add_rmsnorm<%d, %d, %d>", H % 4 == 0 ? H : 0, block, ymode);
-  snprintf(nm.generic, sizeof nm.generic, "add_rmsnorm<0, %d, %d>", block, ymode);
+  static const char *const names[] = {"H", "BLOCK", "YMODE"};
+  int vals[] = {H % 4 == 0 ? H : 0, block, y == 0 ? 0 : y_bf16 ? 2 : 1};
   CUfunction fn;
-  int rc = get_cu(cx, KT_add_rmsnorm, &nm, &fn, err);
+  int rc = get_rows(cx, KT_add_rmsnorm, names, vals, 3, &fn, err);
   if (rc || !fn) return rc;
   void *args[] = {&x, &y, &w, &eps, &xn, &H};
   return cu_launch(fn, (unsigned)B, (unsigned)block, 0, cx->s, args, err);
@@ -68,17 +76,17 @@ int gop_add_rmsnorm(CUdeviceptr x, CUdeviceptr y, bool y_bf16, CUdeviceptr w, fl
 int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, const gop_ctx *cx, mj_err *err) {
   if (B < 1 || I < 1 || B > 65535)
     return mj_fail(err, MJ_EINPUT, "gop_silu_mul: batch %d (1..65535) and width %d must be positive", B, I);
-  gop_names nm;
-  snprintf(nm.entry, sizeof nm.entry, "silu_mul<%d, 256>", I % 4 == 0 ? I : 0);
-  snprintf(nm.generic, sizeof nm.generic, "silu_mul<0, 256>");
+  static const char *const names[] = {"I", "BLOCK"};
+  int vals[] = {I % 4 == 0 ? I : 0, 256};
   CUfunction fn;
-  int rc = get_cu(cx, KT_silu_mul, &nm, &fn, err);
+  int rc = get_rows(cx, KT_silu_mul, names, vals, 2, &fn, err);
   if (rc || !fn) return rc;
   /* Four values a thread; both variants loop over the row with the grid's
    * stride, so the generic one covers the same grid. */
   unsigned gx = (unsigned)((I + 4 * 256 - 1) / (4 * 256));
   void *args[] = {&gu, &h, &I};
-  return launch_2d(fn, gx, (unsigned)B, 256, cx->s, args, err);
+  CU_CHECK(err, cu.cuLaunchKernel(fn, gx, (unsigned)B, 1, 256, 1, 1, 0, cx->s, args, NULL));
+  return 0;
 }
 
 /* ---- GEMV ----------------------------------------------------------------------------- */
@@ -107,14 +115,11 @@ int gop_gemv(CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K, c
   for (int b0 = 0; b0 < B; b0 += GOP_GEMV_MAXB) {
     int nb = B - b0 < GOP_GEMV_MAXB ? B - b0 : GOP_GEMV_MAXB;
     gop_tile t = gemv_tile(nb, N);
-    char v[6][16];
+    static const char *const names[6] = {"N", "K", "B", "THREADS", "ROWS", "UNROLL"};
     int vals[6] = {N, K, nb, t.threads, t.rows, t.unroll};
-    const char *names[6] = {"N", "K", "B", "THREADS", "ROWS", "UNROLL"};
+    char v[6][16];
     dsl_define defs[6];
-    for (int i = 0; i < 6; i++) {
-      snprintf(v[i], sizeof v[i], "%d", vals[i]);
-      defs[i] = (dsl_define){names[i], v[i]};
-    }
+    gop_defs(names, vals, 6, v, defs);
     const jit_fn *f;
     bool launch;
     int rc = gop_get(cx, KT_gemv, NULL, defs, 6, NULL, &f, &launch, err);
@@ -134,17 +139,15 @@ int gop_sample(CUdeviceptr logits, int B, int V, const sample_params *sp, gop_ro
                const gop_ctx *cx, mj_err *err) {
   if (B < 1 || V < 1 || !sp)
     return mj_fail(err, MJ_EINPUT, "gop_sample: batch %d and vocabulary %d must be positive, with parameters", B, V);
-  gop_names nm;
   /* The kernel takes V and the parameters at run time: it is its own
    * generic variant. */
-  snprintf(nm.entry, sizeof nm.entry, "sample_rows<512>");
-  nm.generic[0] = 0;
-  CUfunction fn;
-  int rc = get_cu(cx, KT_sample, &nm, &fn, err);
-  if (rc || !fn) return rc;
+  const jit_fn *f;
+  bool launch;
+  int rc = gop_get(cx, KT_sample, "sample_rows<512>", NULL, 0, NULL, &f, &launch, err);
+  if (rc || !launch) return rc;
   float temperature = sp->temperature, top_p = sp->top_p, min_p = sp->min_p;
   int top_k = sp->top_k;
   unsigned long long seed = sp->seed;
   void *args[] = {&logits, &V, &temperature, &top_k, &top_p, &min_p, &seed, &rows.slot, &rows.pos, &out};
-  return cu_launch(fn, (unsigned)B, 512, 0, cx->s, args, err);
+  return cu_launch(f->fn, (unsigned)B, 512, 0, cx->s, args, err);
 }

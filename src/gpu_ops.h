@@ -73,7 +73,7 @@ typedef struct gop_cache {
   CUdeviceptr ikey; /* f32 [slots][max_ctx][idx_dim]; 0 on a layer without an indexer */
 } gop_cache;
 
-/* ---- dense ops (src/gop_dense.c, templates/gemv_bf16_b.k, templates/ops.cu) ------------- */
+/* ---- dense ops (src/gop_dense.c, templates/{embed,add_rmsnorm,gemv_bf16_b,silu_mul}.k) ---- */
 
 /* x[b][:] = float(table[token[b]][:]); table bf16 [vocab][H]. */
 int gop_embed(CUdeviceptr table, CUdeviceptr token, CUdeviceptr x, int B, int H, const gop_ctx *cx, mj_err *err);

@@ -18,9 +18,9 @@
 
 /* X(id, template, language, constants, CPU reference, tolerance) */
 #define KT_KERNELS(X) \
-  X(embed, "ops.cu", "nvrtc", "embed_rows<H, BLOCK>", "ref_embed", 0.0) \
-  X(add_rmsnorm, "ops.cu", "nvrtc", "add_rmsnorm<H, BLOCK, YMODE>", "ref_add_rmsnorm", 1e-2) \
-  X(silu_mul, "ops.cu", "nvrtc", "silu_mul<I, BLOCK>", "ref_silu_mul", 1e-2) \
+  X(embed, "embed.k", "dsl", "H BLOCK", "ref_embed", 0.0) \
+  X(add_rmsnorm, "add_rmsnorm.k", "dsl", "H BLOCK YMODE", "ref_add_rmsnorm", 1e-2) \
+  X(silu_mul, "silu_mul.k", "dsl", "I BLOCK", "ref_silu_mul", 1e-2) \
   X(gemv, "gemv_bf16_b.k", "dsl", "N K B THREADS ROWS UNROLL", "ref_gemv_b", 1e-2) \
   X(sample, "sample.cu", "nvrtc", "sample_rows<BLOCK>", "ref_sample", 0.0) \
   X(mla_prep, "mla.cu", "nvrtc", "mla_prep<QR, R, ROPE, IDX_DIM>", "ref_mla_prep", 1e-2) \

@@ -1,6 +1,6 @@
 /* ref_dense.c: CPU references of the dense ops of a decode step (ref.h,
- * section "dense ops"; GPU: src/gop_dense.c, templates/ops.cu,
- * templates/gemv_bf16_b.k, templates/sample.cu).  Plain loops in the
+ * section "dense ops"; GPU: src/gop_dense.c, templates/embed.k,
+ * add_rmsnorm.k, gemv_bf16_b.k, silu_mul.k and sample.cu).  Plain loops in the
  * kernels' rounding order; the sampler finds its thresholds by sorting,
  * which is clear and slow, where the kernel searches key bits. */
 #include <math.h>

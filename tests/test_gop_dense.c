@@ -1,7 +1,8 @@
 /* test_gop_dense.c: the dense ops of the decode step without a GPU.
  *
  * (a) Every kernel the dense launchers (src/gop_dense.c) ask for at GLM-5
- * width and in tests/gpu/test_dense.c compiles for sm_90a: the launchers
+ * width and in tests/gpu/test_dense.c (with its exp_accurate and expf
+ * fixtures) compiles for sm_90a: the launchers
  * run "dry" (a gop_ctx naming the target, null pointers), which compiles each
  * specialisation and launches nothing; no specialisation may fall back to
  * a generic variant (the front door's failure counter stays 0).  Bad
@@ -60,6 +61,20 @@ static void test_dry_compile(void) {
   }
   sample_params sp = sample_filters(0.8f, 40, 0.9f, 0.05f, 7);
   T_EQ_INT(gop_sample(z, 3, 154880, &sp, (gop_rows){0, 0, 0}, z, &DRY, &err), 0);
+  /* test_exp_accurate's pair: the DSL's exp_accurate and NVRTC's expf. */
+  const char *sd = getenv("srcdir");
+  char kpath[1024], cpath[1024];
+  snprintf(kpath, sizeof kpath, "%s/tests/golden/exp_accurate.k", sd && *sd ? sd : ".");
+  snprintf(cpath, sizeof cpath, "%s/tests/kernels/expf.cu", sd && *sd ? sd : ".");
+  dsl_define block[] = {{"BLOCK", "256"}};
+  const jit_request fixtures[] = {{kpath, {NULL, block, 1}, NULL, "sm_90a"},
+                                  {cpath, {"expf_check<0>", NULL, 0}, NULL, "sm_90a"},
+                                  {cpath, {"expf_check<1>", NULL, 0}, NULL, "sm_90a"}};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(fixtures); i++) {
+    const jit_fn *f;
+    T_EQ_INT(jit_get(&fixtures[i], &f, &err), 0);
+    if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
+  }
   if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
   T_EQ_INT(stat_of(CACHE_STAT_failures), 0);
   T_CHECK(stat_of(CACHE_STAT_compiles) >= MJ_ARRAY_LEN(gemv_nk) * MJ_ARRAY_LEN(gemv_b));

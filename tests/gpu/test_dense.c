@@ -8,6 +8,8 @@
  * pass with every output finite and ||gpu - ref|| / ||ref|| <= 1e-2, at
  * GLM-5 width and on small odd shapes (generic variants, guard rows, tails),
  * for B = 1, 3, 8, 33, 64 (and 100 for the GEMV: two row blocks).
+ * The DSL's exp_accurate, on which silu_mul.k's bits rest, equals CUDA's
+ * expf compiled by NVRTC bit for bit on every f32 input.
  * Sampling: greedy equals the CPU argmax exactly (ties included); with
  * temperature / top-k / top-p / min-p every drawn token is in the CPU
  * filter's kept set, most rows draw the CPU reference's very token (same
@@ -278,6 +280,49 @@ static void test_elementwise(void) {
   embed_case(7, 8, 3);
 }
 
+/* ---- exp_accurate against CUDA's expf ----------------------------------------------- */
+/* The DSL's exp_accurate (tests/golden/exp_accurate.k) against expf and
+ * 1.0f + expf compiled by NVRTC (tests/kernels/expf.cu), on every f32 bit
+ * pattern in chunks of 2^26: the bits must be equal, NaNs included.
+ * silu_mul.k keeps the bits of the NVRTC kernel it replaced through it. */
+static void test_exp_accurate(void) {
+  enum { CHUNK = 1 << 26, BLOCK = 256 };
+  mj_err err = {0};
+  const char *sd = getenv("srcdir");
+  char kpath[1024], cpath[1024];
+  snprintf(kpath, sizeof kpath, "%s/tests/golden/exp_accurate.k", sd && *sd ? sd : ".");
+  snprintf(cpath, sizeof cpath, "%s/tests/kernels/expf.cu", sd && *sd ? sd : ".");
+  dsl_define defs[] = {{"BLOCK", "256"}};
+  const jit_request req[3] = {{kpath, {NULL, defs, 1}, NULL, NULL},
+                              {cpath, {"expf_check<0>", NULL, 0}, NULL, NULL},
+                              {cpath, {"expf_check<1>", NULL, 0}, NULL, NULL}};
+  const jit_fn *f[3];
+  for (int i = 0; i < 3; i++)
+    if (!ok_rc(jit_get(&req[i], &f[i], &err), &err)) return;
+  bufs b = {0};
+  CUdeviceptr out = dev(&b, NULL, (size_t)CHUNK * 8, 0), bad = dev(&b, NULL, 16, 0);
+  unsigned long long res[2] = {0, ~0ull}; /* the count, the lowest differing input */
+  int rc = !out || !bad || cu.cuMemcpyHtoD(bad, res, sizeof res) != CUDA_SUCCESS;
+  for (uint64_t at = 0; at < (1ull << 32) && !rc; at += CHUNK) {
+    unsigned base = (unsigned)at;
+    void *a0[] = {&out, &base}, *a1[] = {&out, &base, &bad};
+    for (int i = 0; i < 3 && !rc; i++) rc = cu_launch(f[i]->fn, CHUNK / BLOCK, BLOCK, 0, NULL, i ? a1 : a0, &err);
+  }
+  if (ok_rc(rc, &err)) {
+    sync_check();
+    T_EQ_INT(cu.cuMemcpyDtoH(res, bad, sizeof res), CUDA_SUCCESS);
+    printf("  exp_accurate   every f32 input, e^x and e^x + 1: %llu differ from NVRTC's expf\n", res[0]);
+    if (res[0]) {
+      uint32_t u = (uint32_t)res[1];
+      float x;
+      memcpy(&x, &u, 4);
+      fprintf(stderr, "  the lowest differing input: 0x%08x (%g)\n", u, (double)x);
+    }
+    T_EQ_INT(res[0], 0);
+  }
+  bufs_free(&b);
+}
+
 static void test_gemv(void) {
   for (size_t i = 0; i < MJ_ARRAY_LEN(batches); i++) {
     int B = batches[i];
@@ -466,6 +511,7 @@ int gpu_test_dense(void) {
   rng = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid();
   printf("seed %llu\n", (unsigned long long)rng);
   T_RUN(test_elementwise);
+  T_RUN(test_exp_accurate);
   T_RUN(test_gemv);
   T_RUN(test_sample_greedy);
   T_RUN(test_sample_filtered);

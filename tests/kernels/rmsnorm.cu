@@ -18,7 +18,7 @@
 //
 // Why NVRTC: it is the fixture of the front door's NVRTC path and its
 // generic fallback (tests/test_jit.c, gputest rmsnorm); the decode step's
-// RMSNorm is ops.cu's add_rmsnorm.
+// RMSNorm is templates/add_rmsnorm.k (DSL).
 
 #include <cuda_bf16.h>
 
