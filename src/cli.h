@@ -101,10 +101,11 @@
   X(warmup, "compile every kernel a deployment needs into the cache, ahead of serving", \
     "moejit warmup (-m DIR | --synthetic glm5 [--layers N] [--dense D]) [--batches 1,2,4,..]\n" \
     "              [--trace FILE.jsonl] [--arch sm_90a] [-j N] [--ctx N] [--no-graphs] [-q]\n" \
+    "              [--tp N] [--ep M]\n" \
     "  obtains through the front door every kernel the decode steps of the batch\n" \
     "  sizes (default 1,2,4,8,16,32,64, or the sizes a trace ran) need; no GPU is\n" \
     "  needed with --arch; with a GPU of the target it also captures the graphs.\n" \
-    "  -j N splits the compiles between N processes\n")               \
+    "  -j N splits the compiles between N processes; --tp/--ep: every rank's kernels\n") \
   X(info, "load and validate a GLM-5 checkpoint folder and summarise it",     \
     "moejit info -m DIR [--json] [--tp N --ep M [--rank R]] [--read]\n"     \
     "  checks config.json, hf_quant_config.json and every safetensors header,\n" \

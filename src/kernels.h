@@ -29,9 +29,9 @@
   X(mla_attend, "attend.cu", "nvrtc", "mla_attend_part<KV, ROPE, HG, BLOCK>, mla_attend_combine<KV, BLOCK>", "ref_mla_attend", 1e-2) \
   X(dsa_select, "dsa.cu", "nvrtc", "dsa_score<IDIM, IH, BLOCK>, dsa_topk<BLOCK>", "ref_dsa_select", 0.0) \
   X(moe_router, "moe_router.k", "dsl", "E K TB", "ref_moe_logits", 1e-5) \
-  X(moe_route, "moe_route.k", "dsl", "E TOPK BCAP NG TG NORM SCALE", "ref_moe_route", 0.0) \
+  X(moe_route, "moe_route.k", "dsl", "E TOPK BCAP NG TG NORM SCALE E0 EL", "ref_moe_route", 0.0) \
   X(moe_expert, "moe_expert.k", "dsl", "MODE K N MT ROWS THREADS CHAIN PREFETCH MINB MMA KJ", "ref_moe_experts", 1e-2) \
-  X(moe_combine, "moe_combine.k", "dsl", "N TOPK", "ref_moe_experts", 1e-2) \
+  X(moe_combine, "moe_combine.k", "dsl", "N TOPK PARTIAL", "ref_moe_experts", 1e-2) \
   X(fill, "fill.cu", "nvrtc", "fill_bf16, fill_f32, spin (none)", "-", 0.0)
 
 typedef enum kt_id {

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "nccldrv.h"
 #include "session.h"
 #include "jit.h"
 #include "kernels.h"
@@ -71,14 +72,15 @@ static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(co
 
 int cmd_warmup(int argc, char **argv, mj_err *err) {
   const char *dir = NULL, *synth = NULL, *batches_s = "1,2,4,8,16,32,64", *trace_path = NULL, *arch = NULL;
-  int64_t jobs = 1, layers = 4, dense = 3, ctx = 4096;
+  int64_t jobs = 1, layers = 4, dense = 3, ctx = 4096, tp = 1, ep = 1;
   bool quiet = false, no_graphs = false;
   cli_opt opts[] = {{"model", 'm', CLI_STR, &dir},     {"synthetic", 0, CLI_STR, &synth},
                     {"batches", 0, CLI_STR, &batches_s}, {"trace", 0, CLI_STR, &trace_path},
                     {"arch", 0, CLI_STR, &arch},        {"jobs", 'j', CLI_INT, &jobs},
                     {"layers", 0, CLI_INT, &layers},    {"dense", 0, CLI_INT, &dense},
                     {"ctx", 'c', CLI_INT, &ctx},        {"no-graphs", 0, CLI_FLAG, &no_graphs},
-                    {"quiet", 'q', CLI_FLAG, &quiet}};
+                    {"quiet", 'q', CLI_FLAG, &quiet},   {"tp", 0, CLI_INT, &tp},
+                    {"ep", 0, CLI_INT, &ep}};
   int rc = cli_parse("warmup", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (rc) return rc < 0 ? 0 : rc;
   if (!dir == !synth)
@@ -90,6 +92,11 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
     return mj_fail(err, MJ_EUSAGE, "moejit warmup: --arch wants a target such as sm_90a, not '%s'", arch);
   if (layers < 1 || dense < 0 || dense > layers)
     return mj_fail(err, MJ_EUSAGE, "moejit warmup: --layers >= 1 and 0 <= --dense <= --layers");
+  /* --tp/--ep: every rank's kernels (a rank's route kernel knows its
+   * experts), compiled here in one process; each rank captures its own
+   * graphs when it starts. */
+  int world;
+  if ((rc = nc_parallel_check("warmup", tp, ep, &world, err))) return rc;
 
   int batches[64], nb;
   if (trace_path) {
@@ -129,7 +136,7 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
     goto out;
   }
   const char *target = arch ? arch : cu_dev()->arch;
-  bool capture = gpu && !no_graphs && strcmp(target, cu_dev()->arch) == 0;
+  bool capture = gpu && !no_graphs && world == 1 && strcmp(target, cu_dev()->arch) == 0;
   gpu_opts o;
   gpu_opts_default(&o);
   o.max_ctx = ctx;
@@ -138,6 +145,7 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
   for (int i = 0; i < nb && i < GPU_MAX_GRAPHS; i++) o.graph_batches[i] = batches[i];
   o.n_graph_batches = nb < GPU_MAX_GRAPHS ? nb : GPU_MAX_GRAPHS;
   o.max_rows = batches[nb - 1];
+  o.tp = (int)tp, o.ep = (int)ep;
 
   double t0 = mj_now_ms();
   uint64_t child_compiles = 0, child_failures = 0;
@@ -157,7 +165,8 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
         jit_set_compile_only(true); /* the parent may have opened the driver */
         jit_set_shard(k, (int)jobs);
         mj_err ce = {0};
-        int crc = gpu_warm(&cfg, sh, &o, target, batches, nb, NULL, NULL, &ce);
+        int crc = 0;
+        for (int r = 0; r < world && !crc; r++) o.rank = r, crc = gpu_warm(&cfg, sh, &o, target, batches, nb, NULL, NULL, &ce);
         cache_stats st;
         jit_stats(&st);
         uint64_t r[2] = {st.v[CACHE_STAT_compiles], st.v[CACHE_STAT_failures]};
@@ -191,7 +200,10 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
   /* The parent's pass: with -j, every kernel should now be on disk. */
   kt_counts_reset();
   wctx w = {batches, isatty(2) != 0, quiet};
-  rc = gpu_warm(&cfg, sh, &o, target, batches, nb, progress, &w, err);
+  for (int r = 0; r < world && !rc; r++) {
+    o.rank = r;
+    rc = gpu_warm(&cfg, sh, &o, target, batches, nb, r == world - 1 ? progress : NULL, &w, err);
+  }
   cache_stats st;
   jit_stats(&st);
   double compile_s = (mj_now_ms() - t0) / 1e3;
@@ -220,13 +232,19 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
     if (rc) goto out;
   }
   if (!quiet) {
-    printf("warmup: %s for %s, batch sizes", dir ? dir : "synthetic GLM-5", target);
+    printf("warmup: %s for %s", dir ? dir : "synthetic GLM-5", target);
+    if (world > 1) printf(", %d ranks (--tp %lld --ep %lld)", world, (long long)tp, (long long)ep);
+    printf(", batch sizes");
     for (int i = 0; i < nb; i++) printf("%s%d", i ? "," : " ", batches[i]);
     printf(": %llu kernels, %llu compiled, %llu already cached, %llu failed, %.1f s (-j %lld)",
            (unsigned long long)kernels, (unsigned long long)compiled, (unsigned long long)cached,
            (unsigned long long)failed, compile_s, (long long)jobs);
     if (capture) printf("; %d graphs captured in %.1f s", graphs, cap_ms / 1e3);
-    else printf("; no graphs captured (%s)", no_graphs ? "--no-graphs" : gpu ? "another target" : "no GPU");
+    else
+      printf("; no graphs captured (%s)", no_graphs      ? "--no-graphs"
+                                          : world > 1    ? "each rank captures its own"
+                                          : gpu          ? "another target"
+                                                         : "no GPU");
     printf("\n");
     /* the kernel table's families (kernels.h), as the step obtained them */
     uint64_t per[KT_N];

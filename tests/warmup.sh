@@ -40,6 +40,23 @@ MOEJIT_CACHE=assert-warm $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 8 > 
 st=$?
 if [ $st -eq 7 ] && [ "$(wc -l < "$tmp/e3")" -eq 1 ]; then ok "a cold size fails assert-warm: $(cat "$tmp/e3")"; else bad "assert-warm on a cold size: status $st: $(cat "$tmp/e3")"; fi
 
+# --tp 2 --ep 2: every rank's kernels.  The ranks' route kernels differ (each
+# gives slots to its own experts: E0/EL), one per rank and size: 4; the one
+# combine is the partial one that adds to the bf16 shared expert's part, and
+# the MoE output is then f32, so add_rmsnorm has two variants (no residual,
+# f32); then every rank's step is warm under assert-warm.
+MOEJIT_CACHE=on $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 1,2 --tp 2 --ep 2 > "$tmp/w4" 2> "$tmp/e4"
+st=$?
+if [ $st -eq 0 ] && grep -q "^warmup: $tmp/m for sm_90a, 2 ranks (--tp 2 --ep 2), batch sizes 1,2: .* 0 failed.*each rank captures its own" "$tmp/w4" &&
+  grep -q "^warmup: kernels by family: .*add_rmsnorm 2,.*moe_route 4, moe_expert [0-9]*, moe_combine 1$" "$tmp/w4"; then
+  ok "--tp 2 --ep 2: $(grep "by family" "$tmp/w4" | cut -d: -f3)"
+else
+  bad "--tp 2 --ep 2: status $st: $(cat "$tmp/w4" "$tmp/e4")"
+fi
+MOEJIT_CACHE=assert-warm $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 1,2 --tp 2 --ep 2 > "$tmp/w5" 2> "$tmp/e5" &&
+  grep -q " 0 compiled, " "$tmp/w5" && ok "--tp 2 --ep 2: warm, 0 compiles" || bad "--tp 2 --ep 2 assert-warm: $(cat "$tmp/w5" "$tmp/e5")"
+expect 1 "moejit: --tp 3 does not divide num_attention_heads (8)" $MOEJIT warmup -m "$tmp/m" --arch sm_90a --tp 3
+
 expect 1 "moejit: moejit warmup: name the model: -m DIR or --synthetic glm5" $MOEJIT warmup --arch sm_90a
 expect 1 "moejit: moejit warmup: --batches sizes must be 1..1024 (got 0)" $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 0
 expect 1 "moejit: moejit warmup: --arch wants a target such as sm_90a, not 'h200'" $MOEJIT warmup -m "$tmp/m" --arch h200
