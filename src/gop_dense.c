@@ -1,7 +1,7 @@
 /* gop_dense.c: the launchers of the dense ops of a decode step (gpu_ops.h,
  * section "dense ops"): embedding, residual add + RMSNorm, the batched bf16
- * GEMV, SiLU * up and sampling.  Kernels: templates/gemv_bf16_b.k (DSL),
- * templates/ops.cu and templates/sample.cu (NVRTC); CPU references:
+ * GEMV, SiLU * up and sampling.  Kernels: templates/gemv_bf16_b.k and
+ * templates/sample.k (DSL), templates/ops.cu (NVRTC); CPU references:
  * src/ref_dense.c.
  *
  * Each launcher turns its shapes into a specialisation, obtains the kernel
@@ -134,17 +134,17 @@ int gop_sample(CUdeviceptr logits, int B, int V, const sample_params *sp, gop_ro
                const gop_ctx *cx, mj_err *err) {
   if (B < 1 || V < 1 || !sp)
     return mj_fail(err, MJ_EINPUT, "gop_sample: batch %d and vocabulary %d must be positive, with parameters", B, V);
-  gop_names nm;
-  /* The kernel takes V and the parameters at run time: it is its own
-   * generic variant. */
-  snprintf(nm.entry, sizeof nm.entry, "sample_rows<512>");
-  nm.generic[0] = 0;
-  CUfunction fn;
-  int rc = get_cu(cx, KT_sample, &nm, &fn, err);
-  if (rc || !fn) return rc;
+  /* The kernel takes V and the parameters at run time: one
+   * specialisation (512 threads a row, as launched below) serves every
+   * shape. */
+  const dsl_define defs[] = {{"BLOCK", "512"}};
+  const jit_fn *f;
+  bool launch;
+  int rc = gop_get(cx, KT_sample, NULL, defs, 1, NULL, &f, &launch, err);
+  if (rc || !launch) return rc;
   float temperature = sp->temperature, top_p = sp->top_p, min_p = sp->min_p;
   int top_k = sp->top_k;
   unsigned long long seed = sp->seed;
   void *args[] = {&logits, &V, &temperature, &top_k, &top_p, &min_p, &seed, &rows.slot, &rows.pos, &out};
-  return cu_launch(fn, (unsigned)B, 512, 0, cx->s, args, err);
+  return cu_launch(f->fn, (unsigned)B, 512, 0, cx->s, args, err);
 }

@@ -2,7 +2,8 @@
 # golden.sh: the LLVM IR and PTX of each kernel in tests/golden/ equal the
 # committed goldens (made by scripts/regen-golden.sh), and the PTX assembles
 # for sm_90a through nvJitLink; and the PTX of the product kernels listed in
-# tests/golden/templates.txt (the MoE expert kernel, the batched GEMV).
+# tests/golden/templates.txt (the MoE expert kernel, the batched GEMV, the
+# sampler).
 set -u
 cd "$srcdir" || exit 1
 fail=0
