@@ -2,7 +2,7 @@
  * (miss, compile, store), a disk hit and a memory hit, as medians.
  *
  * Kernels: the NVRTC test kernel tests/kernels/rmsnorm.cu <6144, 256> and the DSL kernel
- * gemv_bf16.k N=6144 K=2048, both for --arch (default sm_90a; loaded too
+ * tests/kernels/gemv_bf16.k N=6144 K=2048, both for --arch (default sm_90a; loaded too
  * when the GPU is of that target, so a disk hit then includes
  * cuModuleLoadData).  Each cold compile uses a fresh cache folder; the
  * first one of the process also pays NVRTC's or LLVM's one-time start and
@@ -113,10 +113,11 @@ int main(int argc, char **argv) {
   mj_err err = {0};
   bool gpu = cu_init(&err) == 0 && !strcmp(cu_dev()->arch, arch);
   static const jit_spec rms_generic = {"rmsnorm_bf16<0, 256>", NULL, 0};
-  /* the NVRTC test kernel lives with the tests (run from the source tree, or set srcdir) */
-  static char rms[1024];
+  /* the test kernels live with the tests (run from the source tree, or set srcdir) */
+  static char rms[1024], gemv[1024];
   const char *sd = getenv("srcdir");
   snprintf(rms, sizeof rms, "%s/tests/kernels/rmsnorm.cu", sd && *sd ? sd : ".");
+  snprintf(gemv, sizeof gemv, "%s/tests/kernels/gemv_bf16.k", sd && *sd ? sd : ".");
   static const dsl_define nk[] = {{"N", "6144"}, {"K", "2048"}},
                           nk2[] = {{"N", "4096"}, {"K", "2048"}};
   bench_kernel kernels[] = {
@@ -124,8 +125,8 @@ int main(int argc, char **argv) {
        {rms, {"rmsnorm_bf16<6144, 256>", NULL, 0}, &rms_generic, arch},
        {rms, {"rmsnorm_bf16<4096, 256>", NULL, 0}, &rms_generic, arch}},
       {"DSL gemv_bf16.k N=6144 K=2048",
-       {"gemv_bf16.k", {NULL, nk, 2}, NULL, arch},
-       {"gemv_bf16.k", {NULL, nk2, 2}, NULL, arch}},
+       {gemv, {NULL, nk, 2}, NULL, arch},
+       {gemv, {NULL, nk2, 2}, NULL, arch}},
   };
   printf("target %s, %s; medians of %d runs (first run of a process apart)\n\n", arch,
          gpu ? "loaded on the GPU (disk hit includes cuModuleLoadData)"

@@ -20,7 +20,7 @@
   X(compile, "compile a DSL kernel to LLVM IR, PTX or a cubin",              \
     "moejit compile FILE.k [-D NAME=VALUE]... [--arch sm_90a] [--emit llvm|ptx|cubin]\n" \
     "               [-o OUT] [-O 0..3] [--repeat N] [-q] [-v]\n"                  \
-    "  FILE.k may also name a built-in template (gemv_bf16.k).\n"            \
+    "  FILE.k may also name a built-in template (gemv_bf16_b.k).\n"          \
     "  -D NAME=VALUE  binds a specialisation constant (repeatable)\n"        \
     "  --arch         sm_80, sm_86, sm_89, sm_90 or sm_90a (default)\n"      \
     "  --emit         llvm, ptx (default without -o) or cubin (default with -o)\n" \
@@ -35,6 +35,8 @@
     "moejit bench decode [-m DIR | --synthetic glm5 [--layers N] [--dense D]] [--batch 1,8,32]\n" \
     "                 [--ctx N] [--steps N] [--reps N] [--seed S] [--no-graphs] [--profile-region]\n" \
     "                 [--tp N] [--ep M] [--rank R] [--allreduce-us US] [--head-whole]\n" \
+    "  gemv: the decode step's GEMV, gemv_bf16_b.k, at B = 1 (default N = K = 8192), one row\n" \
+    "  per tile THREADS:ROWS:UNROLL, checked against the CPU reference, then timed\n" \
     "  decode: the whole GLM-5 step (default: 18 full-width layers, 3 dense, random\n" \
     "  weights made on the GPU), graph and eager times, per-op breakdown, roofline share\n" \
     "  --rank R: with --tp/--ep, only rank R's share on this one GPU, its collectives NCCL\n" \

@@ -1,5 +1,5 @@
 /* embed.h: the template files (templates: .k and .cu) built into the binary.
- * embed_find("gemv_bf16.k") or embed_find("templates/gemv_bf16.k") returns the
+ * embed_find("gemv_bf16_b.k") or embed_find("templates/gemv_bf16_b.k") returns the
  * file; the data is NUL-terminated.  Prefix: embed_. */
 #ifndef MOEJIT_EMBED_H
 #define MOEJIT_EMBED_H
@@ -7,7 +7,7 @@
 #include <stddef.h>
 
 typedef struct embed_file {
-  const char *path; /* "templates/gemv_bf16.k" */
+  const char *path; /* "templates/gemv_bf16_b.k" */
   const char *data;
   size_t size;
 } embed_file;

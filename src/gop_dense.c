@@ -96,7 +96,7 @@ int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, const gop_ctx *cx,
  * so fewer rows and fewer chunks in flight as nb grows (more rows mean
  * more arithmetic per loaded W chunk, which hides its latency anyway);
  * then the block shrinks until there are two blocks per SM of an H200
- * where N allows.  nb = 1 is gemv_bf16.k's tile. */
+ * where N allows.  nb = 1 is the kernel's default tile, bench gemv's first row. */
 typedef struct gop_tile {
   int threads, rows, unroll;
 } gop_tile;

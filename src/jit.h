@@ -43,7 +43,7 @@ typedef struct jit_spec {
 } jit_spec;
 
 typedef struct jit_request {
-  /* A built-in template by file name ("mla.cu", "gemv_bf16.k"), or a
+  /* A built-in template by file name ("mla.cu", "gemv_bf16_b.k"), or a
    * path (anything with a '/').  .cu goes to NVRTC, .k to the DSL
    * compiler. */
   const char *kernel;

@@ -17,15 +17,15 @@ grep -q "^NCCL      none (libnccl.so.2 not found: /nonexistent/libnccl.so.2: .*M
 expect 1 "moejit: unknown command 'frobnicate' (see moejit help)" $MOEJIT frobnicate
 expect 1 "moejit: moejit compile: expected one kernel file (see moejit compile --help)" $MOEJIT compile
 expect 1 "moejit: moejit compile: unknown option '--fast' (see moejit compile --help)" $MOEJIT compile --fast x.k
-expect 1 "moejit: moejit compile: -D N: expected NAME=VALUE" $MOEJIT compile gemv_bf16.k -D N
-expect 1 "moejit: moejit compile: --emit must be llvm, ptx or cubin, not 'sass'" $MOEJIT compile gemv_bf16.k --emit sass
-expect 1 "moejit: moejit compile: --emit cubin needs -o FILE (a cubin is binary)" $MOEJIT compile gemv_bf16.k --emit cubin
-expect 1 "moejit: moejit compile: -O expects an integer, not 'fast'" $MOEJIT compile gemv_bf16.k -O fast
+expect 1 "moejit: moejit compile: -D N: expected NAME=VALUE" $MOEJIT compile gemv_bf16_b.k -D N
+expect 1 "moejit: moejit compile: --emit must be llvm, ptx or cubin, not 'sass'" $MOEJIT compile gemv_bf16_b.k --emit sass
+expect 1 "moejit: moejit compile: --emit cubin needs -o FILE (a cubin is binary)" $MOEJIT compile gemv_bf16_b.k --emit cubin
+expect 1 "moejit: moejit compile: -O expects an integer, not 'fast'" $MOEJIT compile gemv_bf16_b.k -O fast
 expect 1 "moejit: nope.k: cannot open: No such file or directory (and no built-in template of that name)" $MOEJIT compile nope.k
-expect 1 "moejit: gemv_bf16.k: -D Q: the kernel has no specialisation constant 'Q' (it has: N, K, THREADS, ROWS, UNROLL)" \
-  $MOEJIT compile gemv_bf16.k -D N=64 -D K=64 -D Q=1 -q
+expect 1 "moejit: gemv_bf16_b.k: -D Q: the kernel has no specialisation constant 'Q' (it has: N, K, B, THREADS, ROWS, UNROLL)" \
+  $MOEJIT compile gemv_bf16_b.k -D N=64 -D K=64 -D Q=1 -q
 # the built-in template compiles to an ELF cubin, reporting its resources
-$MOEJIT compile gemv_bf16.k -D N=6144 -D K=2048 -o "$tmp/g.cubin" > "$tmp/out" 2>&1 || { echo "FAIL: cubin compile"; fail=1; }
+$MOEJIT compile gemv_bf16_b.k -D N=6144 -D K=2048 -o "$tmp/g.cubin" > "$tmp/out" 2>&1 || { echo "FAIL: cubin compile"; fail=1; }
 head -c 4 "$tmp/g.cubin" | od -An -c | grep -q 'E   L   F' || { echo "FAIL: cubin is not ELF"; fail=1; }
 grep -q "registers" "$tmp/out" || { echo "FAIL: no resource report"; fail=1; }
 expect 1 "moejit: moejit bench decode: --tp 4 --ep 2: each must be 1 or the number of ranks (the larger, 4)" \

@@ -61,10 +61,11 @@ $MOEJIT info -m "$tmp/data/default-medium-nvfp4-s1" > /dev/null 2>&1 && ok "the 
 
 # ---- 3. concurrent compiles into one cache folder --------------------------------------------
 mkdir "$tmp/cache"
+gemv="$srcdir/tests/kernels/gemv_bf16.k" # the DSL test fixture, named by path
 for k in 1 2 3 4; do
   # One kernel all four share and one of its own each.
-  (MOEJIT_CACHE=on MOEJIT_CACHE_DIR="$tmp/cache" $MOEJIT compile gemv_bf16.k -D N=64 -D K=128 -o "$tmp/s$k.cubin" -q &&
-   MOEJIT_CACHE=on MOEJIT_CACHE_DIR="$tmp/cache" $MOEJIT compile gemv_bf16.k -D N=64 -D K=$((k * 64 + 128)) -o "$tmp/p$k.cubin" -q) \
+  (MOEJIT_CACHE=on MOEJIT_CACHE_DIR="$tmp/cache" $MOEJIT compile "$gemv" -D N=64 -D K=128 -o "$tmp/s$k.cubin" -q &&
+   MOEJIT_CACHE=on MOEJIT_CACHE_DIR="$tmp/cache" $MOEJIT compile "$gemv" -D N=64 -D K=$((k * 64 + 128)) -o "$tmp/p$k.cubin" -q) \
     2> "$tmp/cc$k.err" &
   eval "cpid$k=$!"
 done

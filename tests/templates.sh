@@ -1,11 +1,12 @@
 #!/bin/sh
-# templates.sh: every DSL template in templates/ compiles to a cubin for
-# sm_90a (nvJitLink runs ptxas on it, the real validation of any inline PTX),
-# once for each "// test: -D ..." line it carries.  No GPU needed.
+# templates.sh: every DSL template in templates/ (and DSL test kernel in
+# tests/kernels/) compiles to a cubin for sm_90a (nvJitLink runs ptxas on it,
+# the real validation of any inline PTX), once for each "// test: -D ..."
+# line it carries.  No GPU needed.
 set -u
 fail=0
 n=0
-for k in "$srcdir"/templates/*.k; do
+for k in "$srcdir"/templates/*.k "$srcdir"/tests/kernels/*.k; do
   lines=$(grep '^// test:' "$k" | sed 's#^// test:##')
   [ -n "$lines" ] || { echo "FAIL $k: no '// test: -D ...' line"; fail=1; continue; }
   echo "$lines" | while read -r defs; do

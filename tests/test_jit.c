@@ -7,8 +7,8 @@
  * target; a specialisation that does not compile answered by the generic
  * variant with one warning and no retry; wrong requests as clear errors;
  * assert-warm; an unusable cache folder.  The DSL path the same way with
- * gemv_bf16.k (cubin, memory and disk hits, MOEJIT_DSL_OPT in the key, a
- * refused specialisation answered by a generic tile).  Also the CPU reference of
+ * tests/kernels/gemv_bf16.k (cubin, memory and disk hits, MOEJIT_DSL_OPT in
+ * the key, a refused specialisation answered by a generic tile).  Also the CPU reference of
  * RMSNorm on values worked out by hand.  Each phase restarts the front door
  * (jit_shutdown) so it reads the environment again.
  */
@@ -38,10 +38,10 @@ static uint64_t stat_of(cache_stat s) {
 }
 
 static const jit_spec generic = {"rmsnorm_bf16<0, 256>", NULL, 0};
-/* The NVRTC test kernel: a test fixture, not a product template
+/* The NVRTC and DSL test kernels: test fixtures, not product templates
  * (tests/kernels/), named by path. */
-static char RMS[1024];
-static char *msg(const char *fmt, const char *a) { /* fmt with %s for RMS (twice at most) */
+static char RMS[1024], GEMV[1024];
+static char *msg(const char *fmt, const char *a) { /* fmt with %s for RMS or GEMV (twice at most) */
   static char b[2][1400];
   static int k;
   char *p = b[k++ % 2];
@@ -235,7 +235,15 @@ static void test_bad_requests(void) {
   T_EQ_INT(jit_get(&r, &f, &err), MJ_EINPUT);
   T_CHECK(strstr(err.msg, "kernel 'nope.cu': no such template (built in: ") == err.msg);
   T_CHECK(strstr(err.msg, "templates/mla.cu") != NULL);
-  T_CHECK(strstr(err.msg, "rmsnorm.cu") == NULL); /* a test fixture is not built in */
+  T_CHECK(strstr(err.msg, "templates/gemv_bf16_b.k") != NULL);
+  /* test fixtures are not built in */
+  T_CHECK(strstr(err.msg, "rmsnorm.cu") == NULL);
+  T_CHECK(strstr(err.msg, "gemv_bf16.k") == NULL);
+  mj_err_clear(&err);
+  dsl_define nk[] = {{"N", "64"}, {"K", "64"}};
+  jit_request fixture = {"gemv_bf16.k", {NULL, nk, 2}, NULL, "sm_90a"};
+  T_EQ_INT(jit_get(&fixture, &f, &err), MJ_EINPUT);
+  T_CHECK(strstr(err.msg, "kernel 'gemv_bf16.k': no such template (built in: ") == err.msg);
   mj_err_clear(&err);
   dsl_define dup[] = {{"A", "1"}, {"A", "2"}};
   T_EQ_INT(get("rmsnorm_bf16<0, 256>", dup, 2, NULL, "sm_90a", &f, &err), MJ_EINPUT);
@@ -308,7 +316,7 @@ static void test_dsl_path(void) {
   const jit_fn *f = NULL, *f2 = NULL;
   mj_err err = {0};
   dsl_define nk[] = {{"N", "6144"}, {"K", "2048"}};
-  jit_request r = {"gemv_bf16.k", {NULL, nk, 2}, NULL, "sm_90a"};
+  jit_request r = {GEMV, {NULL, nk, 2}, NULL, "sm_90a"};
   T_EQ_INT(jit_get(&r, &f, &err), 0);
   if (!f) {
     mj_err_print(&err, stderr);
@@ -350,7 +358,7 @@ static void test_dsl_path(void) {
   dsl_define odd[] = {{"N", "6143"}, {"K", "2048"}};
   dsl_define one_row[] = {{"N", "6143"}, {"K", "2048"}, {"ROWS", "1"}};
   jit_spec gen = {NULL, one_row, 3};
-  jit_request bad = {"gemv_bf16.k", {NULL, odd, 2}, &gen, "sm_90a"};
+  jit_request bad = {GEMV, {NULL, odd, 2}, &gen, "sm_90a"};
   const char *log = t_scratch("dsl.err");
   mj_err_clear(&err);
   t_stderr_to(log);
@@ -360,8 +368,8 @@ static void test_dsl_path(void) {
   T_EQ_INT(r1, 0);
   T_EQ_INT(r2, 0);
   T_CHECK(f && f->generic && f2 == f);
-  T_EQ_INT(t_count_in(log, "moejit: warning: gemv_bf16.k N=6143 K=2048: did not compile; "
-                           "the generic variant (gemv_bf16.k N=6143 K=2048 ROWS=1) stands in"),
+  T_EQ_INT(t_count_in(log, msg("moejit: warning: %s N=6143 K=2048: did not compile; "
+                               "the generic variant (%s N=6143 K=2048 ROWS=1) stands in", GEMV)),
            1);
   T_EQ_INT(t_count_in(log, "static_assert failed: N must be a multiple of ROWS"), 1);
   T_EQ_INT(stat_of(CACHE_STAT_compiles), 2);
@@ -379,7 +387,7 @@ static void test_probe(void) {
   mj_err err = {0};
   bool cached = true;
   dsl_define nk[] = {{"N", "6144"}, {"K", "2048"}}, kn[] = {{"K", "2048"}, {"N", "6144"}};
-  jit_request r = {"gemv_bf16.k", {NULL, nk, 2}, NULL, "sm_90a"};
+  jit_request r = {GEMV, {NULL, nk, 2}, NULL, "sm_90a"};
   T_EQ_INT(jit_probe(&r, &cached, &err), 0);
   T_CHECK(!cached);
   cache_stats s0, s1;
@@ -390,12 +398,12 @@ static void test_probe(void) {
   T_EQ_INT(jit_probe(&r, &cached, &err), 0);
   T_CHECK(cached);
   restart(t_scratch("c7"), "on");
-  jit_request swapped = {"gemv_bf16.k", {NULL, kn, 2}, NULL, "sm_90a"};
+  jit_request swapped = {GEMV, {NULL, kn, 2}, NULL, "sm_90a"};
   T_EQ_INT(jit_probe(&swapped, &cached, &err), 0);
   T_CHECK(cached);
   jit_stats(&s1);
   for (int i = 0; i < CACHE_NSTATS; i++) T_EQ_INT(s1.v[i], 0);
-  jit_request other = {"gemv_bf16.k", {NULL, nk, 2}, NULL, "sm_80"};
+  jit_request other = {GEMV, {NULL, nk, 2}, NULL, "sm_80"};
   T_EQ_INT(jit_probe(&other, &cached, &err), 0);
   T_CHECK(!cached);
   restart(t_scratch("c7"), "off");
@@ -414,6 +422,7 @@ int main(void) {
   if (t_scratch_init("jit")) return 1;
   const char *sd = getenv("srcdir");
   snprintf(RMS, sizeof RMS, "%s/tests/kernels/rmsnorm.cu", sd && *sd ? sd : ".");
+  snprintf(GEMV, sizeof GEMV, "%s/tests/kernels/gemv_bf16.k", sd && *sd ? sd : ".");
   gpu_sm90a = cu_init(NULL) == 0 && strcmp(cu_dev()->arch, "sm_90a") == 0;
   T_RUN(test_ref_rmsnorm);
   T_RUN(test_nvrtc_cubin);

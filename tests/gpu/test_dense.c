@@ -16,8 +16,8 @@
  * hash; rounding of exp and log may differ), a second launch draws the same
  * tokens, and over many positions the frequencies of a small vocabulary
  * stay within 5 standard deviations of the kept probabilities.  Last, for
- * information only, the time of gop_gemv (B = 1, 8, 64) and of gemv_bf16.k
- * on the same W, and of gop_sample at full width. */
+ * information only, the time of gop_gemv (B = 1, 8, 64) and of the test
+ * kernel tests/kernels/gemv_bf16.k on the same W, and of gop_sample at full width. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -210,7 +210,10 @@ static void gemv_speed(int N, int K) {
   char ns[16], ks[16];
   snprintf(ns, sizeof ns, "%d", N), snprintf(ks, sizeof ks, "%d", K);
   dsl_define defs[] = {{"N", ns}, {"K", ks}};
-  jit_request req = {"gemv_bf16.k", {NULL, defs, 2}, NULL, NULL};
+  char path[1024];
+  const char *sd = getenv("srcdir");
+  snprintf(path, sizeof path, "%s/tests/kernels/gemv_bf16.k", sd && *sd ? sd : ".");
+  jit_request req = {path, {NULL, defs, 2}, NULL, NULL};
   const jit_fn *one = NULL;
   if (jit_get(&req, &one, &err)) mj_err_print(&err, stderr), mj_err_clear(&err), one = NULL;
   static const int bs[] = {0, 1, 8, 64}; /* 0: gemv_bf16.k */

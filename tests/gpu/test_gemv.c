@@ -1,5 +1,7 @@
-/* test_gemv.c (GPU): the DSL GEMV kernel against ref_gemv_bf16 on several
- * shapes and tile configurations.  Outputs are poisoned (NaN) before each
+/* test_gemv.c (GPU): the DSL GEMV test kernel tests/kernels/gemv_bf16.k (a
+ * test fixture, named by path) against ref_gemv_bf16 on several shapes and
+ * tile configurations.  The product GEMV, gemv_bf16_b.k, is gputest dense's
+ * (and moejit bench gemv's).  Outputs are poisoned (NaN) before each
  * launch, inputs are fresh random values each run, and the check is the
  * relative L2 error < 1e-2 with every output written.  Run by gputest. */
 #include <stdlib.h>
@@ -22,7 +24,10 @@ static void run_case(int N, int K, const char *threads, const char *rows, const 
   snprintf(ns, sizeof ns, "%d", N);
   snprintf(ks, sizeof ks, "%d", K);
   dsl_define defs[] = {{"N", ns}, {"K", ks}, {"THREADS", threads}, {"ROWS", rows}, {"UNROLL", unroll}};
-  jit_request req = {"gemv_bf16.k", {NULL, defs, 5}, NULL, NULL};
+  char path[1024];
+  const char *sd = getenv("srcdir");
+  snprintf(path, sizeof path, "%s/tests/kernels/gemv_bf16.k", sd && *sd ? sd : ".");
+  jit_request req = {path, {NULL, defs, 5}, NULL, NULL};
   const jit_fn *jf;
   if (jit_get(&req, &jf, &err)) {
     mj_err_print(&err, stderr);
