@@ -1,8 +1,8 @@
 /* gop_dense.c: the launchers of the dense ops of a decode step (gpu_ops.h,
  * section "dense ops"): embedding, residual add + RMSNorm, the batched bf16
  * GEMV, SiLU * up and sampling.  Kernels: templates/embed.k,
- * add_rmsnorm.k, gemv_bf16_b.k, silu_mul.k and sample.k (all DSL); CPU
- * references: src/ref_dense.c.
+ * add_rmsnorm.k, gemv_bf16_b.k and silu_mul.k (DSL), templates/sample.cu
+ * (NVRTC); CPU references: src/ref_dense.c.
  *
  * Each launcher turns its shapes into a specialisation, obtains the kernel
  * through gop_get (which answers "compile only" on a machine without the
@@ -139,13 +139,11 @@ int gop_sample(CUdeviceptr logits, int B, int V, const sample_params *sp, gop_ro
                const gop_ctx *cx, mj_err *err) {
   if (B < 1 || V < 1 || !sp)
     return mj_fail(err, MJ_EINPUT, "gop_sample: batch %d and vocabulary %d must be positive, with parameters", B, V);
-  /* The kernel takes V and the parameters at run time: one
-   * specialisation (512 threads a row, as launched below) serves every
-   * shape. */
-  const dsl_define defs[] = {{"BLOCK", "512"}};
+  /* The kernel takes V and the parameters at run time: it is its own
+   * generic variant. */
   const jit_fn *f;
   bool launch;
-  int rc = gop_get(cx, KT_sample, NULL, defs, 1, NULL, &f, &launch, err);
+  int rc = gop_get(cx, KT_sample, "sample_rows<512>", NULL, 0, NULL, &f, &launch, err);
   if (rc || !launch) return rc;
   float temperature = sp->temperature, top_p = sp->top_p, min_p = sp->min_p;
   int top_k = sp->top_k;

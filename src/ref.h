@@ -69,7 +69,7 @@ void ref_gemv_b(const bf16 *W, const bf16 *x, float *y, int B, int N, int K);
 /* h[b][i] = bf16(silu(gu[b][i]) * gu[b][I + i]), silu(g) = g / (1 + e^-g). */
 void ref_silu_mul(const float *gu, bf16 *h, int B, int I);
 
-/* Sampling as templates/sample.k does it (sample.h's order and filters,
+/* Sampling as templates/sample.cu does it (sample.h's order and filters,
  * no repetition penalty): thresholds on the scaled logits with ties at a
  * cutoff kept, then an exponential race on a counter-based hash of
  * (seed, slot, pos, token). */
@@ -79,11 +79,6 @@ size_t ref_sample_keep(const float *logits, int V, const sample_params *sp, uint
 /* The hash behind the draw: a row's key, and token i's uniform in (0, 1]. */
 uint64_t ref_sample_row_hash(uint64_t seed, int32_t slot, int32_t pos);
 float ref_sample_uniform(uint64_t row, int32_t i);
-/* e^x, log x and log(1 + x) computed as the kernel computes them (the same
- * f32 steps, so the same bits); each within 1 ulp of the exact value. */
-float ref_sample_exp(float x);
-float ref_sample_log(float x);
-float ref_sample_log1p(float y);
 /* out[b] = the token drawn for row b of logits [B][V]. */
 void ref_sample(const float *logits, int B, int V, const sample_params *sp, const int32_t *slot,
                 const int32_t *pos, int32_t *out);

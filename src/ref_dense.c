@@ -1,10 +1,8 @@
 /* ref_dense.c: CPU references of the dense ops of a decode step (ref.h,
  * section "dense ops"; GPU: src/gop_dense.c, templates/embed.k,
- * add_rmsnorm.k, gemv_bf16_b.k, silu_mul.k and sample.k).  Plain loops in the
+ * add_rmsnorm.k, gemv_bf16_b.k, silu_mul.k and sample.cu).  Plain loops in the
  * kernels' rounding order; the sampler finds its thresholds by sorting,
- * which is clear and slow, where the kernel searches key bits, and takes
- * e^x, log and log1p from the same f32 steps as the kernel (below), so
- * both round every draw alike. */
+ * which is clear and slow, where the kernel searches key bits. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -40,84 +38,6 @@ void ref_silu_mul(const float *gu, bf16 *h, int B, int I) {
 }
 
 /* ---- sampling ----------------------------------------------------------------------- */
-/* e^x, log x and log(1 + x) as templates/sample.k computes them: f32 fused
- * multiply-adds and bit operations only (no SFU approximation), so these
- * are the kernel's results bit for bit.  Each is faithful (under 1 ulp
- * from the exact value; tests/test_gop_dense.c checks them against double
- * precision).  Every multiply-add is an explicit fmaf: a compiler's own
- * contraction of a * b + c would round differently. */
-#define LN2_HI 0x1.62e4p-1f          /* ln 2 to 16 bits: k * LN2_HI is exact */
-#define LN2_LO 0x1.7f7d1cp-20f       /* ln 2 - LN2_HI */
-
-float ref_sample_exp(float x) {
-  x = x < -104.0f ? -104.0f : x > 89.0f ? 89.0f : x; /* beyond these: 0 and inf; NaN stays */
-  /* x = k ln2 + r, |r| <= 0.347: 1.5 * 2^23 + x log2(e) rounds to an
-   * integer in the fma, whose low bits are then k. */
-  float t = fmaf(x, 0x1.715476p+0f, 12582912.0f);
-  float k = t - 12582912.0f;
-  int32_t ki = (int32_t)(dt_f32_bits(t) - 0x4B400000u);
-  float r = fmaf(k, -LN2_LO, fmaf(k, -LN2_HI, x));
-  float p = 0.000198910173f; /* e^r: a degree 7 fit (Chebyshev) */
-  p = fmaf(p, r, 0.00139336742f);
-  p = fmaf(p, r, 0.00833331048f);
-  p = fmaf(p, r, 0.041666463f);
-  p = fmaf(p, r, 0.166666672f);
-  p = fmaf(p, r, 0.5f);
-  p = fmaf(p, r, 1.0f);
-  p = fmaf(p, r, 1.0f);
-  /* p * 2^k in two exact steps, so that a result below 2^-126 is rounded
-   * once, as a subnormal, and one above the range becomes inf. */
-  int32_t k1 = ki >> 1;
-  return p * dt_bits_f32((uint32_t)(k1 + 127) << 23) * dt_bits_f32((uint32_t)(ki - k1 + 127) << 23);
-}
-
-/* e ln2 + log(1 + f), f in [-0.25, 0.5]. */
-static float log_core(float f, float e) {
-  float q = 0.0428720303f; /* (log(1 + f) - f + f^2 / 2) / f^3: a degree 8 fit (Chebyshev) */
-  q = fmaf(q, f, -0.0956135169f);
-  q = fmaf(q, f, 0.116806887f);
-  q = fmaf(q, f, -0.12639311f);
-  q = fmaf(q, f, 0.142683059f);
-  q = fmaf(q, f, -0.16660817f);
-  q = fmaf(q, f, 0.200001404f);
-  q = fmaf(q, f, -0.250000566f);
-  q = fmaf(q, f, 0.333333343f);
-  float l = fmaf(f * f, fmaf(q, f, -0.5f), f);
-  return fmaf(e, LN2_HI, fmaf(e, LN2_LO, l));
-}
-
-float ref_sample_log(float x) {
-  bool sub = x < 0x1p-126f;
-  float xs = sub ? x * 0x1p23f : x;
-  /* xs = 2^e m with m in [0.75, 1.5), so m - 1 is exact */
-  int32_t ix = (int32_t)dt_f32_bits(xs), e = (ix - 0x3F400000) >> 23;
-  float f = dt_bits_f32((uint32_t)ix - ((uint32_t)e << 23)) - 1.0f;
-  float r = log_core(f, (float)e - (sub ? 23.0f : 0.0f));
-  r = x == INFINITY ? x : r;
-  r = x == 0.0f ? -INFINITY : r;
-  return x < 0.0f || isnan(x) ? NAN : r;
-}
-
-float ref_sample_log1p(float y) {
-  /* Beyond 2^64, log(1 + y) is 64 ln2 + log(y 2^-64) to float precision. */
-  bool big = y > 0x1p64f;
-  float ys = big ? y * 0x1p-64f : y, one = big ? 0.0f : 1.0f;
-  /* 1 + y = 2^e m, m in [0.75, 1.5), taken from the rounded sum; m - 1 is
-   * then y 2^-e + (2^-e - 1) from y itself, exact in the fma.  (Only a sum
-   * rounded up to 1.5 from y < 0.5 would make it inexact: it is kept
-   * below.) */
-  float a = one + ys;
-  a = ys < 0.5f ? fminf(a, 0x1.7ffffep0f) : a;
-  int32_t e = ((int32_t)dt_f32_bits(a) - 0x3F400000) >> 23;
-  float s = dt_bits_f32((uint32_t)(127 - e) << 23);
-  float f = fmaf(ys, s, fmaf(one, s, -1.0f));
-  float r = log_core(f, (float)e + (big ? 64.0f : 0.0f));
-  r = y == INFINITY ? y : r;
-  r = y == -1.0f ? -INFINITY : r;
-  r = y < -1.0f || isnan(y) ? NAN : r;
-  return y == 0.0f ? y : r; /* keeps -0 */
-}
-
 static float logit_at(const float *l, int i) { return isnan(l[i]) ? -INFINITY : l[i]; }
 
 /* The kernel's order-preserving key of a float. */
@@ -164,12 +84,12 @@ size_t ref_sample_keep(const float *l, int V, const sample_params *sp, uint8_t *
   }
   if (sp->top_p < 1.0f) {
     double mass = 0, acc = 0;
-    for (int j = 0; j < n; j++) mass += ref_sample_exp(logit_at(l, s[j].id) * inv_t - zmax);
+    for (int j = 0; j < n; j++) mass += expf(logit_at(l, s[j].id) * inv_t - zmax);
     double target = (double)sp->top_p * mass;
     /* The first token (most likely first) at which the mass reaches target. */
     int j = 0;
     for (; j < n; j++) {
-      acc += ref_sample_exp(logit_at(l, s[j].id) * inv_t - zmax);
+      acc += expf(logit_at(l, s[j].id) * inv_t - zmax);
       if (acc >= target) break;
     }
     if (j < n && s[j].key > thr) thr = s[j].key;
@@ -177,7 +97,7 @@ size_t ref_sample_keep(const float *l, int V, const sample_params *sp, uint8_t *
   size_t kept = 0;
   for (int j = 0; j < V && s[j].key >= thr; j++) {
     float z = logit_at(l, s[j].id) * inv_t;
-    if (sp->min_p > 0 && ref_sample_exp(z - zmax) < sp->min_p) continue;
+    if (sp->min_p > 0 && expf(z - zmax) < sp->min_p) continue;
     keep[s[j].id] = 1;
     kept++;
   }
@@ -185,7 +105,7 @@ size_t ref_sample_keep(const float *l, int V, const sample_params *sp, uint8_t *
   return kept;
 }
 
-/* splitmix64's finaliser, as templates/sample.k. */
+/* splitmix64's finaliser, as templates/sample.cu. */
 static uint64_t mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -214,7 +134,7 @@ void ref_sample(const float *logits, int B, int V, const sample_params *sp, cons
     int32_t bi = -1;
     for (int i = 0; i < V; i++) {
       if (!keep[i]) continue;
-      float s = ref_sample_log(-ref_sample_log1p(-ref_sample_uniform(row, i))) - logit_at(l, i) * inv_t;
+      float s = logf(-log1pf(-ref_sample_uniform(row, i))) - logit_at(l, i) * inv_t;
       if (bi < 0 || s < best) best = s, bi = i;
     }
     out[b] = bi;

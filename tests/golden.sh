@@ -3,7 +3,7 @@
 # committed goldens (made by scripts/regen-golden.sh), and the PTX assembles
 # for sm_90a through nvJitLink; and the PTX of the product kernels listed in
 # tests/golden/templates.txt (the MoE expert kernel, the batched GEMV, SiLU *
-# up, add + RMSNorm, mla_vout, the sampler).
+# up, add + RMSNorm, mla_vout).
 set -u
 cd "$srcdir" || exit 1
 fail=0
