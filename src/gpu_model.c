@@ -65,7 +65,7 @@ struct gpu_model {
   CUdeviceptr rows_dev; /* i32 [3][bmax]: token, slot, pos */
   gop_rows rows;
   int32_t *hrows;       /* pinned [3][bmax], then [bmax] sampled ids */
-  CUdeviceptr x, y, xn, xs, P, qa, iw, Q, qlat, iq, sel, olat, o_attn, gu, h, logits, tok_out, attn_scr, dsa_scr,
+  CUdeviceptr x, y, xn, P, qa, iw, Q, qlat, iq, sel, olat, o_attn, gu, h, logits, tok_out, attn_scr, dsa_scr,
       stash, sel_stash; /* with trace: routing [layer][bmax][topk], DSA selections [layer][bmax][idx_topk] */
   /* a rank: its plan, lm_head rows, and the logits before the all-gather */
   shard_plan plan;
@@ -146,7 +146,6 @@ static size_t carve_acts(gpu_model *g, CUdeviceptr base) {
   g->x = take(base, &off, B * H * 4);
   g->y = take(base, &off, B * H * 4);
   g->xn = take(base, &off, B * H * 2);
-  g->xs = take(base, &off, B * H * 2);
   g->P = take(base, &off, B * g->pw_max * 4);
   g->qa = take(base, &off, B * d->q_rank * 2);
   g->iw = take(base, &off, B * d->idx_heads * 4);
@@ -621,7 +620,8 @@ static int bucket(gpu_model *g, int np, moe_bucket **out, mj_err *err) {
   moe_bucket *b = &g->buckets[g->nbuckets];
   b->bcap = np;
   moe_plan_default(&g->mc, np, &b->plan);
-  b->plan.acc = g->sharded && g->sh_inter > 0; /* the combine adds to the bf16 shared expert's part */
+  b->plan.out_f32 = true;          /* the MoE output in f32 (mb.outf), on one GPU as on a rank */
+  b->plan.acc = g->sh_inter > 0;   /* the combine adds to the bf16 shared expert's output */
   int rc = moe_kernels_load(&b->k, &b->plan, g->arch, err);
   if (rc) return rc;
   g->nbuckets++;
@@ -724,29 +724,14 @@ static int enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err
     OP("attn.o_proj", gop_gemv(l->o, g->o_attn, g->y, np, H, d->heads * d->v, &cx, err));
     if (g->plan.attn_reduce) OP("coll.all_reduce", reduce(g, g->y, np, s, err));
     OP("norm", gop_add_rmsnorm(g->x, g->y, false, l->post_norm, d->rms_eps, g->xn, np, H, &cx, err));
-    if (l->sparse && g->sharded) {
-      /* A rank's part: its slice of a bf16 shared expert into mb.outf,
-       * its experts' part added to it (or written, without one), the
-       * ranks' parts summed.  All on s: the side stream's overlap is a
-       * one-GPU refinement not carried over yet. */
+    if (l->sparse) {
+      /* A bf16 shared expert (its rows of the plan on a rank) writes its
+       * output to mb.outf, on the side stream beside the routing and the
+       * routed experts (which read xn, not x), and the combine adds the
+       * routed experts' sum to it in f32 once the side stream is done
+       * (plan.acc); on a rank the ranks' parts are then summed.  Timed
+       * alone on s when profiling. */
       if (!mb && (rc = bucket(g, np, &mb, err))) return rc;
-      if (l->sh_gu) {
-        OP("moe.shared", gop_gemv(l->sh_gu, g->xn, g->gu, np, 2 * g->sh_inter, H, &cx, err));
-        OP("moe.shared", gop_silu_mul(g->gu, g->h, np, g->sh_inter, &cx, err));
-        OP("moe.shared", gop_gemv(l->sh_down, g->h, g->mb.outf, np, H, g->sh_inter, &cx, err));
-      }
-      if (!g->dry)
-        OP("moe.partial", moe_forward_partial(&mb->k, &mb->plan, &l->moe, &g->mb, g->xn, np, !l->no_fp4_shared, s, err));
-      if (prof || g->o.trace)
-        CU_CHECK(err, cu.cuMemcpyDtoDAsync(g->stash + (size_t)i * g->bmax * g->mc.topk * 4, g->mb.tok_expert,
-                                           (size_t)np * g->mc.topk * 4, s));
-      OP("coll.all_reduce", reduce(g, g->mb.outf, np, s, err));
-      yp = g->mb.outf, ybf = false;
-    } else if (l->sparse) {
-      /* A bf16 shared expert, added to x at once (its norm output is
-       * dropped): on the side stream, beside the routing and the routed
-       * experts (which read xn, not x); joined after them.  Timed alone
-       * on s when profiling. */
       bool side = l->sh_gu && !prof && !g->dry;
       const gop_ctx cxs = {side ? g->side.s : s, g->arch, g->dry};
       if (side) {
@@ -756,17 +741,16 @@ static int enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err
       if (l->sh_gu) {
         OP("moe.shared", gop_gemv(l->sh_gu, g->xn, g->gu, np, 2 * g->sh_inter, H, &cxs, err));
         OP("moe.shared", gop_silu_mul(g->gu, g->h, np, g->sh_inter, &cxs, err));
-        OP("moe.shared", gop_gemv(l->sh_down, g->h, g->y, np, H, g->sh_inter, &cxs, err));
-        OP("moe.shared", gop_add_rmsnorm(g->x, g->y, false, l->post_norm, d->rms_eps, g->xs, np, H, &cxs, err));
+        OP("moe.shared", gop_gemv(l->sh_down, g->h, g->mb.outf, np, H, g->sh_inter, &cxs, err));
       }
       if (side) CU_CHECK(err, cu.cuEventRecord(g->side.join, cxs.s));
-      if (!mb && (rc = bucket(g, np, &mb, err))) return rc;
-      /* Without an NVFP4 shared expert its slot is skipped (and its y
+      /* Without an NVFP4 shared expert here its slot is skipped (and its y
        * rows cleared for the combine). */
       int first = l->no_fp4_shared, nslots = moe_slots(&mb->plan) - first;
       if (g->dry) {
       } else if (!prof) {
-        rc = moe_forward_overlap(&mb->k, &mb->plan, &l->moe, &g->mb, g->xn, np, !l->no_fp4_shared, s, &g->side, err);
+        rc = moe_forward_overlap_after(&mb->k, &mb->plan, &l->moe, &g->mb, g->xn, np, !l->no_fp4_shared, s, &g->side,
+                                       side ? g->side.join : NULL, err);
         if (rc) return rc;
       } else if (l->no_fp4_shared && (rc = moe_clear_shared(&g->mb, &mb->plan, np, s, err))) {
         return rc;
@@ -776,11 +760,11 @@ static int enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err
                                   ? moe_launch_slots(&mb->k, &mb->plan, &l->moe, &g->mb, g->xn, np, (moe_kernel_id)k,
                                                      first, nslots, s, err)
                                   : moe_launch(&mb->k, &mb->plan, &l->moe, &g->mb, g->xn, np, (moe_kernel_id)k, s, err));
-      if (side) CU_CHECK(err, cu.cuStreamWaitEvent(s, g->side.join, 0));
       if (prof || g->o.trace) /* which experts this layer chose: bytes, traces */
         CU_CHECK(err, cu.cuMemcpyDtoDAsync(g->stash + (size_t)i * g->bmax * g->mc.topk * 4, g->mb.tok_expert,
                                            (size_t)np * g->mc.topk * 4, s));
-      yp = g->mb.out, ybf = true;
+      if (g->sharded) OP("coll.all_reduce", reduce(g, g->mb.outf, np, s, err));
+      yp = g->mb.outf, ybf = false;
     } else {
       OP("mlp.gate_up", gop_gemv(l->w_gu, g->xn, g->gu, np, 2 * g->inter, H, &cx, err));
       OP("mlp.silu_mul", gop_silu_mul(g->gu, g->h, np, g->inter, &cx, err));

@@ -203,7 +203,7 @@ static void plan_defs(const moe_plan *p, defs d[MOE_NK]) {
   }
   r = &d[MOE_K_combine];
   def_i(r, "N", c->hidden), def_i(r, "TOPK", c->topk);
-  if (c->e_count > 0) def_i(r, "PARTIAL", p->acc ? 2 : 1);
+  if (p->out_f32 || c->e_count > 0) def_i(r, "PARTIAL", p->acc ? 2 : 1);
 }
 
 int moe_kernels_load(moe_kernels *k, const moe_plan *p, const char *arch, mj_err *err) {
@@ -452,6 +452,12 @@ int moe_clear_shared(const moe_bufs *b, const moe_plan *p, int B, CUstream s, mj
 
 int moe_forward_overlap(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
                         CUdeviceptr x_in, int B, bool shared, CUstream s, const moe_side *side, mj_err *err) {
+  return moe_forward_overlap_after(k, p, w, b, x_in, B, shared, s, side, NULL, err);
+}
+
+int moe_forward_overlap_after(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
+                              CUdeviceptr x_in, int B, bool shared, CUstream s, const moe_side *side, CUevent before,
+                              mj_err *err) {
   int slots = moe_slots(p), rc;
   if (!shared && (rc = moe_clear_shared(b, p, B, s, err))) return rc;
   if (shared) {
@@ -468,19 +474,7 @@ int moe_forward_overlap(const moe_kernels *k, const moe_plan *p, const moe_weigh
       (rc = moe_launch_slots(k, p, w, b, x_in, B, MOE_K_down, 1, slots - 1, s, err)))
     return rc;
   if (shared) CU_CHECK(err, cu.cuStreamWaitEvent(s, side->join, 0));
-  return moe_launch(k, p, w, b, x_in, B, MOE_K_combine, s, err);
-}
-
-int moe_forward_partial(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
-                        CUdeviceptr x_in, int B, bool shared, CUstream s, mj_err *err) {
-  if (p->cfg.e_count <= 0) return mj_fail(err, MJ_EINTERNAL, "moe: a partial layer needs a rank's experts");
-  int slots = moe_slots(p), first = shared ? 0 : 1, rc;
-  if (!shared && (rc = moe_clear_shared(b, p, B, s, err))) return rc;
-  if ((rc = moe_launch(k, p, w, b, x_in, B, MOE_K_router, s, err)) ||
-      (rc = moe_launch(k, p, w, b, x_in, B, MOE_K_route, s, err)) ||
-      (rc = moe_launch_slots(k, p, w, b, x_in, B, MOE_K_gate_up, first, slots - first, s, err)) ||
-      (rc = moe_launch_slots(k, p, w, b, x_in, B, MOE_K_down, first, slots - first, s, err)))
-    return rc;
+  if (before) CU_CHECK(err, cu.cuStreamWaitEvent(s, before, 0));
   return moe_launch(k, p, w, b, x_in, B, MOE_K_combine, s, err);
 }
 

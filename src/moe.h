@@ -56,7 +56,12 @@ typedef struct moe_plan {
   int mt;       /* rows of a slot per pass (MT) */
   moe_tile gu, dn;
   int router_tb;
-  bool acc; /* expert parallelism: the combine adds to b->outf (moe_forward_partial) */
+  /* The decode engine's output (gpu_model.c): the combine writes f32 to
+   * b->outf (= the sum, or += with acc, onto a bf16 shared expert's output
+   * written there first), for the residual add and, on a rank, the
+   * all-reduce of the ranks' parts.  Off: bf16 to b->out (bench moe, the
+   * MoE test).  Expert parallelism (cfg.e_count > 0) implies it. */
+  bool out_f32, acc;
 } moe_plan;
 
 /* The default plan for a bucket: MT grows with the expected rows per
@@ -151,7 +156,7 @@ void moe_random_free(moe_random *r);
 typedef struct moe_bufs {
   CUdeviceptr x;            /* bf16 [bcap, hidden] input */
   CUdeviceptr out;          /* bf16 [bcap, hidden] output */
-  CUdeviceptr outf;         /* f32 [bcap, hidden]: the output of a rank's partial layer (moe_forward_partial) */
+  CUdeviceptr outf;         /* f32 [bcap, hidden] output, with plan.out_f32 */
   CUdeviceptr logits;       /* f32 [bcap, E] */
   CUdeviceptr slot_expert, slot_count, slot_off; /* i32 [slots] */
   CUdeviceptr pair_token;   /* i32 [pairs] */
@@ -189,16 +194,6 @@ int moe_launch_slots(const moe_kernels *k, const moe_plan *p, const moe_weights 
  * layer whose slot 0 is skipped adds nothing for it. */
 int moe_clear_shared(const moe_bufs *b, const moe_plan *p, int B, CUstream s, mj_err *err);
 
-/* A rank's part of the layer under expert parallelism (cfg.e_count > 0):
- * the router and route kernels as on one GPU (every rank makes the same
- * choices), the expert kernels on the rank's own experts (and the shared
- * slot when shared), and a combine that skips the choices of other ranks'
- * experts and writes f32 to b->outf: = the sum, or += with plan.acc
- * (b->outf then holds the partial of a bf16 shared expert).  The ranks'
- * outf summed (an all-reduce) is the layer's output.  All on s. */
-int moe_forward_partial(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
-                        CUdeviceptr x_in, int B, bool shared, CUstream s, mj_err *err);
-
 /* A side stream and two events, for moe_forward_overlap. */
 typedef struct moe_side {
   CUstream s;
@@ -216,5 +211,11 @@ void moe_side_destroy(moe_side *side);
  * (moe_clear_shared). */
 int moe_forward_overlap(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
                         CUdeviceptr x_in, int B, bool shared, CUstream s, const moe_side *side, mj_err *err);
+/* The same, the combine after `before` (an event the caller recorded on
+ * another stream, or NULL): the engine's bf16 shared expert writes
+ * b->outf there, which the combine adds to (plan.acc). */
+int moe_forward_overlap_after(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,
+                              CUdeviceptr x_in, int B, bool shared, CUstream s, const moe_side *side, CUevent before,
+                              mj_err *err);
 
 #endif
