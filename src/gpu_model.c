@@ -72,6 +72,7 @@ struct gpu_model {
   bool sharded;  /* plan.world > 1 */
   int vocab_l;   /* lm_head rows held */
   CUdeviceptr logits_l, gather; /* f32 [bmax][vocab_l]; [world][bmax][vocab_l] */
+  CUdeviceptr force_route, force_sel; /* with force_choices: as stash and sel_stash */
   bool any_indexer;
   moe_bufs mb;
   moe_bucket buckets[64];
@@ -175,6 +176,10 @@ static size_t carve_acts(gpu_model *g, CUdeviceptr base) {
   g->dsa_scr = take(base, &off, dsa);
   g->stash = take(base, &off, (size_t)g->n_layers * B * g->mc.topk * 4);
   if (g->o.trace && g->any_indexer) g->sel_stash = take(base, &off, (size_t)g->n_layers * B * d->idx_topk * 4);
+  if (g->o.force_choices) {
+    g->force_route = take(base, &off, (size_t)g->n_layers * B * g->mc.topk * 4);
+    g->force_sel = g->any_indexer ? take(base, &off, (size_t)g->n_layers * B * d->idx_topk * 4) : 0;
+  }
   moe_plan p;
   moe_plan_default(&g->mc, g->bmax, &p);
   CUdeviceptr mb = take(base, &off, moe_bufs_carve(&g->mb, &p, 0));
@@ -622,6 +627,7 @@ static int bucket(gpu_model *g, int np, moe_bucket **out, mj_err *err) {
   moe_plan_default(&g->mc, np, &b->plan);
   b->plan.out_f32 = true;          /* the MoE output in f32 (mb.outf), on one GPU as on a rank */
   b->plan.acc = g->sh_inter > 0;   /* the combine adds to the bf16 shared expert's output */
+  b->plan.force = g->o.force_choices;
   int rc = moe_kernels_load(&b->k, &b->plan, g->arch, err);
   if (rc) return rc;
   g->nbuckets++;
@@ -715,6 +721,9 @@ static int enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err
     if (l->indexer) {
       OP("dsa.select", gop_dsa_select(d, g->iq, g->iw, l->cache, g->rows, g->sel, g->dsa_scr, np, &cx, err));
       sel = g->sel;
+      if (g->force_sel) /* another run's selection instead (tests) */
+        CU_CHECK(err, cu.cuMemcpyDtoDAsync(g->sel, g->force_sel + (size_t)i * g->bmax * d->idx_topk * 4,
+                                           (size_t)np * d->idx_topk * 4, s));
       if (g->sel_stash) /* this layer's selection, for gpu_read_sel */
         CU_CHECK(err, cu.cuMemcpyDtoDAsync(g->sel_stash + (size_t)i * g->bmax * d->idx_topk * 4, g->sel,
                                            (size_t)np * d->idx_topk * 4, s));
@@ -732,6 +741,8 @@ static int enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err
        * (plan.acc); on a rank the ranks' parts are then summed.  Timed
        * alone on s when profiling. */
       if (!mb && (rc = bucket(g, np, &mb, err))) return rc;
+      moe_bufs lb = g->mb; /* with force_choices, this layer's forced routing */
+      if (g->force_route) lb.force = g->force_route + (size_t)i * g->bmax * g->mc.topk * 4;
       bool side = l->sh_gu && !prof && !g->dry;
       const gop_ctx cxs = {side ? g->side.s : s, g->arch, g->dry};
       if (side) {
@@ -749,17 +760,17 @@ static int enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err
       int first = l->no_fp4_shared, nslots = moe_slots(&mb->plan) - first;
       if (g->dry) {
       } else if (!prof) {
-        rc = moe_forward_overlap_after(&mb->k, &mb->plan, &l->moe, &g->mb, g->xn, np, !l->no_fp4_shared, s, &g->side,
+        rc = moe_forward_overlap_after(&mb->k, &mb->plan, &l->moe, &lb, g->xn, np, !l->no_fp4_shared, s, &g->side,
                                        side ? g->side.join : NULL, err);
         if (rc) return rc;
-      } else if (l->no_fp4_shared && (rc = moe_clear_shared(&g->mb, &mb->plan, np, s, err))) {
+      } else if (l->no_fp4_shared && (rc = moe_clear_shared(&lb, &mb->plan, np, s, err))) {
         return rc;
       } else /* one op at a time, each timed */
         for (int k = 0; k < MOE_NK; k++)
           OP(moe_op_names[k], k == MOE_K_gate_up || k == MOE_K_down
-                                  ? moe_launch_slots(&mb->k, &mb->plan, &l->moe, &g->mb, g->xn, np, (moe_kernel_id)k,
+                                  ? moe_launch_slots(&mb->k, &mb->plan, &l->moe, &lb, g->xn, np, (moe_kernel_id)k,
                                                      first, nslots, s, err)
-                                  : moe_launch(&mb->k, &mb->plan, &l->moe, &g->mb, g->xn, np, (moe_kernel_id)k, s, err));
+                                  : moe_launch(&mb->k, &mb->plan, &l->moe, &lb, g->xn, np, (moe_kernel_id)k, s, err));
       if (prof || g->o.trace) /* which experts this layer chose: bytes, traces */
         CU_CHECK(err, cu.cuMemcpyDtoDAsync(g->stash + (size_t)i * g->bmax * g->mc.topk * 4, g->mb.tok_expert,
                                            (size_t)np * g->mc.topk * 4, s));
@@ -915,6 +926,22 @@ int gpu_read_routing(gpu_model *g, int32_t *out, mj_err *err) {
 }
 
 bool gpu_layer_sparse(const gpu_model *g, int layer) { return g->L[layer].sparse; }
+
+int gpu_read_sels(gpu_model *g, int32_t *out, mj_err *err) {
+  if (!g->sel_stash) return mj_fail(err, MJ_EINPUT, "gpu: the DSA selections are kept only with opts.trace and an indexer");
+  CU_CHECK(err, cu.cuStreamSynchronize(g->s));
+  CU_CHECK(err, cu.cuMemcpyDtoH(out, g->sel_stash, (size_t)g->n_layers * g->bmax * g->d.idx_topk * 4));
+  return 0;
+}
+
+int gpu_force_choices(gpu_model *g, const int32_t *routing, const int32_t *sels, mj_err *err) {
+  if (!g->force_route) return mj_fail(err, MJ_EINPUT, "gpu: forcing choices needs opts.force_choices");
+  CU_CHECK(err, cu.cuStreamSynchronize(g->s));
+  CU_CHECK(err, cu.cuMemcpyHtoD(g->force_route, routing, (size_t)g->n_layers * g->bmax * g->mc.topk * 4));
+  if (g->force_sel && sels)
+    CU_CHECK(err, cu.cuMemcpyHtoD(g->force_sel, sels, (size_t)g->n_layers * g->bmax * g->d.idx_topk * 4));
+  return 0;
+}
 int gpu_layers(const gpu_model *g) { return g->n_layers; }
 
 /* ---- warming the cache ------------------------------------------------------------ */

@@ -51,6 +51,7 @@ typedef struct gpu_opts {
   int tp, ep, rank;
   coll *coll;
   bool head_whole;                /* lm_head whole on every rank, not vocabulary-split with an all-gather */
+  bool force_choices;             /* tests: each step takes its routing and DSA selections from gpu_force_choices */
 } gpu_opts;
 
 void gpu_opts_default(gpu_opts *o);
@@ -163,6 +164,16 @@ bool gpu_layer_indexer(const gpu_model *g, int layer);
  * < max rows][topk] expert ids (MoE layers only; padding rows included). */
 int gpu_read_routing(gpu_model *g, int32_t *out, mj_err *err);
 bool gpu_layer_sparse(const gpu_model *g, int layer);
+/* With opts.trace: every layer's DSA selections of the last step,
+ * out[layer][row < max rows][idx_topk] (rows of layers without their own
+ * indexer: unset). */
+int gpu_read_sels(gpu_model *g, int32_t *out, mj_err *err);
+/* With opts.force_choices: the next steps route and select as another run
+ * did (gpu_read_routing's and gpu_read_sels' arrays of that run), their
+ * weights and attention computed here: two runs whose arithmetic differs
+ * only by rounding are held to one history, however near a tie their own
+ * choices would meet (tests/gpu/test_shard.c). */
+int gpu_force_choices(gpu_model *g, const int32_t *routing, const int32_t *sels, mj_err *err);
 int gpu_layers(const gpu_model *g);
 
 #endif

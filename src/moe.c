@@ -190,6 +190,7 @@ static void plan_defs(const moe_plan *p, defs d[MOE_NK]) {
   def_i(r, "NG", c->n_group > 0 ? c->n_group : 1), def_i(r, "TG", c->topk_group > 0 ? c->topk_group : 1);
   def_i(r, "NORM", c->norm_topk_prob);
   if (c->e_count > 0) def_i(r, "E0", c->e_first), def_i(r, "EL", c->e_count);
+  if (p->force) def_i(r, "FORCE", 1);
   snprintf(r->v[r->n], sizeof r->v[0], "%.9g", (double)c->scaling);
   r->d[r->n] = (dsl_define){"SCALE", r->v[r->n]}, r->n++;
   for (int mode = 0; mode < 2; mode++) {
@@ -398,7 +399,7 @@ int moe_launch(const moe_kernels *k, const moe_plan *p, const moe_weights *w, co
   case MOE_K_route: {
     void *a[] = {(void *)&b->logits, (void *)&w->bias, &B, (void *)&b->slot_expert, (void *)&b->slot_count,
                  (void *)&b->slot_off, (void *)&b->pair_token, (void *)&b->pair_weight, (void *)&b->tok_pair,
-                 (void *)&b->tok_expert, (void *)&b->tok_weight};
+                 (void *)&b->tok_expert, (void *)&b->tok_weight, (void *)&b->force};
     return launch2(k->fn[which], 1, 1, 1024, s, a, err);
   }
   case MOE_K_gate_up:

@@ -62,6 +62,7 @@ typedef struct moe_plan {
    * all-reduce of the ranks' parts.  Off: bf16 to b->out (bench moe, the
    * MoE test).  Expert parallelism (cfg.e_count > 0) implies it. */
   bool out_f32, acc;
+  bool force; /* tests: the route kernel takes its choices from b->force (moe_route.k FORCE) */
 } moe_plan;
 
 /* The default plan for a bucket: MT grows with the expected rows per
@@ -157,6 +158,7 @@ typedef struct moe_bufs {
   CUdeviceptr x;            /* bf16 [bcap, hidden] input */
   CUdeviceptr out;          /* bf16 [bcap, hidden] output */
   CUdeviceptr outf;         /* f32 [bcap, hidden] output, with plan.out_f32 */
+  CUdeviceptr force;        /* i32 [bcap, topk]: the choices to take, with plan.force (not carved: the caller's) */
   CUdeviceptr logits;       /* f32 [bcap, E] */
   CUdeviceptr slot_expert, slot_count, slot_off; /* i32 [slots] */
   CUdeviceptr pair_token;   /* i32 [pairs] */

@@ -12,11 +12,20 @@
  *   batched: three sequences of different prompt lengths joining at
  *     different steps, one finishing and a fourth taking its slot, prompt
  *     runs beside decode rows.
- * Pass: every step's tokens equal the unsharded run's (every rank's), and
- * every step's logits (rank 0's, all rows) within 2e-2 relative of it.
- * Routing and DSA selection are discrete: a near tie that the reordered
- * sums flip would part the histories; the routing of both runs is read
- * back at each step and a first difference is reported as such.
+ * The ranks sum partials in another order than one GPU does, and the
+ * step rounds its activations to bf16, so their results differ from the
+ * unsharded step's by ~1e-3; the routing's and the DSA selection's top-k
+ * and the greedy argmax are discrete, and with random weights near ties
+ * are common: a flip parts the two histories (seen on the H200: 3 of 8
+ * splits flipped a router choice within 16 steps).  So the ranks are held
+ * to the unsharded run's history, as test_decode holds the CPU to the
+ * GPU's: each step takes the unsharded run's expert choices and DSA
+ * selections (gpu_force_choices; weights and attention are its own) and
+ * is fed the unsharded run's tokens.
+ * Pass: every step's logits (rank 0's, all rows) within 2e-2 relative of
+ * the unsharded step's; every rank draws the same ids; each row's greedy
+ * id equals the unsharded one's or is a near tie there (the two logits
+ * within 1e-2 of the row's rms), and such ties are counted and rare.
  * Then NCCL itself (a world of one, coll_nccl_solo) inside a rank's
  * captured graph: the graph step and the eager step give equal logits and
  * the step enqueued its collectives.
@@ -26,6 +35,7 @@
  * tokens select; MOEJIT_SHARD_MODEL=DIR runs an existing checkpoint instead
  * (the GLM-5-width proof) with MOEJIT_SHARD_SPLITS="8x8,1x8" limiting the
  * splits. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -79,6 +89,28 @@ static int rows_of(const sched *sc, int t, const int32_t *last, const int *done,
 }
 
 /* ---- running a schedule on one model or on the ranks ----------------------------------- */
+typedef struct result {
+  int nsteps, rows[NSTEP];
+  int32_t out[NSTEP][MAXR];
+  float *logits[NSTEP];
+  int32_t *routing[NSTEP]; /* [layer][bmax][topk] */
+  int32_t *sels[NSTEP];    /* [layer][bmax][idx_topk] */
+  int ties;                /* rows whose id differs from the reference's by a near tie */
+} result;
+
+static void result_free(result *x) {
+  for (int t = 0; t < x->nsteps; t++) free(x->logits[t]), free(x->routing[t]), free(x->sels[t]);
+  memset(x, 0, sizeof *x);
+}
+
+/* Whether ids a and b are a near tie in logits row l (V values). */
+static bool near_tie(const float *l, int32_t a, int32_t b) {
+  double ss = 0;
+  for (int v = 0; v < V; v++) ss += (double)l[v] * l[v];
+  double d = l[a] - l[b];
+  return (d < 0 ? -d : d) <= 1e-2 * sqrt(ss / V);
+}
+
 typedef struct run {
   gpu_model *g[16];
   int W;
@@ -88,35 +120,35 @@ typedef struct run {
   int32_t tok[MAXR], slot[MAXR], pos[MAXR], out[16][MAXR];
   float *logits; /* rank 0's */
   mj_err err[16];
+  const result *force; /* the run whose choices step t takes (NULL: its own) */
+  int t;
 } run;
 
 static int step_rank(void *ctx, int r) {
   run *R = ctx;
-  return gpu_step(R->g[r], R->tok, R->slot, R->pos, R->n, R->out[r], r == 0 ? R->logits : NULL, &R->err[r]);
+  int rc = R->force ? gpu_force_choices(R->g[r], R->force->routing[R->t], R->force->sels[R->t], &R->err[r]) : 0;
+  return rc ? rc : gpu_step(R->g[r], R->tok, R->slot, R->pos, R->n, R->out[r], r == 0 ? R->logits : NULL, &R->err[r]);
 }
 
-typedef struct result {
-  int nsteps, rows[NSTEP];
-  int32_t out[NSTEP][MAXR];
-  float *logits[NSTEP];
-  int32_t *routing[NSTEP]; /* [layer][bmax][topk] */
-} result;
-
-static void result_free(result *x) {
-  for (int t = 0; t < x->nsteps; t++) free(x->logits[t]), free(x->routing[t]);
-  memset(x, 0, sizeof *x);
-}
-
-/* Run sc on R (W = 1: one model, no threads); ref (may be NULL) is the
- * unsharded run to compare each step with as it goes. */
+/* Run sc on R (W = 1: one model, no threads, its own choices and ids);
+ * with ref (the unsharded run), each step takes ref's choices and ids and
+ * is compared with ref's step as it goes. */
 static int run_sched(run *R, const sched *sc, const result *ref, result *res, double *worst, const char *what) {
   int32_t last[4] = {0};
   int done[4] = {0}, owner[MAXR];
   memset(res, 0, sizeof *res);
   size_t routing_n = (size_t)gpu_layers(R->g[0]) * gpu_max_rows(R->g[0]) * M->cfg.num_experts_per_tok;
+  size_t sels_n = (size_t)gpu_layers(R->g[0]) * gpu_max_rows(R->g[0]) * M->cfg.index_topk;
+  R->force = ref;
   for (int t = 0; t < NSTEP; t++) {
     R->n = rows_of(sc, t, last, done, R->tok, R->slot, R->pos, owner);
     if (R->n == 0) break;
+    R->t = t;
+    if (ref && (t >= ref->nsteps || ref->rows[t] != R->n)) {
+      printf("  %s step %d: %d rows, the unsharded run had %d\n", what, t, R->n, t < ref->nsteps ? ref->rows[t] : 0);
+      T_CHECK(false);
+      return 1;
+    }
     R->logits = mj_xmalloc((size_t)R->n * V * 4);
     int rc = R->W == 1 ? step_rank(R, 0) : ls_run(R->w, step_rank, R);
     if (rc) {
@@ -129,8 +161,10 @@ static int run_sched(run *R, const sched *sc, const result *ref, result *res, do
     memcpy(res->out[t], R->out[0], (size_t)R->n * 4);
     res->logits[t] = R->logits;
     res->routing[t] = mj_xmalloc(routing_n * 4);
+    res->sels[t] = mj_xcalloc(sels_n, 4);
     mj_err e = {0};
     T_EQ_INT(gpu_read_routing(R->g[0], res->routing[t], &e), 0);
+    T_EQ_INT(gpu_read_sels(R->g[0], res->sels[t], &e), 0);
     res->nsteps = t + 1;
     for (int r = 1; r < R->W; r++) /* every rank drew the same ids */
       if (memcmp(R->out[r], R->out[0], (size_t)R->n * 4)) {
@@ -139,24 +173,25 @@ static int run_sched(run *R, const sched *sc, const result *ref, result *res, do
         return 1;
       }
     if (ref) {
-      if (t >= ref->nsteps || ref->rows[t] != R->n) {
-        printf("  %s step %d: %d rows, the unsharded run had %d\n", what, t, R->n, t < ref->nsteps ? ref->rows[t] : 0);
-        T_CHECK(false);
-        return 1;
-      }
       double e1 = ref_rel_err(R->logits, ref->logits[t], (size_t)R->n * V);
       *worst = e1 > *worst ? e1 : *worst;
-      bool same_tok = memcmp(R->out[0], ref->out[t], (size_t)R->n * 4) == 0;
+      int bad = 0;
+      for (int i = 0; i < R->n; i++)
+        if (R->out[0][i] != ref->out[t][i]) {
+          if (near_tie(ref->logits[t] + (size_t)i * V, R->out[0][i], ref->out[t][i])) res->ties++;
+          else bad++;
+        }
       bool same_route = memcmp(res->routing[t], ref->routing[t], routing_n * 4) == 0;
-      if (e1 > 2e-2 || !same_tok) {
-        printf("  %s step %d: logits rel err %.3g, tokens %s, routing %s the unsharded run's\n", what, t, e1,
-               same_tok ? "equal" : "differ", same_route ? "equal to" : "differs from");
+      if (e1 > 2e-2 || bad || !same_route) {
+        printf("  %s step %d: logits rel err %.3g, %d ids differ beyond a near tie, routing %s the unsharded run's\n",
+               what, t, e1, bad, same_route ? "equal to" : "differs from");
         T_CHECK(false);
         return 1;
       }
     }
+    const int32_t *ids = ref ? ref->out[t] : R->out[0]; /* held to the reference's history */
     for (int i = 0; i < R->n; i++)
-      if (owner[i] >= 0) last[owner[i]] = R->out[0][i], done[owner[i]]++;
+      if (owner[i] >= 0) last[owner[i]] = ids[i], done[owner[i]]++;
   }
   return 0;
 }
@@ -201,6 +236,7 @@ static void check_split(int tp, int ep, bool head_whole) {
     gpu_opts o;
     base_opts(&o);
     o.tp = tp, o.ep = ep, o.rank = r, o.coll = ls_coll(R->w, r), o.head_whole = head_whole;
+    o.force_choices = true;
     if (gpu_model_create(M, &o, &R->g[r], &err)) {
       printf("  %s: rank %d: %s\n", what, r, err.msg);
       T_CHECK(false);
@@ -215,11 +251,16 @@ static void check_split(int tp, int ep, bool head_whole) {
     if (!rc) rc = run_sched(R, &S2, &ref_many, &b, &worst, what);
     gpu_counters c;
     gpu_counters_get(R->g[0], &c);
+    int rows = 0;
+    for (int t = 0; t < a.nsteps; t++) rows += a.rows[t];
+    for (int t = 0; t < b.nsteps; t++) rows += b.rows[t];
     printf("  %s: %d ranks, %.1f MiB of weights over all (%.1f MiB a rank), %d + %d steps, logits worst rel err "
-           "%.2e, tokens %s; a step's collectives: %d all-reduce (%.0f bytes), %d all-gather (%.0f bytes); %.1f s\n",
+           "%.2e, greedy ids %s (%d of %d rows a near tie); a step's collectives: %d all-reduce (%.0f bytes), %d "
+           "all-gather (%.0f bytes); %.1f s\n",
            what, W, (double)bytes / 1048576, (double)bytes / W / 1048576, a.nsteps, b.nsteps, worst,
-           rc ? "differ" : "equal", c.coll_reduce, c.coll_reduce_bytes, c.coll_gather, c.coll_gather_bytes,
-           (mj_now_ms() - t0) / 1e3);
+           rc ? "differ" : "equal", a.ties + b.ties, rows, c.coll_reduce, c.coll_reduce_bytes, c.coll_gather,
+           c.coll_gather_bytes, (mj_now_ms() - t0) / 1e3);
+    T_CHECK(a.ties + b.ties <= rows / 50); /* rare: a broken step would differ everywhere */
     T_EQ_INT(rc, 0);
     T_CHECK(worst <= 2e-2);
     const shard_plan *p = gpu_plan(R->g[0]);
