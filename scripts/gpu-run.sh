@@ -3,6 +3,8 @@
 # `. scripts/gpu-env.sh`.  Each phase writes its log to $OUT/PHASE.log and
 # prints its tail, so one call checks, times and reports.
 #   tests         every GPU test (gputest NAME), a pass/fail table
+#   perf          gputest perf: every kernel family timed alone at GLM-5 width
+#                 (PERF_OPS: families to time, as `gputest perf gemv mla_vout`)
 #   decode        moejit bench decode (synthetic full-width GLM-5)
 #   decode-warm   the same again on the now-warm cache (zero compiles)
 #   ncu           the kernel-time sum of one eager decode step (Nsight Compute)
@@ -32,6 +34,7 @@ for phase in "$@"; do
         timeout ${TEST_TIMEOUT:-420} /tmp/mj/tests/gpu/gputest "$t" > "$OUT/test-$t.log" 2>&1
         echo "$t rc=$? $(tail -1 "$OUT/test-$t.log")"
       done > "$log" ;;
+    perf) timeout 400 /tmp/mj/tests/gpu/gputest perf ${PERF_OPS:-} > "$log" 2>&1 ;;
     decode) timeout 400 moejit bench decode ${DECODE_ARGS:-} > "$log" 2>&1 ;;
     decode-warm) timeout 300 moejit bench decode ${DECODE_ARGS:-} > "$log" 2>&1 ;;
     ncu)

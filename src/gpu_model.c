@@ -243,11 +243,7 @@ static void setup_dims(gpu_model *g, const model_config *c, int sh_inter, const 
   if (g->bmax < top) g->bmax = top;
   int64_t ctx = o->max_ctx > 0 ? o->max_ctx : 4096;
   if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
-  g->d = (gop_dims){.hidden = (int)c->hidden_size, .vocab = (int)c->vocab_size, .heads = (int)c->num_attention_heads,
-                    .nope = (int)c->qk_nope_head_dim, .rope = (int)c->qk_rope_head_dim, .v = (int)c->v_head_dim,
-                    .kv_rank = (int)c->kv_lora_rank, .q_rank = (int)c->q_lora_rank, .idx_heads = (int)c->index_n_heads,
-                    .idx_dim = (int)c->index_head_dim, .idx_topk = (int)c->index_topk, .max_ctx = (int)ctx,
-                    .rms_eps = (float)c->rms_norm_eps};
+  g->d = gop_dims_of(c, (int)ctx);
   g->d.heads = (int)(p->heads.end - p->heads.begin);
   g->mc = model_moe_of(c);
   if (g->sharded) g->mc.e_first = (int)p->experts.begin, g->mc.e_count = (int)(p->experts.end - p->experts.begin);
@@ -496,15 +492,8 @@ fail:
 
 /* ---- a synthetic model ---------------------------------------------------------------- */
 static int fill(CUdeviceptr p, size_t n, bool f32, uint64_t seed, float lo, float hi, CUstream s, mj_err *err) {
-  const jit_fn *f;
-  bool launch;
   const gop_ctx cx = {s, NULL, false}; /* a synthetic model is made on this GPU */
-  int rc = gop_get(&cx, KT_fill, f32 ? "fill_f32" : "fill_bf16", NULL, 0, NULL, &f, &launch, err);
-  if (rc || !launch || !n) return rc;
-  unsigned long long nn = n, sd = seed;
-  void *args[] = {&p, &nn, &sd, &lo, &hi};
-  size_t blocks = (n + 255) / 256;
-  return cu_launch(f->fn, (unsigned)(blocks < 8192 ? blocks : 8192), 256, 0, s, args, err);
+  return gop_fill(p, n, f32, seed, lo, hi, &cx, err);
 }
 
 /* bf16 rows x cols, uniform with unit variance per output for unit inputs. */

@@ -33,6 +33,7 @@
 #include "cudrv.h"
 #include "jit.h"
 #include "kernels.h"
+#include "model.h"
 #include "sample.h"
 
 /* Where a launcher's kernels go: the stream, the target they are obtained
@@ -59,6 +60,9 @@ typedef struct gop_dims {
   int max_ctx;                               /* cache capacity per slot, tokens */
   float rms_eps;                             /* rms_norm_eps (the latent norms use 1e-6) */
 } gop_dims;
+/* The widths of config c with a cache of max_ctx tokens per slot (all of
+ * c's heads: a rank of a sharded model narrows heads itself). */
+gop_dims gop_dims_of(const model_config *c, int max_ctx);
 
 /* Per-row facts of a step, device arrays of B int32 each. */
 typedef struct gop_rows {
@@ -156,5 +160,12 @@ int gop_mla_vout(const gop_dims *d, CUdeviceptr olat, CUdeviceptr kv_b, CUdevice
 size_t gop_dsa_select_scratch(const gop_dims *d, int B);
 int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache c, gop_rows rows, CUdeviceptr sel,
                    CUdeviceptr scratch, int B, const gop_ctx *cx, mj_err *err);
+
+/* ---- benchmark support (src/gpu_ops.c, templates/fill.cu) -------------------------------- */
+
+/* p[0..n) = uniform values in [lo, hi), bf16 (or f32 when f32), from a
+ * hash of (seed, index): random weights, activations and caches made on
+ * the device (a synthetic model, `gputest perf`). */
+int gop_fill(CUdeviceptr p, size_t n, bool f32, uint64_t seed, float lo, float hi, const gop_ctx *cx, mj_err *err);
 
 #endif

@@ -342,7 +342,7 @@ out:
   return r;
 }
 
-int gpu_test_attn(void) {
+int gpu_test_attn(int argc, char **argv) {
   mj_err err = {0};
   rng ^= (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid();
   printf("seed %llu\n", (unsigned long long)rng);

@@ -523,7 +523,7 @@ static void test_oom(void) {
   T_CHECK(free1 + ((size_t)64 << 20) >= free0); /* the weights allocated first were released */
 }
 
-int gpu_test_decode(void) {
+int gpu_test_decode(int argc, char **argv) {
   uint64_t seed = (uint64_t)time(NULL);
   rng = seed * 2654435761u + 1;
   printf("seed %llu\n", (unsigned long long)seed);

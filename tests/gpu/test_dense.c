@@ -510,7 +510,7 @@ static void test_sample_speed(void) {
   sample_speed(64, &all);
 }
 
-int gpu_test_dense(void) {
+int gpu_test_dense(int argc, char **argv) {
   rng = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid();
   printf("seed %llu\n", (unsigned long long)rng);
   T_RUN(test_elementwise);

@@ -79,7 +79,7 @@ static void test_shapes(void) {
   run_case(64, 8, "64", "2", "1");      /* K smaller than one step */
 }
 
-int gpu_test_gemv(void) {
+int gpu_test_gemv(int argc, char **argv) {
   rng = (uint64_t)time(NULL) * 2654435761u;
   T_RUN(test_shapes);
   return t_status();

@@ -303,7 +303,7 @@ out:
   return rc;
 }
 
-int gpu_test_mla(void) {
+int gpu_test_mla(int argc, char **argv) {
   mj_err err = {0};
   if (t_scratch_init("mla")) return 1;
   setenv("MOEJIT_CACHE_DIR", t_root, 1);

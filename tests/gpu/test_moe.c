@@ -223,7 +223,7 @@ static void test_full_width(void) {
   layer_free(&L);
 }
 
-int gpu_test_moe(void) {
+int gpu_test_moe(int argc, char **argv) {
   rng = (uint64_t)time(NULL) * 2654435761u;
   T_RUN(test_reduced);
   T_RUN(test_grouped);

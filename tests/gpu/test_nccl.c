@@ -57,7 +57,7 @@ static void test_id_from_hex(void) {
   mj_err_clear(&err);
 }
 
-int gpu_test_nccl(void) {
+int gpu_test_nccl(int argc, char **argv) {
   mj_err err = {0};
   if (nc_load(&err)) {
     printf("skip: %s\n", err.msg);

@@ -156,7 +156,7 @@ static void test_replay_tables(void) {
   layer_free(&L);
 }
 
-int gpu_test_replay(void) {
+int gpu_test_replay(int argc, char **argv) {
   rng = (uint64_t)time(NULL) * 2654435761u;
   T_RUN(test_replay_tables);
   return t_status();

@@ -112,7 +112,7 @@ out:
   return r;
 }
 
-int gpu_test_rmsnorm(void) {
+int gpu_test_rmsnorm(int argc, char **argv) {
   mj_err err = {0};
   if (t_scratch_init("rmsnorm")) return 1;
   setenv("MOEJIT_CACHE_DIR", t_root, 1);

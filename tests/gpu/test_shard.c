@@ -353,7 +353,7 @@ static void test_nccl_graph(void) {
   coll_destroy(c);
 }
 
-int gpu_test_shard(void) {
+int gpu_test_shard(int argc, char **argv) {
   uint64_t seed = (uint64_t)time(NULL);
   rng = seed * 2654435761u + 1;
   printf("seed %llu\n", (unsigned long long)seed);
