@@ -202,13 +202,13 @@ int bench_decode(int argc, char **argv, mj_err *err) {
     if ((rc = sess_measure_rows(S, tok, slot, pos, B, &te, err))) goto next;
     if (!graph) tg.us = te.us;
     rrow[bi].us_graph = tg.us;
-    if (rank >= 0 && graph) { /* again with the collectives left out (captured anew) */
-      sess_measure tx = {.mode = SESS_GRAPH, .steps = (int)steps, .reps = (int)reps};
+    if (rank >= 0) { /* again with the collectives left out (a graph captured anew, or eager as above) */
+      sess_measure tx = {.mode = graph ? SESS_GRAPH : SESS_EAGER, .steps = (int)steps, .reps = (int)reps};
       sw.off = true;
-      sess_drop_graphs(S);
+      if (graph) sess_drop_graphs(S);
       rc = sess_measure_rows(S, tok, slot, pos, B, &tx, err);
       sw.off = false;
-      sess_drop_graphs(S);
+      if (graph) sess_drop_graphs(S);
       if (rc) goto next;
       rrow[bi].us_excl = tx.us;
     }

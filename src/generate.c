@@ -242,6 +242,12 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
   o.sp.temperature = (float)temp, o.sp.top_k = (int32_t)top_k, o.sp.top_p = (float)top_p;
   o.sp.min_p = (float)min_p, o.sp.repeat_penalty = (float)rep;
   o.sp.seed = seed >= 0 ? (uint64_t)seed : (uint64_t)mj_now_ns();
+  /* Every rank must draw the same ids (each embeds them next): without
+   * --seed they take the launcher's (MOEJIT_RANK_SEED; 0 under mpirun). */
+  if (rank_coll && seed < 0) {
+    const char *rs = getenv("MOEJIT_RANK_SEED");
+    o.sp.seed = rs && *rs ? strtoull(rs, NULL, 10) : 0;
+  }
   sess_opts so;
   sess_opts_default(&so);
   if ((r = sess_pick_backend("moejit generate", backend, m, quiet || as_json, &so.backend, err))) goto out;

@@ -613,9 +613,8 @@ static int bucket(gpu_model *g, int np, moe_bucket **out, mj_err *err) {
     return mj_fail(err, MJ_EINTERNAL, "gpu: more than %d MoE batch buckets", (int)MJ_ARRAY_LEN(g->buckets));
   moe_bucket *b = &g->buckets[g->nbuckets];
   b->bcap = np;
-  moe_plan_default(&g->mc, np, &b->plan);
-  b->plan.out_f32 = true;          /* the MoE output in f32 (mb.outf), on one GPU as on a rank */
-  b->plan.acc = g->sh_inter > 0;   /* the combine adds to the bf16 shared expert's output */
+  /* the MoE output in f32 (mb.outf), added to a bf16 shared expert's, on one GPU as on a rank */
+  moe_plan_engine(&g->mc, np, g->sh_inter > 0, &b->plan);
   b->plan.force = g->o.force_choices;
   int rc = moe_kernels_load(&b->k, &b->plan, g->arch, err);
   if (rc) return rc;
@@ -925,10 +924,16 @@ int gpu_read_sels(gpu_model *g, int32_t *out, mj_err *err) {
 
 int gpu_force_choices(gpu_model *g, const int32_t *routing, const int32_t *sels, mj_err *err) {
   if (!g->force_route) return mj_fail(err, MJ_EINPUT, "gpu: forcing choices needs opts.force_choices");
+  for (size_t i = 0, n = (size_t)g->n_layers * g->bmax * g->mc.topk; i < n; i++)
+    if (routing[i] < 0 || routing[i] >= g->mc.n_experts)
+      return mj_fail(err, MJ_EINPUT, "gpu: forced expert %d outside 0..%d", routing[i], g->mc.n_experts - 1);
   CU_CHECK(err, cu.cuStreamSynchronize(g->s));
   CU_CHECK(err, cu.cuMemcpyHtoD(g->force_route, routing, (size_t)g->n_layers * g->bmax * g->mc.topk * 4));
   if (g->force_sel && sels)
     CU_CHECK(err, cu.cuMemcpyHtoD(g->force_sel, sels, (size_t)g->n_layers * g->bmax * g->d.idx_topk * 4));
+  /* A pageable copy may return before the device has the data, and g->s
+   * (non-blocking) does not wait for the legacy stream. */
+  CU_CHECK(err, cu.cuCtxSynchronize());
   return 0;
 }
 int gpu_layers(const gpu_model *g) { return g->n_layers; }

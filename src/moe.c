@@ -120,6 +120,11 @@ void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p) {
   }
 }
 
+void moe_plan_engine(const model_moe_cfg *c, int bcap, bool bf16_shared, moe_plan *p) {
+  moe_plan_default(c, bcap, p);
+  p->out_f32 = true, p->acc = bf16_shared;
+}
+
 /* Row tiles of an expert kernel, and its blocks per slot (gx 0: all). */
 static int expert_tiles(const moe_plan *p, int mode) {
   const moe_tile *t = mode ? &p->dn : &p->gu;

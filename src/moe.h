@@ -69,6 +69,10 @@ typedef struct moe_plan {
  * expert, tiles as measured (bench/results); buckets of 4 and more take
  * the tensor-core path, whose ALU cost does not grow with MT. */
 void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p);
+/* The plan the decode engine runs (gpu_model.c): the default, its MoE
+ * output f32 (and added to a bf16 shared expert's, when it has one);
+ * replay's dry run probes these kernels. */
+void moe_plan_engine(const model_moe_cfg *c, int bcap, bool bf16_shared, moe_plan *p);
 static inline int moe_slots(const moe_plan *p) {
   int r = p->cfg.topk * p->bcap, e = model_moe_local(&p->cfg);
   return 1 + (r < e ? r : e);

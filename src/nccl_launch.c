@@ -285,6 +285,13 @@ int nc_parallel_run(const char *cmd, const char *pre, int64_t tp, int64_t ep, in
   args[na++] = "moejit";
   if (pre) args[na++] = (char *)pre;
   for (int i = 0; i < argc; i++) args[na++] = argv[i];
+  /* One seed for every rank's sampler (a command without --seed would
+   * otherwise draw its own on each rank, and the ranks' ids would part). */
+  if (!getenv("MOEJIT_RANK_SEED")) {
+    char seed[32];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)mj_now_ns());
+    setenv("MOEJIT_RANK_SEED", seed, 0);
+  }
   r = nc_spawn("/proc/self/exe", args, world, err);
   free(args);
   return r;

@@ -517,7 +517,7 @@ out:
 /* ---- output ------------------------------------------------------------------------------ */
 static const char *kstatus(bool cached) { return cached ? "cached" : "compile"; }
 
-static int dry_run(const ropts *o, const char *file, const trace_file *tf, const model_moe_cfg *c,
+static int dry_run(const ropts *o, const char *file, const trace_file *tf, const model_moe_cfg *c, bool bf16_shared,
                    const replay_bucket *bk, int nb, mj_err *err) {
   const char *arch = arch_of(o, tf);
   bool (*cached)[MOE_NK] = mj_xcalloc((size_t)(nb ? nb : 1), sizeof *cached);
@@ -526,7 +526,7 @@ static int dry_run(const ropts *o, const char *file, const trace_file *tf, const
   int64_t records = 0;
   for (int i = 0; i < nb && !rc; i++) {
     moe_plan p;
-    moe_plan_default(c, bk[i].bucket, &p);
+    moe_plan_engine(c, bk[i].bucket, bf16_shared, &p); /* the kernels the decode engine loads */
     rc = moe_kernels_probe(&p, arch, cached[i], ids + (size_t)i * MOE_NK, err);
     /* Buckets share kernels (combine always): count each one once. */
     for (int k = 0; k < MOE_NK && !rc; k++) {
@@ -710,7 +710,7 @@ int cmd_replay(int argc, char **argv, mj_err *err) {
   if ((rc = check_widths(file, tf, &cfg, o.dir ? o.dir : "the synthetic GLM-5 model", err))) goto out;
   int nb = replay_buckets(tf, &bk);
   if (o.dry) {
-    rc = dry_run(&o, file, tf, &cfg, bk, nb, err);
+    rc = dry_run(&o, file, tf, &cfg, W.m && gpu_bf16_shared_inter(W.m) > 0, bk, nb, err);
     goto out;
   }
   if ((rc = cu_init(err))) goto out;

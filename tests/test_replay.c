@@ -223,7 +223,7 @@ static int write_trace(const char *path, int hidden) {
 static int compile_bucket(int bucket, const char *arch) {
   model_moe_cfg c = model_moe_glm5();
   moe_plan p;
-  moe_plan_default(&c, bucket, &p);
+  moe_plan_engine(&c, bucket, false, &p); /* what replay --dry-run probes: the synthetic GLM-5's engine plan */
   moe_kernels k;
   mj_err err = {0};
   int rc = moe_kernels_load(&k, &p, arch, &err);

@@ -26,6 +26,9 @@
  * the unsharded step's; every rank draws the same ids; each row's greedy
  * id equals the unsharded one's or is a near tie there (the two logits
  * within 1e-2 of the row's rms), and such ties are counted and rare.
+ * The route kernel generate runs (a rank's experts, no FORCE) is checked
+ * apart, where it must agree bit for bit: with --ep alone the first MoE
+ * layer's input is the unsharded step's, so are its choices.
  * Then NCCL itself (a world of one, coll_nccl_solo) inside a rank's
  * captured graph: the graph step and the eager step give equal logits and
  * the step enqueued its collectives.
@@ -222,6 +225,58 @@ static void base_opts(gpu_opts *o) {
 static result ref_one, ref_many;
 static sched S1, S2;
 
+/* The W rank models of a split, each its own slices (force: held to the
+ * reference's choices).  0, or 1 having said why. */
+static int make_ranks(run *R, int tp, int ep, bool head_whole, bool force, const char *what, size_t *bytes) {
+  mj_err err = {0};
+  *bytes = 0;
+  for (int r = 0; r < R->W; r++) {
+    gpu_opts o;
+    base_opts(&o);
+    o.tp = tp, o.ep = ep, o.rank = r, o.coll = ls_coll(R->w, r), o.head_whole = head_whole;
+    o.force_choices = force;
+    if (gpu_model_create(M, &o, &R->g[r], &err)) {
+      printf("  %s: rank %d: %s\n", what, r, err.msg);
+      T_CHECK(false);
+      return 1;
+    }
+    *bytes += gpu_weight_bytes(R->g[r]);
+  }
+  return 0;
+}
+
+static void free_ranks(run *R) {
+  for (int r = 0; r < R->W; r++) gpu_model_destroy(R->g[r]), R->g[r] = NULL;
+}
+
+/* The ranks' own routing (the route kernel as generate runs it: E0/EL, no
+ * FORCE), for a split that keeps attention and the dense layers whole: the
+ * first MoE layer's input is then the unsharded step's bit for bit, so its
+ * choices must be too (the first step of the one-sequence schedule). */
+static void check_own_routing(run *R, int ep, const char *what) {
+  size_t bytes;
+  if (make_ranks(R, 1, ep, false, false, what, &bytes)) {
+    free_ranks(R);
+    return;
+  }
+  int32_t last[4] = {0}, owner[MAXR];
+  int done[4] = {0};
+  R->n = rows_of(&S1, 0, last, done, R->tok, R->slot, R->pos, owner);
+  R->force = NULL, R->logits = NULL;
+  int L0 = 0;
+  while (L0 < gpu_layers(R->g[0]) && !gpu_layer_sparse(R->g[0], L0)) L0++;
+  size_t K = (size_t)M->cfg.num_experts_per_tok, rows = (size_t)gpu_max_rows(R->g[0]);
+  int32_t *own = mj_xmalloc((size_t)gpu_layers(R->g[0]) * rows * K * 4);
+  mj_err e = {0};
+  bool ok = ls_run(R->w, step_rank, R) == 0 && gpu_read_routing(R->g[0], own, &e) == 0;
+  ok = ok && memcmp(own + (size_t)L0 * rows * K, ref_one.routing[0] + (size_t)L0 * rows * K, (size_t)R->n * K * 4) == 0;
+  printf("  %s: the ranks' own routing of the first MoE layer (layer %d, %d rows): %s the unsharded step's\n", what, L0,
+         R->n, ok ? "equal to" : "DIFFERENT FROM");
+  T_CHECK(ok);
+  free(own);
+  free_ranks(R);
+}
+
 static void check_split(int tp, int ep, bool head_whole) {
   int W = tp > ep ? tp : ep;
   char what[64];
@@ -229,21 +284,10 @@ static void check_split(int tp, int ep, bool head_whole) {
   run *R = mj_xcalloc(1, sizeof *R);
   R->W = W;
   R->w = ls_world_new(W);
-  mj_err err = {0};
   double t0 = mj_now_ms();
   size_t bytes = 0;
-  for (int r = 0; r < W; r++) {
-    gpu_opts o;
-    base_opts(&o);
-    o.tp = tp, o.ep = ep, o.rank = r, o.coll = ls_coll(R->w, r), o.head_whole = head_whole;
-    o.force_choices = true;
-    if (gpu_model_create(M, &o, &R->g[r], &err)) {
-      printf("  %s: rank %d: %s\n", what, r, err.msg);
-      T_CHECK(false);
-      goto out;
-    }
-    bytes += gpu_weight_bytes(R->g[r]);
-  }
+  if (tp == 1 && !head_whole) check_own_routing(R, ep, what);
+  if (make_ranks(R, tp, ep, head_whole, true, what, &bytes)) goto out;
   {
     double worst = 0;
     result a = {0}, b = {0};
@@ -271,7 +315,7 @@ static void check_split(int tp, int ep, bool head_whole) {
     result_free(&a), result_free(&b);
   }
 out:
-  for (int r = 0; r < W; r++) gpu_model_destroy(R->g[r]);
+  free_ranks(R);
   ls_world_free(R->w);
   free(R);
 }
