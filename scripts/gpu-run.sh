@@ -15,6 +15,7 @@
 #                 makes them: the MoE expert kernels the plan picks), opcodes counted
 #   moe-ncu       Nsight Compute on the batch-1 expert kernels (speed of light,
 #                 occupancy, warp stall reasons): where their time goes
+#   shard-glm5    gputest shard on a 2-layer checkpoint of GLM-5's widths (SHARD_SPLITS)
 #   moe           moejit bench moe with the tile sweep
 #   moe-warm      moe again, warm
 #   replay        synthetic traces replayed with --verify (batch 1, 8, 32), and --steps
@@ -35,6 +36,15 @@ for phase in "$@"; do
         echo "$t rc=$? $(tail -1 "$OUT/test-$t.log")"
       done > "$log" ;;
     perf) timeout 400 /tmp/mj/tests/gpu/gputest perf ${PERF_OPS:-} > "$log" 2>&1 ;;
+    shard-glm5)
+      # the lockstep proof of the sharded step on a checkpoint of GLM-5's
+      # widths (2 layers: 1 dense, 1 MoE with NVFP4 experts), written here
+      # (not under $OUT: ~10 GB); SHARD_SPLITS picks the splits
+      t0m=$(date +%s)
+      moejit mkmodel --preset glm5 --layers 2 --dense-layers 1 --nvfp4 --seed 3 --out /tmp/g5 -q >> "$log" 2>&1
+      echo "mkmodel: $(( $(date +%s) - t0m )) s" >> "$log"
+      MOEJIT_SHARD_MODEL=/tmp/g5 MOEJIT_SHARD_SPLITS="${SHARD_SPLITS:-8x8,1x8}" timeout ${TEST_TIMEOUT:-420} \
+        /tmp/mj/tests/gpu/gputest shard >> "$log" 2>&1; echo "gputest shard (GLM-5 widths): rc=$?" >> "$log" ;;
     decode) timeout 400 moejit bench decode ${DECODE_ARGS:-} > "$log" 2>&1 ;;
     decode-warm) timeout 300 moejit bench decode ${DECODE_ARGS:-} > "$log" 2>&1 ;;
     ncu)
