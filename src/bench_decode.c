@@ -53,6 +53,11 @@ static int sw_gather(coll *c, CUdeviceptr send, CUdeviceptr recv, size_t n, CUst
 static void sw_destroy(coll *c) { coll_destroy(((switch_coll *)c)->nccl); }
 static const coll_ops sw_ops = {sw_reduce, sw_gather, sw_destroy};
 
+/* The bytes a profiled step had to move. */
+static double prof_bytes(const gpu_prof *p) {
+  return p->bytes_attn + p->bytes_dense + p->bytes_experts + p->bytes_router + p->bytes_head + p->bytes_kv;
+}
+
 /* What one rank's benchmark adds to each batch's row. */
 typedef struct rank_row {
   double us_graph, us_excl; /* graph step with its NCCL calls, and with the collectives left out */
@@ -216,7 +221,7 @@ int bench_decode(int argc, char **argv, mj_err *err) {
     if ((rc = sess_measure_rows(S, tok, slot, pos, B, &pm, err))) goto next;
     gpu_prof *p = &profs[bi];
     *p = pm.prof;
-    double bytes = p->bytes_attn + p->bytes_dense + p->bytes_experts + p->bytes_router + p->bytes_head + p->bytes_kv;
+    double bytes = prof_bytes(p);
     double gbs = bytes / tg.us / 1e3;
     int moe_layers = 0;
     for (int i = 0; i < (dir ? (int)m->cfg.num_hidden_layers : (int)layers); i++)
@@ -228,30 +233,28 @@ int bench_decode(int argc, char **argv, mj_err *err) {
     free(tok), free(slot), free(pos), free(out1), free(out2), free(logits);
     if (rc) goto out;
   }
+  if (rank >= 0) {
+    sess_get_info(S, &si);
+    const gpu_counters *c = &si.counters; /* the last step's: the last batch's profile */
+    int ncoll = c->coll_reduce + c->coll_gather;
+    printf("\n### rank %lld of %d: its own work, and a projection for %d GPUs\n\n", (long long)rank, world, world);
+    printf("collectives a step: %d all-reduce and %d all-gather (at batch %lld: %.0f + %.0f bytes a rank sends)\n",
+           c->coll_reduce, c->coll_gather, (long long)batches[nb - 1], c->coll_reduce_bytes, c->coll_gather_bytes);
+    printf("all-reduce latency used: %.1f us a collective (--allreduce-us; %s; NOT measured here: one GPU)\n\n", ar_us,
+           ar_us == BENCH_ALLREDUCE_US ? "the default, a published NCCL small-message figure, docs/multigpu.md" : "given");
+    printf("| batch | step us (graph, NCCL world of one) | step us (collectives left out) | rank GB moved | %% of copy "
+           "(collectives left out) | + %d x %.1f us | projected step us | projected tok/s (%d GPUs) |\n",
+           ncoll, ar_us, world);
+    printf("|---|---|---|---|---|---|---|---|\n");
+    for (int k = 0; k < nb; k++) {
+      double by = prof_bytes(&profs[k]), ex = rrow[k].us_excl, proj = ex + ncoll * ar_us;
+      printf("| %lld | %.1f | %.1f | %.3f | %.1f%% | %.1f | %.1f | %.1f |\n", (long long)batches[k], rrow[k].us_graph, ex,
+             by / 1e9, ex > 0 ? 100.0 * by / (ex * 1e3) * 1e9 / copy_bps : 0.0, ncoll * ar_us, proj,
+             batches[k] / (proj / 1e6));
+    }
+  }
   for (int bi = 0; bi < nb; bi++) {
     gpu_prof *p = &profs[bi];
-    if (rank >= 0 && bi == 0) {
-      sess_get_info(S, &si);
-      const gpu_counters *c = &si.counters;
-      int ncoll = c->coll_reduce + c->coll_gather;
-      printf("\n### rank %lld of %d: its own work, and a projection for %d GPUs\n\n", (long long)rank, world, world);
-      printf("collectives a step: %d all-reduce and %d all-gather (at batch %lld: %.0f + %.0f bytes a rank sends)\n",
-             c->coll_reduce, c->coll_gather, (long long)batches[nb - 1], c->coll_reduce_bytes, c->coll_gather_bytes);
-      printf("all-reduce latency used: %.1f us a collective (--allreduce-us; %s; NOT measured here: one GPU)\n\n",
-             ar_us, ar_us == BENCH_ALLREDUCE_US ? "the default, a published NCCL small-message figure, docs/multigpu.md" : "given");
-      printf("| batch | step us (graph, NCCL world of one) | step us (collectives left out) | rank GB moved | %% of copy "
-             "(collectives left out) | + %d x %.1f us | projected step us | projected tok/s (%d GPUs) |\n",
-             ncoll, ar_us, world);
-      printf("|---|---|---|---|---|---|---|---|\n");
-      for (int k = 0; k < nb; k++) {
-        const gpu_prof *q = &profs[k];
-        double by = q->bytes_attn + q->bytes_dense + q->bytes_experts + q->bytes_router + q->bytes_head + q->bytes_kv;
-        double ex = rrow[k].us_excl, proj = ex + ncoll * ar_us;
-        printf("| %lld | %.1f | %.1f | %.3f | %.1f%% | %.1f | %.1f | %.1f |\n", (long long)batches[k], rrow[k].us_graph, ex,
-               by / 1e9, ex > 0 ? 100.0 * by / (ex * 1e3) * 1e9 / copy_bps : 0.0, ncoll * ar_us, proj,
-               batches[k] / (proj / 1e6));
-      }
-    }
     printf("\n### batch %lld: one profiled eager step, per op (sum of its launches)\n\n", (long long)batches[bi]);
     printf("| op | launches | us | %% of kernels |\n|---|---|---|---|\n");
     for (int k = 0; k < p->n; k++)

@@ -137,6 +137,11 @@ static size_t carve_weights(gpu_model *g, CUdeviceptr base) {
   return off;
 }
 
+/* A layer's cache bytes per token: the MLA latent and rope key (bf16),
+ * and the indexer key (f32) where the layer runs its own indexer. */
+static size_t kv_token_bytes(const gop_dims *d) { return (size_t)(d->kv_rank + d->rope) * 2; }
+static size_t ikey_token_bytes(const gop_dims *d, const gpu_layer *l) { return l->indexer ? (size_t)d->idx_dim * 4 : 0; }
+
 /* Activations and caches: slots + 1 cache slots (the last one takes the
  * padding rows). */
 static size_t carve_acts(gpu_model *g, CUdeviceptr base) {
@@ -186,8 +191,8 @@ static size_t carve_acts(gpu_model *g, CUdeviceptr base) {
   if (base) moe_bufs_carve(&g->mb, &p, mb);
   for (int i = 0; i < g->n_layers; i++) {
     gpu_layer *l = &g->L[i];
-    l->cache.kv = take(base, &off, S * T * (d->kv_rank + d->rope) * 2);
-    l->cache.ikey = l->indexer ? take(base, &off, S * T * d->idx_dim * 4) : 0;
+    l->cache.kv = take(base, &off, S * T * kv_token_bytes(d));
+    l->cache.ikey = l->indexer ? take(base, &off, S * T * ikey_token_bytes(d, l)) : 0;
   }
   return off;
 }
@@ -696,11 +701,10 @@ static int enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err
   moe_bucket *mb = NULL;
   CUdeviceptr yp = 0, sel = 0;
   const gop_ctx cx = {s, g->arch, g->dry};
-  bool ybf = false;
   OP("embed", gop_embed(g->embed, g->rows.token, g->x, np, H, &cx, err));
   for (int i = 0; i < g->n_layers; i++) {
     gpu_layer *l = &g->L[i];
-    OP("norm", gop_add_rmsnorm(g->x, yp, ybf, l->in_norm, d->rms_eps, g->xn, np, H, &cx, err));
+    OP("norm", gop_add_rmsnorm(g->x, yp, false, l->in_norm, d->rms_eps, g->xn, np, H, &cx, err));
     OP("attn.in_proj", gop_gemv(l->w_in, g->xn, g->P, np, l->n_in, H, &cx, err));
     OP("attn.prep", gop_mla_prep(d, g->P, l->n_in, &l->prep, g->rows, l->cache, g->inv_freq, g->qa,
                                  l->indexer ? g->iw : 0, np, &cx, err));
@@ -763,16 +767,16 @@ static int enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err
         CU_CHECK(err, cu.cuMemcpyDtoDAsync(g->stash + (size_t)i * g->bmax * g->mc.topk * 4, g->mb.tok_expert,
                                            (size_t)np * g->mc.topk * 4, s));
       if (g->sharded) OP("coll.all_reduce", reduce(g, g->mb.outf, np, s, err));
-      yp = g->mb.outf, ybf = false;
+      yp = g->mb.outf;
     } else {
       OP("mlp.gate_up", gop_gemv(l->w_gu, g->xn, g->gu, np, 2 * g->inter, H, &cx, err));
       OP("mlp.silu_mul", gop_silu_mul(g->gu, g->h, np, g->inter, &cx, err));
       OP("mlp.down", gop_gemv(l->w_down, g->h, g->y, np, H, g->inter, &cx, err));
       if (g->plan.dense_reduce) OP("coll.all_reduce", reduce(g, g->y, np, s, err));
-      yp = g->y, ybf = false;
+      yp = g->y;
     }
   }
-  OP("norm", gop_add_rmsnorm(g->x, yp, ybf, g->norm, d->rms_eps, g->xn, np, H, &cx, err));
+  OP("norm", gop_add_rmsnorm(g->x, yp, false, g->norm, d->rms_eps, g->xn, np, H, &cx, err));
   OP("lm_head", gop_gemv(g->lm_head, g->xn, g->logits_l, np, g->vocab_l, H, &cx, err));
   if (g->plan.head_gather) OP("coll.all_gather", gather_logits(g, np, s, err));
   OP("sample", gop_sample(g->logits, np, d->vocab, &g->o.sampling, g->rows, g->tok_out, &cx, err));
@@ -987,8 +991,8 @@ int gpu_footprint_of(const model_config *c, int sh_inter, const gpu_opts *o, gpu
   const gop_dims *d = &g->d;
   f->weights = carve_weights(g, 0);
   f->kv_per_token = 0;
-  for (int i = 0; i < g->n_layers; i++)
-    f->kv_per_token += (size_t)(d->kv_rank + d->rope) * 2 + (g->L[i].indexer ? (size_t)d->idx_dim * 4 : 0);
+  for (int i = 0; i < g->n_layers; i++) f->kv_per_token += kv_token_bytes(d) + ikey_token_bytes(d, &g->L[i]);
+  f->rows = g->bmax;
   size_t all = carve_acts(g, 0), kv = (size_t)(g->o.slots + 1) * (size_t)d->max_ctx * f->kv_per_token;
   f->acts = all > kv ? all - kv : 0; /* less the per-layer rounding to 256 bytes */
   free(g->L);

@@ -77,8 +77,9 @@ int gpu_warm(const model_config *c, int sh_inter, const gpu_opts *o, const char 
  * indexer key in f32 where a layer runs its own indexer; whole on every
  * rank: MLA's latent is not split by heads). */
 typedef struct gpu_footprint {
-  size_t weights, acts;     /* acts: without the caches */
+  size_t weights, acts;     /* acts: without the caches, for rows rows a step */
   size_t kv_per_token;
+  int rows;
 } gpu_footprint;
 int gpu_footprint_of(const model_config *c, int sh_inter, const gpu_opts *o, gpu_footprint *f, mj_err *err);
 /* Upload a loaded checkpoint.  Needs NVFP4 routed experts; other NVFP4

@@ -106,7 +106,7 @@ static int info_fit(const char *preset, int64_t layers, int64_t dense, int64_t t
          (long long)c.index_head_dim, nidx);
   printf("other      %s of activations and scratch (%d rows a step) + %.0f GB kept back for the CUDA context, kernels "
          "and NCCL (an allowance, not measured)\n",
-         mj_fmt_bytes((double)f.acts, b2, sizeof b2), 64, FIT_RESERVE_GB);
+         mj_fmt_bytes((double)f.acts, b2, sizeof b2), f.rows, FIT_RESERVE_GB);
   if (left <= 0)
     printf("context    does not fit: the weights alone take %.1f GB of %.0f GB\n", (double)f.weights / 1e9, gpu_gb);
   else
