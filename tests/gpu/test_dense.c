@@ -400,15 +400,28 @@ static void test_sample_filtered(void) {
   float *l = mj_xmalloc((size_t)B * V * 4);
   uint8_t *keep = mj_xmalloc(V);
   int32_t out[B], again[B], want[B], slot[B], pos[B];
-  const sample_params cases[] = {
-      sample_filters(1.0f, 0, 1.0f, 0.0f, 11),   sample_filters(0.8f, 50, 1.0f, 0.0f, 12),
-      sample_filters(1.0f, 0, 0.9f, 0.0f, 13),   sample_filters(1.2f, 0, 1.0f, 0.02f, 14),
-      sample_filters(0.7f, 40, 0.95f, 0.05f, 15), sample_filters(1.0f, 1000, 0.5f, 0.0f, 16),
+  /* The kernel's paths: the compact set (top-k, or top-p's 1024
+   * candidates when they hold the mass: the sharp rows of T 0.25), and the
+   * passes over the whole row (no cutoff; top-p over flat rows; a cutoff
+   * past 2048 tokens, by k or by ties: logits rounded to integers tie
+   * ~9700 tokens a value). */
+  const struct {
+    sample_params sp;
+    bool ties;
+  } cases[] = {
+      {sample_filters(1.0f, 0, 1.0f, 0.0f, 11), false},    {sample_filters(0.8f, 50, 1.0f, 0.0f, 12), false},
+      {sample_filters(1.0f, 0, 0.9f, 0.0f, 13), false},    {sample_filters(1.2f, 0, 1.0f, 0.02f, 14), false},
+      {sample_filters(0.7f, 40, 0.95f, 0.05f, 15), false}, {sample_filters(1.0f, 1000, 0.5f, 0.0f, 16), false},
+      {sample_filters(0.25f, 0, 0.9f, 0.0f, 17), false},   {sample_filters(0.25f, 0, 0.99f, 0.01f, 18), false},
+      {sample_filters(1.0f, 3000, 0.8f, 0.0f, 19), false}, {sample_filters(0.7f, 40, 0.95f, 0.0f, 20), true},
+      {sample_filters(0.5f, 0, 0.9f, 0.0f, 21), true},
   };
   int total = 0, outside = 0, same = 0, replay_diff = 0;
   for (size_t c = 0; c < MJ_ARRAY_LEN(cases); c++) {
-    const sample_params *sp = &cases[c];
+    const sample_params *sp = &cases[c].sp;
     fill_f32(l, (size_t)B * V, 8.0f);
+    if (cases[c].ties)
+      for (size_t i = 0; i < (size_t)B * V; i++) l[i] = rintf(l[i]);
     if (!sample_run(l, B, V, sp, 1000, out) || !sample_run(l, B, V, sp, 1000, again)) continue;
     for (int b = 0; b < B; b++) slot[b] = b % 4, pos[b] = 1000 + b;
     ref_sample(l, B, V, sp, slot, pos, want);
@@ -422,8 +435,9 @@ static void test_sample_filtered(void) {
       c_same += out[b] == want[b];
       replay_diff += out[b] != again[b];
     }
-    printf("  sample T=%.1f k=%-4d p=%.2f min_p=%.2f V=%d B=%d: kept %zu (last row), %d outside, %d of %d = CPU draw\n",
-           (double)sp->temperature, sp->top_k, (double)sp->top_p, (double)sp->min_p, V, B, kept, c_out, c_same, B);
+    printf("  sample T=%.2f k=%-4d p=%.2f min_p=%.2f V=%d B=%d%s: kept %zu (last row), %d outside, %d of %d = CPU draw\n",
+           (double)sp->temperature, sp->top_k, (double)sp->top_p, (double)sp->min_p, V, B,
+           cases[c].ties ? " (tied logits)" : "", kept, c_out, c_same, B);
     total += B, outside += c_out, same += c_same;
   }
   T_EQ_INT(outside, 0);
@@ -493,7 +507,7 @@ static void sample_speed(int B, const sample_params *sp) {
       if (r > 0) cu.cuEventElapsedTime(&t[r - 1], e0, e1);
     }
     if (ok_rc(rc, &err))
-      printf("  speed gop_sample V=%d B=%-2d T=%.1f k=%d p=%.2f min_p=%.2f: %8.1f us\n", V, B,
+      printf("  speed gop_sample V=%d B=%-2d T=%.2f k=%d p=%.2f min_p=%.2f: %8.1f us\n", V, B,
              (double)sp->temperature, sp->top_k, (double)sp->top_p, (double)sp->min_p, median_us(t, REPS));
     cu.cuEventDestroy(e0), cu.cuEventDestroy(e1);
   }
@@ -506,8 +520,14 @@ static void test_sample_speed(void) {
   const sample_params all = sample_filters(0.7f, 40, 0.95f, 0.05f, 1);
   sample_speed(1, &greedy);
   sample_speed(1, &plain);
+  /* top-p alone: on these rows (logits uniform in +-8) T 1 is flat, so its
+   * 1024 candidates hold too little mass (the passes over the whole row),
+   * T 0.25 sharp (the compact path) */
+  const sample_params flat_p = sample_filters(1.0f, 0, 0.95f, 0.0f, 1), sharp_p = sample_filters(0.25f, 0, 0.95f, 0.0f, 1);
   sample_speed(1, &all);
   sample_speed(64, &all);
+  sample_speed(1, &flat_p);
+  sample_speed(1, &sharp_p);
 }
 
 int gpu_test_dense(int argc, char **argv) {
