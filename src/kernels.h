@@ -22,6 +22,7 @@
   X(add_rmsnorm, "add_rmsnorm.k", "dsl", "H BLOCK YMODE", "ref_add_rmsnorm", 1e-2) \
   X(silu_mul, "silu_mul.k", "dsl", "I BLOCK", "ref_silu_mul", 1e-2) \
   X(gemv, "gemv_bf16_b.k", "dsl", "N K B THREADS ROWS UNROLL", "ref_gemv_b", 1e-2) \
+  X(gemv_mma, "gemv_bf16_mma.k", "dsl", "N K B THREADS MT KJ KSPLIT MINB", "ref_gemv_b", 1e-2) \
   X(sample, "sample.cu", "nvrtc", "sample_rows<BLOCK>", "ref_sample", 0.0) \
   X(mla_prep, "mla.cu", "nvrtc", "mla_prep<QR, R, ROPE, IDX_DIM>", "ref_mla_prep", 1e-2) \
   X(mla_q, "mla.cu", "nvrtc", "mla_q<NOPE, ROPE, V, R, TB>", "ref_mla_q", 1e-2) \

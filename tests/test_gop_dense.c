@@ -45,6 +45,17 @@ static void test_dry_compile(void) {
       T_EQ_INT(rc, 0);
       mj_err_clear(&err);
     }
+  /* Either GEMV kernel at any batch the GPU test forces (gputest dense
+   * runs both at 1..64 on the odd shape), and the tensor-core kernel's
+   * tiles with split K at GLM-5's widest K. */
+  for (int B = 1; B <= 64; B++)
+    for (int kind = GOP_GEMV_FMA; kind <= GOP_GEMV_MMA; kind++) {
+      int rc = gop_gemv_on((gop_gemv_kind)kind, z, z, z, B, 130, 1032, &DRY, &err);
+      if (rc) fprintf(stderr, "  gemv %s B=%d:\n", kind == GOP_GEMV_MMA ? "mma" : "fma", B), mj_err_print(&err, stderr);
+      T_EQ_INT(rc, 0);
+      mj_err_clear(&err);
+    }
+  T_EQ_INT(gop_gemv_on(GOP_GEMV_MMA, z, z, z, 3, 6144, 16384, &DRY, &err), 0);
   /* B > 64 runs in row blocks of 64 and the rest. */
   T_EQ_INT(gop_gemv(z, z, z, 100, 6144, 2048, &DRY, &err), 0);
   T_EQ_INT(gop_gemv(z, z, z, 100, 1000, 264, &DRY, &err), 0);

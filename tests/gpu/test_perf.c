@@ -215,14 +215,18 @@ static int perf_silu(perf *p, kt_id k, int B, mj_err *err) {
 }
 
 /* gemv N x K: reads W (N * K * 2) and x (B * K * 2), writes y (B * N * 4);
- * the decode step's shapes (src/gpu_model.c's enqueue). */
+ * the decode step's shapes (src/gpu_model.c's enqueue).  Both kernels at
+ * every batch size, one row each (family gemv: the FMA kernel; gemv_mma:
+ * the tensor-core one; gop_gemv takes the second from GOP_GEMV_MMA_FROM
+ * rows on), so a run holds the before and after of the switch. */
 typedef struct gemv_op {
   CUdeviceptr W[PERF_MAX_COPIES], x, y;
   int copies, B, N, K;
+  gop_gemv_kind kind;
 } gemv_op;
 static int gemv_launch(void *ctx, int i, CUstream s, mj_err *err) {
   const gemv_op *o = ctx;
-  return gop_gemv(o->W[i % o->copies], o->x, o->y, o->B, o->N, o->K, &(gop_ctx){.s = s}, err);
+  return gop_gemv_on(o->kind, o->W[i % o->copies], o->x, o->y, o->B, o->N, o->K, &(gop_ctx){.s = s}, err);
 }
 static int perf_gemv(perf *p, kt_id k, int B, mj_err *err) {
   const gop_dims *d = &p->d;
@@ -247,9 +251,12 @@ static int perf_gemv(perf *p, kt_id k, int B, mj_err *err) {
     const double bytes = (double)wn * 2 + (double)B * o.K * 2 + (double)B * o.N * 4;
     if ((rc = weight(p, o.W, &o.copies, wn, sqrtf(3.0f / (float)o.K), err)) ||
         (rc = rnd(p, &o.x, (size_t)B * o.K, false, -1, 1, err)) ||
-        (rc = rnd(p, &o.y, (size_t)B * o.N, true, -1, 1, err)) ||
-        (rc = row(p, k, op, B, bytes, o.copies, gemv_launch, &o, err)))
+        (rc = rnd(p, &o.y, (size_t)B * o.N, true, -1, 1, err)))
       return rc;
+    o.kind = GOP_GEMV_FMA;
+    if ((rc = row(p, k, op, B, bytes, o.copies, gemv_launch, &o, err))) return rc;
+    o.kind = GOP_GEMV_MMA;
+    if ((rc = row(p, KT_gemv_mma, op, B, bytes, o.copies, gemv_launch, &o, err))) return rc;
     release(p); /* the next shape's weights in place of these */
   }
   return 0;
@@ -572,6 +579,7 @@ static const struct {
 } cases[KT_N] = {
     [KT_embed] = {perf_embed},          [KT_add_rmsnorm] = {perf_norm},   [KT_silu_mul] = {perf_silu},
     [KT_gemv] = {perf_gemv},            [KT_sample] = {perf_sample},      [KT_mla_prep] = {perf_prep},
+    [KT_gemv_mma] = {NULL, "timed with gemv (gputest perf gemv: both kernels at every batch)"},
     [KT_mla_q] = {perf_absorb},         [KT_mla_vout] = {perf_absorb},    [KT_mla_attend] = {perf_attend},
     [KT_dsa_select] = {perf_select},    [KT_moe_router] = {perf_moe},     [KT_moe_route] = {perf_moe},
     [KT_moe_expert] = {perf_moe},       [KT_moe_combine] = {perf_moe},
