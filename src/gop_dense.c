@@ -121,29 +121,31 @@ static gop_tile gemv_tile(int nb, int N) {
  * partial sums in shared memory, 48 KiB at most: the block shrinks to 128
  * threads where 256 would need more. */
 #define GOP_MMA_WARPS 2048 /* ~16 warps per SM of an H200 */
-typedef struct gop_mma_tile {
-  int threads, mt, kj, ksplit, minb;
-} gop_mma_tile;
+static gop_mma_tile gemv_mma_split(gop_mma_tile t, int nt, int N, int K) {
+  t.ksplit = 1;
+  long units = (N + 16L * t.mt - 1) / (16L * t.mt); /* warps' worth of rows */
+  int steps = K / 8 / (4 * t.kj);                    /* whole steps of K */
+  while (t.ksplit < t.threads / 32 && units * t.ksplit < GOP_MMA_WARPS && steps >= 4 * t.ksplit) t.ksplit *= 2;
+  while (t.ksplit > 1 && t.threads > 32 && t.threads / 32 * t.mt * nt * 512 > 48 * 1024) t.threads /= 2;
+  if (t.ksplit > t.threads / 32) t.ksplit = t.threads / 32;
+  return t;
+}
 static gop_mma_tile gemv_mma_tile(int nb, int N, int K) {
   int nt = (nb + 7) / 8;
   gop_mma_tile t = nt <= 2 ? (gop_mma_tile){256, 1, 8, 1, 1} : nt <= 4 ? (gop_mma_tile){256, 1, 4, 1, 2}
                            : (gop_mma_tile){256, 2, 4, 1, 1};
-  long units = (N + 16L * t.mt - 1) / (16L * t.mt); /* warps' worth of rows */
-  int steps = K / 8 / (4 * t.kj);                    /* whole steps of K */
-  while (t.ksplit < t.threads / 32 && units * t.ksplit < GOP_MMA_WARPS && steps >= 4 * t.ksplit) t.ksplit *= 2;
-  while (t.ksplit > 1 && t.threads / 32 * t.mt * nt * 512 > 48 * 1024) t.threads /= 2;
-  if (t.ksplit > t.threads / 32) t.ksplit = t.threads / 32;
-  return t;
+  return gemv_mma_split(t, nt, N, K);
 }
 
-/* Launch one row block of nb <= 64 rows of x on the chosen kernel. */
-static int gemv_launch(bool mma, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int nb, int N, int K,
-                       const gop_ctx *cx, mj_err *err) {
+/* Launch one row block of nb <= 64 rows of x on the chosen kernel (the
+ * tensor cores: with tile, when not NULL, for the launcher's). */
+static int gemv_launch(bool mma, const gop_mma_tile *tile, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int nb,
+                       int N, int K, const gop_ctx *cx, mj_err *err) {
   static const char *const fma_names[] = {"N", "K", "B", "THREADS", "ROWS", "UNROLL"};
   static const char *const mma_names[] = {"N", "K", "B", "THREADS", "MT", "KJ", "KSPLIT", "MINB"};
   int vals[8], n, threads, per_block;
   if (mma) {
-    gop_mma_tile t = gemv_mma_tile(nb, N, K);
+    gop_mma_tile t = !tile ? gemv_mma_tile(nb, N, K) : tile->ksplit ? *tile : gemv_mma_split(*tile, (nb + 7) / 8, N, K);
     int v[] = {N, K, nb, t.threads, t.mt, t.kj, t.ksplit, t.minb};
     memcpy(vals, v, sizeof v), n = 8;
     threads = t.threads, per_block = 16 * t.mt * (t.threads / 32 / t.ksplit);
@@ -164,8 +166,8 @@ static int gemv_launch(bool mma, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, in
   return cu_launch(f->fn, (unsigned)((N + per_block - 1) / per_block), (unsigned)threads, 0, cx->s, args, err);
 }
 
-int gop_gemv_on(gop_gemv_kind kind, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K,
-                const gop_ctx *cx, mj_err *err) {
+static int gemv_rows(gop_gemv_kind kind, const gop_mma_tile *tile, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y,
+                     int B, int N, int K, const gop_ctx *cx, mj_err *err) {
   if (B < 1 || N < 1 || K < 1)
     return mj_fail(err, MJ_EINPUT, "gop_gemv: B %d, N %d and K %d must be positive", B, N, K);
   if (K % 8 != 0)
@@ -174,14 +176,28 @@ int gop_gemv_on(gop_gemv_kind kind, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y,
     int nb = B - b0 < GOP_GEMV_MAXB ? B - b0 : GOP_GEMV_MAXB;
     bool mma = kind == GOP_GEMV_MMA || (kind == GOP_GEMV_AUTO && nb >= GOP_GEMV_MMA_FROM);
     CUdeviceptr xb = x + (CUdeviceptr)b0 * (CUdeviceptr)K * 2, yb = y + (CUdeviceptr)b0 * (CUdeviceptr)N * 4;
-    int rc = gemv_launch(mma, W, xb, yb, nb, N, K, cx, err);
+    int rc = gemv_launch(mma, tile, W, xb, yb, nb, N, K, cx, err);
     if (rc) return rc;
   }
   return 0;
 }
 
 int gop_gemv(CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K, const gop_ctx *cx, mj_err *err) {
-  return gop_gemv_on(GOP_GEMV_AUTO, W, x, y, B, N, K, cx, err);
+  return gemv_rows(GOP_GEMV_AUTO, NULL, W, x, y, B, N, K, cx, err);
+}
+
+int gop_gemv_on(gop_gemv_kind kind, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K,
+                const gop_ctx *cx, mj_err *err) {
+  return gemv_rows(kind, NULL, W, x, y, B, N, K, cx, err);
+}
+
+int gop_gemv_mma_tiled(const gop_mma_tile *t, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K,
+                       const gop_ctx *cx, mj_err *err) {
+  if (t->threads < 32 || t->threads > 1024 || t->threads % 32 || t->mt < 1 || t->kj < 1 || t->ksplit < 0 ||
+      t->minb < 1)
+    return mj_fail(err, MJ_EINPUT, "gop_gemv_mma_tiled: tile %d:%d:%d:%d:%d is not THREADS:MT:KJ:KSPLIT:MINB",
+                   t->threads, t->mt, t->kj, t->ksplit, t->minb);
+  return gemv_rows(GOP_GEMV_MMA, t, W, x, y, B, N, K, cx, err);
 }
 
 /* ---- sampling ------------------------------------------------------------------------- */

@@ -104,6 +104,16 @@ int gop_gemv(CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K, c
 typedef enum gop_gemv_kind { GOP_GEMV_AUTO, GOP_GEMV_FMA, GOP_GEMV_MMA } gop_gemv_kind;
 int gop_gemv_on(gop_gemv_kind kind, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K,
                 const gop_ctx *cx, mj_err *err);
+/* The tensor-core kernel's tile: gemv_bf16_mma.k's THREADS, MT, KJ,
+ * KSPLIT and MINB (its header says what each is). */
+typedef struct gop_mma_tile {
+  int threads, mt, kj, ksplit, minb;
+} gop_mma_tile;
+/* gop_gemv_on(GOP_GEMV_MMA) on tile t instead of the launcher's choice
+ * (ksplit 0: the launcher's split for t), for sweeps (gputest perf's
+ * MOEJIT_PERF_GEMV_TILES); a tile the kernel refuses fails to compile. */
+int gop_gemv_mma_tiled(const gop_mma_tile *t, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K,
+                       const gop_ctx *cx, mj_err *err);
 
 /* h[b][i] = bf16(silu(gu[b][i]) * gu[b][I + i]): gu f32 [B][2I] (gate, then up). */
 int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, const gop_ctx *cx, mj_err *err);

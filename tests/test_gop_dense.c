@@ -56,6 +56,12 @@ static void test_dry_compile(void) {
       mj_err_clear(&err);
     }
   T_EQ_INT(gop_gemv_on(GOP_GEMV_MMA, z, z, z, 3, 6144, 16384, &DRY, &err), 0);
+  /* A tile of a sweep (gputest perf's MOEJIT_PERF_GEMV_TILES): the split
+   * the launcher's, or given (one the kernel refuses: below). */
+  T_EQ_INT(gop_gemv_mma_tiled(&(gop_mma_tile){128, 2, 2, 0, 1}, z, z, z, 40, 2784, 6144, &DRY, &err), 0);
+  T_EQ_INT(gop_gemv_mma_tiled(&(gop_mma_tile){256, 1, 4, 4, 2}, z, z, z, 9, 2784, 6144, &DRY, &err), 0);
+  T_EQ_INT(gop_gemv_mma_tiled(&(gop_mma_tile){100, 1, 4, 0, 1}, z, z, z, 9, 2784, 6144, &DRY, &err), MJ_EINPUT);
+  mj_err_clear(&err);
   /* B > 64 runs in row blocks of 64 and the rest. */
   T_EQ_INT(gop_gemv(z, z, z, 100, 6144, 2048, &DRY, &err), 0);
   T_EQ_INT(gop_gemv(z, z, z, 100, 1000, 264, &DRY, &err), 0);
@@ -90,7 +96,11 @@ static void test_dry_compile(void) {
   T_EQ_INT(stat_of(CACHE_STAT_failures), 0);
   T_CHECK(stat_of(CACHE_STAT_compiles) >= MJ_ARRAY_LEN(gemv_nk) * MJ_ARRAY_LEN(gemv_b));
 
-  /* Shapes the kernels cannot take are refused before any compile. */
+  /* Shapes the kernels cannot take are refused before any compile; a
+   * sweep's tile the kernel refuses, by its compile (the only failure). */
+  T_CHECK(gop_gemv_mma_tiled(&(gop_mma_tile){256, 1, 4, 3, 1}, z, z, z, 9, 2784, 6144, &DRY, &err) != 0);
+  T_CHECK(strstr(err.msg, "KSPLIT must divide") != NULL);
+  mj_err_clear(&err);
   T_EQ_INT(gop_gemv(z, z, z, 1, 64, 1001, &DRY, &err), MJ_EINPUT);
   T_CHECK(strstr(err.msg, "not a multiple of 8") != NULL);
   mj_err_clear(&err);

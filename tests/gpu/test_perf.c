@@ -7,7 +7,10 @@
  * The families are the words after `perf` (`gputest perf gemv mla_vout`),
  * else the comma list MOEJIT_PERF_OPS (make check runs `gputest
  * tests/gpu/perf.gpu`), else all of them; the batch sizes 1, 8 and 32, or
- * the comma list MOEJIT_PERF_BATCHES.  Each family's ops run on device
+ * the comma list MOEJIT_PERF_BATCHES; the GEMV also on each tensor-core
+ * tile of MOEJIT_PERF_GEMV_TILES (a comma list of THREADS:MT:KJ:KSPLIT:MINB,
+ * KSPLIT 0 for the launcher's split), a sweep beside the launcher's choice.
+ * Each family's ops run on device
  * buffers of random values (gop_fill) and are timed as the median of CUDA
  * graph replays of PERF_LAUNCHES launches or more (tm_graph_us).  A row of the
  * markdown table gives the time per launch, the bytes the op must move
@@ -45,6 +48,7 @@
 #define PERF_MAX_BATCHES 8
 #define PERF_MAX_B 128
 #define PERF_MOE_SETS 8     /* inputs the MoE layer rotates over: different routings */
+#define PERF_MAX_TILES 8    /* MOEJIT_PERF_GEMV_TILES */
 
 static const int contexts[] = {1024, 4096};
 
@@ -59,6 +63,8 @@ typedef struct perf {
   CUdeviceptr buf[PERF_MAX_BUFS]; /* the measurement's buffers, freed together (release) */
   int nbuf;
   moe_weights moe;  /* the MoE layer's weights, random NVFP4 experts, made on first use */
+  gop_mma_tile tiles[PERF_MAX_TILES]; /* MOEJIT_PERF_GEMV_TILES: tensor-core GEMV tiles to time too */
+  int ntiles;
 } perf;
 
 /* ---- helpers --------------------------------------------------------------------------- */
@@ -223,9 +229,11 @@ typedef struct gemv_op {
   CUdeviceptr W[PERF_MAX_COPIES], x, y;
   int copies, B, N, K;
   gop_gemv_kind kind;
+  const gop_mma_tile *tile; /* the tensor cores on this tile, when not NULL */
 } gemv_op;
 static int gemv_launch(void *ctx, int i, CUstream s, mj_err *err) {
   const gemv_op *o = ctx;
+  if (o->tile) return gop_gemv_mma_tiled(o->tile, o->W[i % o->copies], o->x, o->y, o->B, o->N, o->K, &(gop_ctx){.s = s}, err);
   return gop_gemv_on(o->kind, o->W[i % o->copies], o->x, o->y, o->B, o->N, o->K, &(gop_ctx){.s = s}, err);
 }
 static int perf_gemv(perf *p, kt_id k, int B, mj_err *err) {
@@ -257,6 +265,18 @@ static int perf_gemv(perf *p, kt_id k, int B, mj_err *err) {
     if ((rc = row(p, k, op, B, bytes, o.copies, gemv_launch, &o, err))) return rc;
     o.kind = GOP_GEMV_MMA;
     if ((rc = row(p, KT_gemv_mma, op, B, bytes, o.copies, gemv_launch, &o, err))) return rc;
+    for (int t = 0; t < p->ntiles; t++) {
+      const gop_mma_tile *tl = &p->tiles[t];
+      char top[96];
+      snprintf(top, sizeof top, "%s tile %d:%d:%d:%d:%d", op, tl->threads, tl->mt, tl->kj, tl->ksplit, tl->minb);
+      o.tile = tl;
+      rc = row(p, KT_gemv_mma, top, B, bytes, o.copies, gemv_launch, &o, err);
+      o.tile = NULL;
+      if (rc) { /* a tile the kernel refuses: said, and the sweep goes on */
+        printf("| gemv_mma | %s: %s | %d | | | | |\n", top, err->msg, B);
+        mj_err_clear(err);
+      }
+    }
     release(p); /* the next shape's weights in place of these */
   }
   return 0;
@@ -589,7 +609,33 @@ static const struct {
 typedef struct perf_sel {
   bool keep[KT_N];
   int batches[PERF_MAX_BATCHES], nb;
+  gop_mma_tile tiles[PERF_MAX_TILES];
+  int ntiles;
 } perf_sel;
+
+/* MOEJIT_PERF_GEMV_TILES: a comma list of THREADS:MT:KJ:KSPLIT:MINB; 0, or
+ * 2 having said why. */
+static int gemv_tiles(const char *s, perf_sel *sel) {
+  sel->ntiles = 0;
+  while (s && *s) {
+    gop_mma_tile t;
+    int used = 0;
+    bool ok = sel->ntiles < PERF_MAX_TILES &&
+              sscanf(s, "%d:%d:%d:%d:%d%n", &t.threads, &t.mt, &t.kj, &t.ksplit, &t.minb, &used) == 5 &&
+              (s[used] == ',' || s[used] == 0) && t.threads >= 32 && t.threads <= 1024 && t.threads % 32 == 0 &&
+              t.mt >= 1 && t.kj >= 1 && t.ksplit >= 0 && t.minb >= 1;
+    if (!ok) {
+      fprintf(stderr,
+              "gputest perf: MOEJIT_PERF_GEMV_TILES wants a comma list of at most %d THREADS:MT:KJ:KSPLIT:MINB "
+              "(THREADS whole warps up to 1024, KSPLIT 0 for the launcher's), not '%s'\n",
+              PERF_MAX_TILES, getenv("MOEJIT_PERF_GEMV_TILES"));
+      return 2;
+    }
+    sel->tiles[sel->ntiles++] = t;
+    s += used + (s[used] == ',');
+  }
+  return 0;
+}
 
 /* Keep the families of the comma list s (from: where it came from, for the message). */
 static int pick(const char *s, const char *from, perf_sel *sel) {
@@ -634,6 +680,7 @@ static int selection(int argc, char **argv, perf_sel *sel) {
   }
   for (int i = 0; i < nb; i++) sel->batches[i] = (int)b[i];
   sel->nb = nb;
+  if (!rc) rc = gemv_tiles(getenv("MOEJIT_PERF_GEMV_TILES"), sel);
   return rc;
 }
 
@@ -646,7 +693,8 @@ int gpu_perf_args(int argc, char **argv) {
 int gpu_test_perf(int argc, char **argv) {
   perf_sel sel;
   if (selection(argc, argv, &sel)) return 2;
-  perf p = {.seed = 17, .rng = 0x2545F4914F6CDD1Dull};
+  perf p = {.seed = 17, .rng = 0x2545F4914F6CDD1Dull, .ntiles = sel.ntiles};
+  memcpy(p.tiles, sel.tiles, sizeof p.tiles);
   mj_err err = {0};
   if (tm_copy_bandwidth((size_t)1 << 30, &p.copy_bps, &err)) {
     mj_err_print(&err, stderr);
