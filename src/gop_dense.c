@@ -113,7 +113,8 @@ static gop_tile gemv_tile(int nb, int N) {
  * one (nb <= 8) MT 1, KJ 8, 112 registers, two blocks of 256 per SM;
  * two, KJ 8, 148 registers, one block; three or four, KJ 4 with registers
  * capped at 128 (MINB 2), two blocks; five to eight, MT 2 (two m tiles
- * share each load of x), KJ 4, 197 registers, one block.  Every lane keeps
+ * share each load of x), KJ 4, 197 registers, one block (or MT 1, KJ 8 for
+ * a small N, below).  Every lane keeps
  * 16 or 8 16-byte loads of W in flight.  Then K is split between 2, 4 or 8
  * warps of a block (KSPLIT) until the grid has GOP_MMA_WARPS warps, as
  * long as every warp keeps two steps of K or more: attn.in_proj's 2784
@@ -134,6 +135,11 @@ static gop_mma_tile gemv_mma_tile(int nb, int N, int K) {
   int nt = (nb + 7) / 8;
   gop_mma_tile t = nt <= 2 ? (gop_mma_tile){256, 1, 8, 1, 1} : nt <= 4 ? (gop_mma_tile){256, 1, 4, 1, 2}
                            : (gop_mma_tile){256, 2, 4, 1, 1};
+  /* MT 2 also halves the warps' worth of rows: where even K split 8 ways
+   * would leave the grid short of GOP_MMA_WARPS (N below 8192: attn.in_proj,
+   * o_proj, mlp.down), one m tile a warp, and KJ 8 to keep 16 loads in
+   * flight (190-198 registers, no spills). */
+  if (t.mt == 2 && (N + 31L) / 32 * (t.threads / 32) < GOP_MMA_WARPS) t = (gop_mma_tile){256, 1, 8, 1, 1};
   return gemv_mma_split(t, nt, N, K);
 }
 

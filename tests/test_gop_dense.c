@@ -60,6 +60,13 @@ static void test_dry_compile(void) {
    * the launcher's, or given (one the kernel refuses: below). */
   T_EQ_INT(gop_gemv_mma_tiled(&(gop_mma_tile){128, 2, 2, 0, 1}, z, z, z, 40, 2784, 6144, &DRY, &err), 0);
   T_EQ_INT(gop_gemv_mma_tiled(&(gop_mma_tile){256, 1, 4, 4, 2}, z, z, z, 9, 2784, 6144, &DRY, &err), 0);
+  /* gputest dense's tiles on its odd shape */
+  static const gop_mma_tile tiles[] = {{256, 2, 4, 0, 1}, {128, 2, 2, 2, 1}, {64, 1, 8, 0, 1}, {256, 1, 4, 4, 2},
+                                       {256, 1, 2, 8, 1}};
+  static const int tile_b[] = {3, 17, 64};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(tiles); i++)
+    for (size_t j = 0; j < MJ_ARRAY_LEN(tile_b); j++)
+      T_EQ_INT(gop_gemv_mma_tiled(&tiles[i], z, z, z, tile_b[j], 130, 1032, &DRY, &err), 0);
   T_EQ_INT(gop_gemv_mma_tiled(&(gop_mma_tile){100, 1, 4, 0, 1}, z, z, z, 9, 2784, 6144, &DRY, &err), MJ_EINPUT);
   mj_err_clear(&err);
   /* B > 64 runs in row blocks of 64 and the rest. */

@@ -174,7 +174,8 @@ static void rmsnorm_case(int H, int B, int ymode) {
  * errs by O(1), a lost chunk by sqrt(8 / K) (> 2e-2 at these K). */
 static double gemv_f32_tol(int K) { return 2e-4 * (K > 4096 ? K / 4096.0 : 1.0); }
 
-static void gemv_case(gop_gemv_kind kind, int N, int K, int B) {
+/* tile: the tensor-core kernel on that tile (gop_gemv_mma_tiled), else kind. */
+static void gemv_run(gop_gemv_kind kind, const gop_mma_tile *tile, int N, int K, int B) {
   mj_err err = {0};
   bufs b = {0};
   size_t wn = (size_t)N * K;
@@ -185,13 +186,21 @@ static void gemv_case(gop_gemv_kind kind, int N, int K, int B) {
   ref_gemv_b(W, x, want, B, N, K);
   CUdeviceptr dW = dev(&b, W, wn * 2, 0), dx = dev(&b, x, (size_t)B * K * 2, 0);
   CUdeviceptr dy = dev(&b, NULL, (size_t)B * N * 4, (size_t)N * 4);
-  if (dW && dx && dy && ok_rc(gop_gemv_on(kind, dW, dx, dy, B, N, K, &(gop_ctx){0}, &err), &err)) {
+  bool ready = dW && dx && dy;
+  int rc = !ready ? 0
+           : tile ? gop_gemv_mma_tiled(tile, dW, dx, dy, B, N, K, &(gop_ctx){0}, &err)
+                  : gop_gemv_on(kind, dW, dx, dy, B, N, K, &(gop_ctx){0}, &err);
+  if (ready && ok_rc(rc, &err)) {
     sync_check();
     cu.cuMemcpyDtoH(got, dy, ((size_t)B + 1) * N * 4);
-    char shape[32];
-    snprintf(shape, sizeof shape, "N=%d K=%d", N, K);
-    bool mma = kind == GOP_GEMV_MMA || (kind == GOP_GEMV_AUTO && B >= GOP_GEMV_MMA_FROM);
-    const char *op = kind == GOP_GEMV_AUTO ? "gemv" : mma ? "gemv mma" : "gemv fma";
+    char shape[48];
+    if (tile)
+      snprintf(shape, sizeof shape, "N=%d K=%d %d:%d:%d:%d:%d", N, K, tile->threads, tile->mt, tile->kj, tile->ksplit,
+               tile->minb);
+    else
+      snprintf(shape, sizeof shape, "N=%d K=%d", N, K);
+    bool mma = tile || kind == GOP_GEMV_MMA || (kind == GOP_GEMV_AUTO && B >= GOP_GEMV_MMA_FROM);
+    const char *op = tile ? "gemv tile" : kind == GOP_GEMV_AUTO ? "gemv" : mma ? "gemv mma" : "gemv fma";
     if (compare(mma ? KT_gemv_mma : KT_gemv, op, shape, B, got, want, (size_t)B * N)) {
       double e = ref_rel_err(got, want, (size_t)B * N);
       if (e > gemv_f32_tol(K)) fprintf(stderr, "  %s %s B=%d: rel err %.2e > %.2e\n", op, shape, B, e, gemv_f32_tol(K));
@@ -202,6 +211,7 @@ static void gemv_case(gop_gemv_kind kind, int N, int K, int B) {
   bufs_free(&b);
   free(W), free(x), free(want), free(got);
 }
+static void gemv_case(gop_gemv_kind kind, int N, int K, int B) { gemv_run(kind, NULL, N, K, B); }
 
 /* Informational, not a check (moejit bench is the authority): the median
  * time of gop_gemv against gemv_bf16.k (B = 1 only) on the same W. */
@@ -373,11 +383,19 @@ static void test_gemv(void) {
   gemv_case(GOP_GEMV_MMA, 20480, 2048, 4);   /* attn.q_proj: K split 2 ways */
   gemv_case(GOP_GEMV_MMA, 20480, 2048, 13);
   gemv_case(GOP_GEMV_MMA, 20480, 2048, 37);
+  gemv_case(GOP_GEMV_MMA, 8192, 1032, 64);   /* MT 2 with split K and a K tail */
   gemv_case(GOP_GEMV_MMA, 6144, 16384, 8);   /* attn.o_proj: the widest K */
   gemv_case(GOP_GEMV_MMA, 6144, 12288, 33);  /* mlp.down */
   gemv_case(GOP_GEMV_AUTO, 154880, 6144, 4); /* the LM head on tensor cores: 1210 blocks */
   gemv_case(GOP_GEMV_MMA, 5, 24, 9);         /* N, K and B under one tile each */
   gemv_case(GOP_GEMV_MMA, 77, 8, 5);
+  /* Tiles the launcher does not take here (THREADS:MT:KJ:KSPLIT:MINB;
+   * KSPLIT 0: the launcher's split for the tile), as a sweep runs them. */
+  static const gop_mma_tile tiles[] = {{256, 2, 4, 0, 1}, {128, 2, 2, 2, 1}, {64, 1, 8, 0, 1}, {256, 1, 4, 4, 2},
+                                       {256, 1, 2, 8, 1}};
+  static const int tile_b[] = {3, 17, 64};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(tiles); i++)
+    for (size_t j = 0; j < MJ_ARRAY_LEN(tile_b); j++) gemv_run(GOP_GEMV_MMA, &tiles[i], 130, 1032, tile_b[j]);
   gemv_speed(24576, 6144);
   gemv_speed(6144, 2048);
 }
