@@ -168,6 +168,18 @@ int gop_mla_q(const gop_dims *d, CUdeviceptr Q, CUdeviceptr kv_b, gop_rows rows,
 size_t gop_mla_attend_scratch(const gop_dims *d, int B);
 int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows rows, CUdeviceptr sel, float scale,
                    CUdeviceptr olat, CUdeviceptr scratch, int B, const gop_ctx *cx, mj_err *err);
+/* gop_mla_attend on the kernel kind names: GOP_ATTEND_AUTO (what
+ * gop_mla_attend does: the CUDA-core kernel while GOP_ATTEND_MMA_DEFAULT is
+ * 0), GOP_ATTEND_FMA (mla_attend_part), GOP_ATTEND_MMA (mla_attend_part_tc,
+ * tensor cores: kv_rank a multiple of 64, kv_rank + rope of 16; docs/decode.md,
+ * "Attention on tensor cores"), for the GPU tests and the perf mode.  The
+ * tensor-core kernel is new and not yet run on a GPU: the default flips to
+ * it once gputest attn and gputest perf mla_attend have. */
+#define GOP_ATTEND_MMA_DEFAULT 0
+typedef enum gop_attend_kind { GOP_ATTEND_AUTO, GOP_ATTEND_FMA, GOP_ATTEND_MMA } gop_attend_kind;
+int gop_mla_attend_on(gop_attend_kind kind, const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows rows,
+                      CUdeviceptr sel, float scale, CUdeviceptr olat, CUdeviceptr scratch, int B, const gop_ctx *cx,
+                      mj_err *err);
 
 /* o bf16 [B][heads * v]: o_h = W_uv_h olat_h, W_uv_h = rows
  * h*(nope+v)+nope .. h*(nope+v)+nope+v of kv_b. */

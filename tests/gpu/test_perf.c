@@ -396,6 +396,7 @@ typedef struct attn_op {
   int copies, B;
   CUdeviceptr cache; /* kv (attend) or ikey (select) of copies * B slots */
   CUdeviceptr q, iw, sel, out, scratch; /* q: qlat (attend) or iq (select); out: olat (attend) */
+  gop_attend_kind kind;                  /* attend: which kernel */
 } attn_op;
 
 /* The rows and the cache (record bytes per token) of B rows at context
@@ -424,8 +425,8 @@ static int attn_setup(perf *p, int B, int ctx, size_t rec, bool f32, attn_op *o,
 static int attend_launch(void *ctx, int i, CUstream s, mj_err *err) {
   const attn_op *o = ctx;
   float scale = 1.0f / sqrtf((float)(o->d.nope + o->d.rope)); /* as enqueue */
-  return gop_mla_attend(&o->d, o->q, (gop_cache){o->cache, 0}, o->rows[i % o->copies], o->sel, scale, o->out,
-                        o->scratch, o->B, &(gop_ctx){.s = s}, err);
+  return gop_mla_attend_on(o->kind, &o->d, o->q, (gop_cache){o->cache, 0}, o->rows[i % o->copies], o->sel, scale,
+                           o->out, o->scratch, o->B, &(gop_ctx){.s = s}, err);
 }
 static int perf_attend(perf *p, kt_id k, int B, mj_err *err) {
   for (size_t c = 0; c < MJ_ARRAY_LEN(contexts); c++) {
@@ -441,8 +442,13 @@ static int perf_attend(perf *p, kt_id k, int B, mj_err *err) {
     const int n = selects ? o.d.idx_topk : ctx;
     const double bytes = (double)B * n * D * 2 + (selects ? (double)B * n * 4 : 0) + (double)B * H * D * 4 + B * 8.0 +
                          (double)B * H * p->d.kv_rank * 4;
-    char op[64];
+    char op[80];
     snprintf(op, sizeof op, "attn.attend ctx %d (%d tokens)", ctx, n);
+    if ((rc = row(p, k, op, B, bytes, o.copies, attend_launch, &o, err))) return rc;
+    /* The tensor-core kernel beside it (gop_mla_attend takes it once it has
+     * been checked on the device: GOP_ATTEND_MMA_DEFAULT). */
+    o.kind = GOP_ATTEND_MMA;
+    snprintf(op, sizeof op, "attn.attend ctx %d (%d tokens) tensor cores", ctx, n);
     if ((rc = row(p, k, op, B, bytes, o.copies, attend_launch, &o, err))) return rc;
     release(p);
   }
