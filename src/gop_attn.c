@@ -30,6 +30,11 @@
  * context finer so that a short step still spreads over the GPU. */
 #define ATT_TARGET_BLOCKS 528
 #define GOP_MAX_SMEM (227 * 1024) /* dynamic shared memory per block on sm_90 */
+/* The tensor-core variant (mla_attend_part_tc): ATT_TC_HT m16 tiles of
+ * heads per block (128 threads each), one where a row's heads in tiles of
+ * 64 would leave the GPU short of blocks; about two waves of blocks. */
+#define ATT_TC_HT 4
+#define ATT_TC_TARGET_BLOCKS 264
 
 typedef struct att_plan {
   int hg;       /* heads per block: ATT_HG, or ATT_HG_SMALL */
@@ -38,14 +43,62 @@ typedef struct att_plan {
   int nsplit;   /* ceil(max_ctx / chunk) */
   size_t smem;  /* dynamic shared memory of mla_attend_part */
   bool spec;    /* widths fit the specialised kernel (16-byte loads) */
+  bool tc;      /* the tensor-core kernel (hg = 16 ht heads a block) */
+  int ht;       /* tc: m16 tiles of heads per block */
 } att_plan;
 
 static size_t round4(size_t n) { return (n + 3) & ~(size_t)3; }
+
+/* The split of the context for p's head groups: about target blocks in
+ * all, whole tiles each. */
+static void att_split(const gop_dims *d, int B, long target, att_plan *p) {
+  long most = (d->max_ctx + ATT_TILE - 1) / ATT_TILE;
+  long per = (long)B * p->hgroups;
+  long want = (target + per - 1) / per;
+  if (want > most) want = most;
+  if (want < 1) want = 1;
+  long chunk = (d->max_ctx + want - 1) / want;
+  chunk = (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+  p->chunk = (int)chunk;
+  p->nsplit = (int)((d->max_ctx + chunk - 1) / chunk);
+  assert(p->nsplit <= ATT_MAX_SPLIT); /* nsplit <= want <= target */
+}
+
+/* The widths mla_attend_part_tc takes (its static_assert). */
+static bool att_tc_fits(const gop_dims *d) { return d->kv_rank % 64 == 0 && (d->kv_rank + d->rope) % 16 == 0 && d->rope % 8 == 0; }
+
+/* mla_tc_smem in attend.cu: q fragments (hi, lo), the tile, P, maxima and sums. */
+static size_t att_tc_smem(const gop_dims *d, int ht) {
+  size_t D = (size_t)d->kv_rank + (size_t)d->rope;
+  return 2 * (size_t)ht * (D / 16) * 32 * 16 + 32 * (D + 8) * 2 + (size_t)ht * 16 * 40 * 2 + 2 * 4 * (size_t)ht * 16 * 4;
+}
+
+/* The tensor-core kernel's plan: all heads a block in tiles of up to
+ * ATT_TC_HT m16 tiles, the context split so that about
+ * ATT_TC_TARGET_BLOCKS blocks run. */
+static int att_tc_plan(const gop_dims *d, int B, att_plan *p, mj_err *err) {
+  if (!att_tc_fits(d))
+    return mj_fail(err, MJ_EINPUT, "gop_mla_attend: the tensor-core kernel takes kv_rank %% 64 == 0 and (kv_rank + "
+                                   "rope) %% 16 == 0, not %d and %d", d->kv_rank, d->rope);
+  long most = (d->max_ctx + ATT_TILE - 1) / ATT_TILE;
+  int tiles = (d->heads + 15) / 16;
+  p->ht = tiles < ATT_TC_HT ? tiles : ATT_TC_HT;
+  if ((long)B * ((tiles + p->ht - 1) / p->ht) * most < ATT_TC_TARGET_BLOCKS) p->ht = 1;
+  p->tc = p->spec = true;
+  p->hg = 16 * p->ht;
+  p->hgroups = (tiles + p->ht - 1) / p->ht;
+  att_split(d, B, ATT_TC_TARGET_BLOCKS, p);
+  p->smem = att_tc_smem(d, p->ht);
+  if (p->smem > GOP_MAX_SMEM)
+    return mj_fail(err, MJ_EINPUT, "gop_mla_attend: the tensor-core kernel needs %zu bytes of shared memory", p->smem);
+  return 0;
+}
 
 static int att_plan_make(const gop_dims *d, int B, att_plan *p, mj_err *err) {
   if (B < 1 || d->heads < 1 || d->kv_rank < 1 || d->rope < 0 || d->max_ctx < 1)
     return mj_fail(err, MJ_EINPUT, "gop_mla_attend: bad shape (B %d, heads %d, kv_rank %d, rope %d, max_ctx %d)",
                    B, d->heads, d->kv_rank, d->rope, d->max_ctx);
+  p->tc = false, p->ht = 0;
   p->spec = d->kv_rank % 8 == 0 && d->rope % 8 == 0;
   if (!p->spec && d->kv_rank > ATT_MAX_CPT * ATT_BLOCK)
     return mj_fail(err, MJ_EINPUT, "gop_mla_attend: kv_rank %d with rope %d: the generic kernel takes kv_rank <= %d",
@@ -57,15 +110,7 @@ static int att_plan_make(const gop_dims *d, int B, att_plan *p, mj_err *err) {
   long most = (d->max_ctx + ATT_TILE - 1) / ATT_TILE;
   p->hg = (long)B * ((d->heads + ATT_HG - 1) / ATT_HG) * most < ATT_TARGET_BLOCKS ? ATT_HG_SMALL : ATT_HG;
   p->hgroups = (d->heads + p->hg - 1) / p->hg;
-  long per = (long)B * p->hgroups;
-  long want = (ATT_TARGET_BLOCKS + per - 1) / per;
-  if (want > most) want = most;
-  if (want < 1) want = 1;
-  long chunk = (d->max_ctx + want - 1) / want;
-  chunk = (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
-  p->chunk = (int)chunk;
-  p->nsplit = (int)((d->max_ctx + chunk - 1) / chunk);
-  assert(p->nsplit <= ATT_MAX_SPLIT); /* nsplit <= want <= ATT_TARGET_BLOCKS */
+  att_split(d, B, ATT_TARGET_BLOCKS, p);
   size_t D = (size_t)d->kv_rank + (size_t)d->rope;
   p->smem = (round4((size_t)p->hg * D) + (size_t)ATT_TILE * p->hg + round4((size_t)p->hg)) * sizeof(float) +
             ATT_TILE * (D + 8) * 2;
@@ -75,12 +120,21 @@ static int att_plan_make(const gop_dims *d, int B, att_plan *p, mj_err *err) {
   return 0;
 }
 
+/* The scratch of a plan: m and l, then the accumulators (mla_acc_offset:
+ * rows 16-byte aligned). */
+static size_t att_scratch(const gop_dims *d, int B, const att_plan *p) {
+  size_t parts = (size_t)B * (size_t)d->heads * (size_t)p->nsplit;
+  return (round4(parts * 2) + parts * (size_t)d->kv_rank) * sizeof(float);
+}
+
+/* Enough for either kernel, so that a step may take either. */
 size_t gop_mla_attend_scratch(const gop_dims *d, int B) {
-  att_plan p;
+  att_plan p, t;
   mj_err err = {0};
   if (att_plan_make(d, B, &p, &err)) return 0;
-  size_t parts = (size_t)B * (size_t)d->heads * (size_t)p.nsplit;
-  return (round4(parts * 2) + parts * (size_t)d->kv_rank) * sizeof(float); /* mla_acc_offset: rows 16-byte aligned */
+  size_t n = att_scratch(d, B, &p);
+  if (att_tc_fits(d) && att_tc_plan(d, B, &t, &err) == 0 && att_scratch(d, B, &t) > n) n = att_scratch(d, B, &t);
+  return n;
 }
 
 /* Ask for more than the default 48 KiB of dynamic shared memory when needed. */
@@ -92,19 +146,31 @@ static int set_smem(CUfunction fn, size_t bytes, mj_err *err) {
 
 int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows rows, CUdeviceptr sel, float scale,
                    CUdeviceptr olat, CUdeviceptr scratch, int B, const gop_ctx *cx, mj_err *err) {
+  return gop_mla_attend_on(GOP_ATTEND_AUTO, d, qlat, c, rows, sel, scale, olat, scratch, B, cx, err);
+}
+
+int gop_mla_attend_on(gop_attend_kind kind, const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows rows,
+                      CUdeviceptr sel, float scale, CUdeviceptr olat, CUdeviceptr scratch, int B, const gop_ctx *cx,
+                      mj_err *err) {
   att_plan p;
   int rc = att_plan_make(d, B, &p, err);
   if (rc) return rc;
+  bool tc = kind == GOP_ATTEND_MMA || (kind == GOP_ATTEND_AUTO && GOP_ATTEND_MMA_DEFAULT && att_tc_fits(d));
+  if (tc && (rc = att_tc_plan(d, B, &p, err))) return rc;
   if (sel && d->idx_topk < 1) return mj_fail(err, MJ_EINPUT, "gop_mla_attend: a selection with idx_topk %d", d->idx_topk);
   char e1[96], g1[96], e2[64], g2[64];
   snprintf(g1, sizeof g1, "mla_attend_part<0, 0, %d, %d>", p.hg, ATT_BLOCK);
-  snprintf(e1, sizeof e1, "mla_attend_part<%d, %d, %d, %d>", d->kv_rank, d->rope, p.hg, ATT_BLOCK);
+  if (p.tc)
+    snprintf(e1, sizeof e1, "mla_attend_part_tc<%d, %d, %d>", d->kv_rank, d->rope, p.ht);
+  else
+    snprintf(e1, sizeof e1, "mla_attend_part<%d, %d, %d, %d>", d->kv_rank, d->rope, p.hg, ATT_BLOCK);
   snprintf(g2, sizeof g2, "mla_attend_combine<0, %d>", ATT_COMBINE_BLOCK);
   snprintf(e2, sizeof e2, "mla_attend_combine<%d, %d>", d->kv_rank, ATT_COMBINE_BLOCK);
   jit_spec gen1 = {g1, NULL, 0}, gen2 = {g2, NULL, 0};
   const jit_fn *part = NULL, *comb = NULL;
   bool launch = false;
-  rc = gop_get(cx, KT_mla_attend, p.spec ? e1 : g1, NULL, 0, p.spec ? &gen1 : NULL, &part, &launch, err);
+  /* The tensor-core kernel has no generic variant: a failure is the caller's. */
+  rc = gop_get(cx, KT_mla_attend, p.spec ? e1 : g1, NULL, 0, p.spec && !p.tc ? &gen1 : NULL, &part, &launch, err);
   if (rc) return rc;
   rc = gop_get(cx, KT_mla_attend, p.spec ? e2 : g2, NULL, 0, p.spec ? &gen2 : NULL, &comb, &launch, err);
   if (rc) return rc;
@@ -119,7 +185,8 @@ int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows ro
   if (rc) return rc;
   void *a1[] = {&qlat, &c.kv, &rows.slot, &rows.pos, &sel, &scratch, &heads, &kv_rank, &rope, &max_ctx, &topk,
                 &chunk, &scale};
-  CU_CHECK(err, cu.cuLaunchKernel(part->fn, (unsigned)p.nsplit, (unsigned)p.hgroups, (unsigned)B, ATT_BLOCK, 1, 1,
+  unsigned threads = p.tc ? 128u * (unsigned)p.ht : ATT_BLOCK;
+  CU_CHECK(err, cu.cuLaunchKernel(part->fn, (unsigned)p.nsplit, (unsigned)p.hgroups, (unsigned)B, threads, 1, 1,
                                   (unsigned)p.smem, cx->s, a1, NULL));
   void *a2[] = {&scratch, &rows.pos, &sel, &olat, &heads, &kv_rank, &max_ctx, &topk, &chunk, &nsplit, &nb};
   CU_CHECK(err, cu.cuLaunchKernel(comb->fn, (unsigned)heads, (unsigned)B, 1, ATT_COMBINE_BLOCK, 1, 1, 0, cx->s, a2,

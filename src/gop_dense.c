@@ -1,7 +1,7 @@
 /* gop_dense.c: the launchers of the dense ops of a decode step (gpu_ops.h,
  * section "dense ops"): embedding, residual add + RMSNorm, the batched bf16
  * GEMV, SiLU * up and sampling.  Kernels: templates/embed.k,
- * add_rmsnorm.k, gemv_bf16_b.k and silu_mul.k (DSL), templates/sample.cu
+ * add_rmsnorm.k, gemv_bf16_b.k, gemv_bf16_mma.k and silu_mul.k (DSL), templates/sample.cu
  * (NVRTC); CPU references: src/ref_dense.c.
  *
  * Each launcher turns its shapes into a specialisation, obtains the kernel
@@ -90,13 +90,14 @@ int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, const gop_ctx *cx,
 }
 
 /* ---- GEMV ----------------------------------------------------------------------------- */
-#define GOP_GEMV_MAXB 64 /* rows of x per launch (gemv_bf16_b.k's limit) */
+#define GOP_GEMV_MAXB 64 /* rows of x per launch (both GEMV kernels' limit) */
 
-/* The tile for nb rows of x and N outputs: B * ROWS accumulators a lane,
- * so fewer rows and fewer chunks in flight as nb grows (more rows mean
- * more arithmetic per loaded W chunk, which hides its latency anyway);
- * then the block shrinks until there are two blocks per SM of an H200
- * where N allows.  nb = 1 is the kernel's default tile, bench gemv's first row. */
+/* The FMA kernel's tile (gemv_bf16_b.k) for nb rows of x and N outputs: B *
+ * ROWS accumulators a lane, so fewer rows and fewer chunks in flight as nb
+ * grows (more rows mean more arithmetic per loaded W chunk, which hides its
+ * latency anyway); then the block shrinks until there are two blocks per SM
+ * of an H200 where N allows.  nb = 1 is the kernel's default tile, bench
+ * gemv's first row. */
 typedef struct gop_tile {
   int threads, rows, unroll;
 } gop_tile;
@@ -107,31 +108,102 @@ static gop_tile gemv_tile(int nb, int N) {
   return t;
 }
 
-int gop_gemv(CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K, const gop_ctx *cx, mj_err *err) {
+/* The tensor-core kernel's tile (gemv_bf16_mma.k) for nb rows of x, N
+ * outputs and K inputs.  By n8 tiles of x (ptxas, sm_90a, no spills):
+ * one (nb <= 8) MT 1, KJ 8, 112 registers, two blocks of 256 per SM;
+ * two, KJ 8, 148 registers, one block; three or four, KJ 4 with registers
+ * capped at 128 (MINB 2), two blocks; five to eight, MT 2 (two m tiles
+ * share each load of x), KJ 4, 197 registers, one block (or MT 1, KJ 8 for
+ * a small N, below).  Every lane keeps
+ * 16 or 8 16-byte loads of W in flight.  Then K is split between 2, 4 or 8
+ * warps of a block (KSPLIT) until the grid has GOP_MMA_WARPS warps, as
+ * long as every warp keeps two steps of K or more: attn.in_proj's 2784
+ * rows are only 174 m16 tiles.  A block of split-K warps keeps their
+ * partial sums in shared memory, 48 KiB at most: the block shrinks to 128
+ * threads where 256 would need more. */
+#define GOP_MMA_WARPS 2048 /* ~16 warps per SM of an H200 */
+static gop_mma_tile gemv_mma_split(gop_mma_tile t, int nt, int N, int K) {
+  t.ksplit = 1;
+  long units = (N + 16L * t.mt - 1) / (16L * t.mt); /* warps' worth of rows */
+  int steps = K / 8 / (4 * t.kj);                    /* whole steps of K */
+  while (t.ksplit < t.threads / 32 && units * t.ksplit < GOP_MMA_WARPS && steps >= 4 * t.ksplit) t.ksplit *= 2;
+  while (t.ksplit > 1 && t.threads > 32 && t.threads / 32 * t.mt * nt * 512 > 48 * 1024) t.threads /= 2;
+  if (t.ksplit > t.threads / 32) t.ksplit = t.threads / 32;
+  return t;
+}
+static gop_mma_tile gemv_mma_tile(int nb, int N, int K) {
+  int nt = (nb + 7) / 8;
+  gop_mma_tile t = nt <= 2 ? (gop_mma_tile){256, 1, 8, 1, 1} : nt <= 4 ? (gop_mma_tile){256, 1, 4, 1, 2}
+                           : (gop_mma_tile){256, 2, 4, 1, 1};
+  /* MT 2 also halves the warps' worth of rows: where even K split 8 ways
+   * would leave the grid short of GOP_MMA_WARPS (N below 8192: attn.in_proj,
+   * o_proj, mlp.down), one m tile a warp, and KJ 8 to keep 16 loads in
+   * flight (190-198 registers, no spills). */
+  if (t.mt == 2 && (N + 31L) / 32 * (t.threads / 32) < GOP_MMA_WARPS) t = (gop_mma_tile){256, 1, 8, 1, 1};
+  return gemv_mma_split(t, nt, N, K);
+}
+
+/* Launch one row block of nb <= 64 rows of x on the chosen kernel (the
+ * tensor cores: with tile, when not NULL, for the launcher's). */
+static int gemv_launch(bool mma, const gop_mma_tile *tile, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int nb,
+                       int N, int K, const gop_ctx *cx, mj_err *err) {
+  static const char *const fma_names[] = {"N", "K", "B", "THREADS", "ROWS", "UNROLL"};
+  static const char *const mma_names[] = {"N", "K", "B", "THREADS", "MT", "KJ", "KSPLIT", "MINB"};
+  int vals[8], n, threads, per_block;
+  if (mma) {
+    gop_mma_tile t = !tile ? gemv_mma_tile(nb, N, K) : tile->ksplit ? *tile : gemv_mma_split(*tile, (nb + 7) / 8, N, K);
+    int v[] = {N, K, nb, t.threads, t.mt, t.kj, t.ksplit, t.minb};
+    memcpy(vals, v, sizeof v), n = 8;
+    threads = t.threads, per_block = 16 * t.mt * (t.threads / 32 / t.ksplit);
+  } else {
+    gop_tile t = gemv_tile(nb, N);
+    int v[] = {N, K, nb, t.threads, t.rows, t.unroll};
+    memcpy(vals, v, sizeof v), n = 6;
+    threads = t.threads, per_block = t.rows * t.threads / 32;
+  }
+  char v[8][16];
+  dsl_define defs[8];
+  gop_defs(mma ? mma_names : fma_names, vals, n, v, defs);
+  const jit_fn *f;
+  bool launch;
+  int rc = gop_get(cx, mma ? KT_gemv_mma : KT_gemv, NULL, defs, n, NULL, &f, &launch, err);
+  if (rc || !launch) return rc; /* compile only: the next row block may need another kernel */
+  void *args[] = {&W, &x, &y};
+  return cu_launch(f->fn, (unsigned)((N + per_block - 1) / per_block), (unsigned)threads, 0, cx->s, args, err);
+}
+
+static int gemv_rows(gop_gemv_kind kind, const gop_mma_tile *tile, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y,
+                     int B, int N, int K, const gop_ctx *cx, mj_err *err) {
   if (B < 1 || N < 1 || K < 1)
     return mj_fail(err, MJ_EINPUT, "gop_gemv: B %d, N %d and K %d must be positive", B, N, K);
   if (K % 8 != 0)
     return mj_fail(err, MJ_EINPUT, "gop_gemv: K %d is not a multiple of 8 (rows are read 16 bytes at a time)", K);
   for (int b0 = 0; b0 < B; b0 += GOP_GEMV_MAXB) {
     int nb = B - b0 < GOP_GEMV_MAXB ? B - b0 : GOP_GEMV_MAXB;
-    gop_tile t = gemv_tile(nb, N);
-    static const char *const names[6] = {"N", "K", "B", "THREADS", "ROWS", "UNROLL"};
-    int vals[6] = {N, K, nb, t.threads, t.rows, t.unroll};
-    char v[6][16];
-    dsl_define defs[6];
-    gop_defs(names, vals, 6, v, defs);
-    const jit_fn *f;
-    bool launch;
-    int rc = gop_get(cx, KT_gemv, NULL, defs, 6, NULL, &f, &launch, err);
-    if (rc) return rc;
-    if (!launch) continue; /* compile only: the next row block may need another kernel */
+    bool mma = kind == GOP_GEMV_MMA || (kind == GOP_GEMV_AUTO && nb >= GOP_GEMV_MMA_FROM);
     CUdeviceptr xb = x + (CUdeviceptr)b0 * (CUdeviceptr)K * 2, yb = y + (CUdeviceptr)b0 * (CUdeviceptr)N * 4;
-    void *args[] = {&W, &xb, &yb};
-    int per_block = t.rows * t.threads / 32;
-    rc = cu_launch(f->fn, (unsigned)((N + per_block - 1) / per_block), (unsigned)t.threads, 0, cx->s, args, err);
+    int rc = gemv_launch(mma, tile, W, xb, yb, nb, N, K, cx, err);
     if (rc) return rc;
   }
   return 0;
+}
+
+int gop_gemv(CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K, const gop_ctx *cx, mj_err *err) {
+  return gemv_rows(GOP_GEMV_AUTO, NULL, W, x, y, B, N, K, cx, err);
+}
+
+int gop_gemv_on(gop_gemv_kind kind, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K,
+                const gop_ctx *cx, mj_err *err) {
+  return gemv_rows(kind, NULL, W, x, y, B, N, K, cx, err);
+}
+
+int gop_gemv_mma_tiled(const gop_mma_tile *t, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K,
+                       const gop_ctx *cx, mj_err *err) {
+  if (t->threads < 32 || t->threads > 1024 || t->threads % 32 || t->mt < 1 || t->kj < 1 || t->ksplit < 0 ||
+      t->minb < 1)
+    return mj_fail(err, MJ_EINPUT, "gop_gemv_mma_tiled: tile %d:%d:%d:%d:%d is not THREADS:MT:KJ:KSPLIT:MINB",
+                   t->threads, t->mt, t->kj, t->ksplit, t->minb);
+  return gemv_rows(GOP_GEMV_MMA, t, W, x, y, B, N, K, cx, err);
 }
 
 /* ---- sampling ------------------------------------------------------------------------- */

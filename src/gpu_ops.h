@@ -77,7 +77,7 @@ typedef struct gop_cache {
   CUdeviceptr ikey; /* f32 [slots][max_ctx][idx_dim]; 0 on a layer without an indexer */
 } gop_cache;
 
-/* ---- dense ops (src/gop_dense.c, templates/{embed,add_rmsnorm,gemv_bf16_b,silu_mul}.k) ---- */
+/* ---- dense ops (src/gop_dense.c, templates/{embed,add_rmsnorm,gemv_bf16_b,gemv_bf16_mma,silu_mul}.k) ---- */
 
 /* x[b][:] = float(table[token[b]][:]); table bf16 [vocab][H]. */
 int gop_embed(CUdeviceptr table, CUdeviceptr token, CUdeviceptr x, int B, int H, const gop_ctx *cx, mj_err *err);
@@ -88,8 +88,32 @@ int gop_add_rmsnorm(CUdeviceptr x, CUdeviceptr y, bool y_bf16, CUdeviceptr w, fl
                     int H, const gop_ctx *cx, mj_err *err);
 
 /* y[b][n] = sum_k W[n][k] * x[b][k]: W bf16 [N][K], x bf16 [B][K], y f32
- * [B][N], f32 accumulation.  Any B >= 1 (large B runs in row blocks). */
+ * [B][N], f32 accumulation.  Any B >= 1 (large B runs in row blocks of 64
+ * and the rest).  A row block of fewer than GOP_GEMV_MMA_FROM rows runs on
+ * the CUDA cores (gemv_bf16_b.k: one FMA per weight per row, at the copy
+ * bandwidth for one row), a larger one on the tensor cores
+ * (gemv_bf16_mma.k: the FMA kernel is bound by its FMAs from batch 8 on;
+ * docs/decode.md, "The tensor-core GEMV").  The FMA kernel's result for a
+ * row does not depend on the other rows; the tensor-core kernel's sums run
+ * in another order, so a row's rounding differs between the two paths. */
+#define GOP_GEMV_MMA_FROM 4
 int gop_gemv(CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K, const gop_ctx *cx, mj_err *err);
+/* gop_gemv on the kernel kind names: the launcher's choice (GOP_GEMV_AUTO,
+ * what gop_gemv does) or one of the two at any batch (the GPU tests and the
+ * perf mode, which compare them). */
+typedef enum gop_gemv_kind { GOP_GEMV_AUTO, GOP_GEMV_FMA, GOP_GEMV_MMA } gop_gemv_kind;
+int gop_gemv_on(gop_gemv_kind kind, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K,
+                const gop_ctx *cx, mj_err *err);
+/* The tensor-core kernel's tile: gemv_bf16_mma.k's THREADS, MT, KJ,
+ * KSPLIT and MINB (its header says what each is). */
+typedef struct gop_mma_tile {
+  int threads, mt, kj, ksplit, minb;
+} gop_mma_tile;
+/* gop_gemv_on(GOP_GEMV_MMA) on tile t instead of the launcher's choice
+ * (ksplit 0: the launcher's split for t), for sweeps (gputest perf's
+ * MOEJIT_PERF_GEMV_TILES); a tile the kernel refuses fails to compile. */
+int gop_gemv_mma_tiled(const gop_mma_tile *t, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K,
+                       const gop_ctx *cx, mj_err *err);
 
 /* h[b][i] = bf16(silu(gu[b][i]) * gu[b][I + i]): gu f32 [B][2I] (gate, then up). */
 int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, const gop_ctx *cx, mj_err *err);
@@ -144,6 +168,18 @@ int gop_mla_q(const gop_dims *d, CUdeviceptr Q, CUdeviceptr kv_b, gop_rows rows,
 size_t gop_mla_attend_scratch(const gop_dims *d, int B);
 int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows rows, CUdeviceptr sel, float scale,
                    CUdeviceptr olat, CUdeviceptr scratch, int B, const gop_ctx *cx, mj_err *err);
+/* gop_mla_attend on the kernel kind names: GOP_ATTEND_AUTO (what
+ * gop_mla_attend does: the CUDA-core kernel while GOP_ATTEND_MMA_DEFAULT is
+ * 0), GOP_ATTEND_FMA (mla_attend_part), GOP_ATTEND_MMA (mla_attend_part_tc,
+ * tensor cores: kv_rank a multiple of 64, kv_rank + rope of 16; docs/decode.md,
+ * "Attention on tensor cores"), for the GPU tests and the perf mode.  The
+ * tensor-core kernel is new and not yet run on a GPU: the default flips to
+ * it once gputest attn and gputest perf mla_attend have. */
+#define GOP_ATTEND_MMA_DEFAULT 0
+typedef enum gop_attend_kind { GOP_ATTEND_AUTO, GOP_ATTEND_FMA, GOP_ATTEND_MMA } gop_attend_kind;
+int gop_mla_attend_on(gop_attend_kind kind, const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows rows,
+                      CUdeviceptr sel, float scale, CUdeviceptr olat, CUdeviceptr scratch, int B, const gop_ctx *cx,
+                      mj_err *err);
 
 /* o bf16 [B][heads * v]: o_h = W_uv_h olat_h, W_uv_h = rows
  * h*(nope+v)+nope .. h*(nope+v)+nope+v of kv_b. */

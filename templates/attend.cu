@@ -333,3 +333,229 @@ mla_attend_combine(const float *__restrict__ part, const int *__restrict__ poss,
     }
   }
 }
+
+// ---- the tensor-core variant of mla_attend_part (docs/decode.md, "Attention
+// on tensor cores") ----------------------------------------------------------
+// mla_attend_part_tc<KV, ROPE, HT>: the same arguments, grid (nsplit,
+// ceil(heads / (16 HT)), B) and partial results (m, l, unnormalised
+// accumulators in scratch, merged by mla_attend_combine) as mla_attend_part,
+// with both products on mma.sync m16n8k16 (bf16 in, f32 accumulated).  A
+// block holds HT m16 tiles of heads; warp w = 4 ht + cw takes head tile ht,
+// tokens 8 cw .. 8 cw + 7 of each 32-token tile for the scores, and value
+// columns cw KV / 4 .. (cw + 1) KV / 4 for the sum.  Per tile:
+//   1. the tile's records into shared memory (rows padded by 16 bytes: the
+//      8 rows of an ldmatrix, or the 8 tokens of a score fragment, fall on
+//      distinct banks);
+//   2. scores S = Q K^T: A = q of 16 heads, staged once per block as hi and
+//      lo bf16 halves (q - hi rounded again: 16 significant bits of the f32
+//      q; two mma per k16 step) already in fragment order; B = the records
+//      (B's "col" layout is a record's row-major k);
+//   3. the online softmax per head: the four column warps' maxima and sums
+//      meet in shared memory, added in warp order, so every warp keeps the
+//      same running m and l; P is written to shared memory in bf16;
+//   4. O += P V: A = P (16 heads x 16 tokens a k step), B = V read
+//      transposed from the tile by ldmatrix.trans (tokens are V's k).
+// Accumulators: KV / 32 n8 tiles x 4 f32 a lane (64 at KV 512).
+// KV a multiple of 64, KV + ROPE of 16.
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned bf16x2_bits(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // lo in the low half: the lower k
+  return *reinterpret_cast<unsigned *>(&v);
+}
+
+// The shared memory of mla_attend_part_tc, in bytes (the launcher's formula too).
+__host__ __device__ constexpr int mla_tc_smem(int kv, int rope, int ht) {
+  return 2 * ht * ((kv + rope) / 16) * 32 * 16  // q fragments, hi and lo
+         + 32 * (kv + rope + 8) * 2             // the tile's records
+         + ht * 16 * 40 * 2                     // P, bf16 [16 heads][32 tokens + 8]
+         + 2 * 4 * ht * 16 * 4;                 // per column warp: maxima, sums
+}
+
+template <int KV, int ROPE, int HT>
+__global__ void __launch_bounds__(128 * HT)
+mla_attend_part_tc(const float *__restrict__ qlat, const __nv_bfloat16 *__restrict__ kv,
+                   const int *__restrict__ slots, const int *__restrict__ poss, const int *__restrict__ sel,
+                   float *__restrict__ part, int heads, int kv_rank_rt, int rope_rt, int max_ctx, int topk,
+                   int chunk, float scale) {
+  static_assert(KV % 64 == 0 && (KV + ROPE) % 16 == 0 && ROPE % 8 == 0,
+                "mla_attend_part_tc: KV a multiple of 64, KV + ROPE of 16");
+  static_assert(HT >= 1 && HT <= 8, "HT: 1 to 8 head tiles of 16");
+  static_assert(mla_tc_smem(KV, ROPE, HT) <= 227 * 1024, "mla_attend_part_tc: over sm_90's shared memory");
+  constexpr int D = KV + ROPE, DS = D / 16, KS = D + 8, PS = 40;
+  constexpr int NTW = KV / 32;  // n8 tiles of value columns per warp
+  (void)kv_rank_rt, (void)rope_rt;
+  const int b = blockIdx.z, split = blockIdx.x, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int ht = warp / 4, cw = warp % 4, gq = lane / 4, tq = lane % 4;
+  const int h0 = blockIdx.y * 16 * HT;  // the block's first head
+  bool use_sel;
+  const int n = mla_row_len(poss[b], sel, topk, max_ctx, &use_sel);
+  const int i0 = split * chunk;
+  if (i0 >= n) return;
+  const int i1 = min(n, i0 + chunk);
+  const size_t slot_base = (size_t)slots[b] * (size_t)max_ctx;
+  const int *row_sel = use_sel ? sel + (size_t)b * topk : nullptr;
+
+  extern __shared__ uint4 smem_tc[];
+  uint4 *qf = smem_tc;  // [2][HT][DS][32]: hi, then lo
+  __nv_bfloat16 *ks = reinterpret_cast<__nv_bfloat16 *>(qf + 2 * HT * DS * 32);
+  __nv_bfloat16 *ps = ks + 32 * KS;                                   // [HT][16][PS]
+  float *red = reinterpret_cast<float *>(ps + HT * 16 * PS);          // [2][4][HT][16]
+
+  // q in fragment order: entry (ht, st, lane) holds a0..a3 of k16 step st
+  // for lane (gq, tq): heads gq, gq+8 of the tile, k pairs tq and tq+4.
+  for (int i = tid; i < HT * DS * 32; i += 128 * HT) {
+    const int l = i % 32, st = (i / 32) % DS, t = i / (32 * DS);
+    const int g = l / 4, q = l % 4;
+    unsigned hi[4], lo[4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+      const int h = h0 + 16 * t + g + (r & 1) * 8, d = 16 * st + 2 * q + (r >> 1) * 8;
+      float2 v = make_float2(0.0f, 0.0f);
+      if (h < heads) v = __ldg(reinterpret_cast<const float2 *>(qlat + ((size_t)b * heads + h) * D + d));
+      const float hx = __bfloat162float(__float2bfloat16_rn(v.x)), hy = __bfloat162float(__float2bfloat16_rn(v.y));
+      hi[r] = bf16x2_bits(hx, hy);
+      lo[r] = bf16x2_bits(v.x - hx, v.y - hy);
+    }
+    qf[i] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    qf[HT * DS * 32 + i] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  }
+
+  // The lane's running max and sum of heads gq and gq + 8 of its tile (the
+  // same in the four column warps), and its value accumulators.
+  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+  float acc[NTW][4];
+#pragma unroll
+  for (int j = 0; j < NTW; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  const uint4 *qh = qf + ht * DS * 32 + lane, *ql = qh + HT * DS * 32;
+
+  for (int base = i0; base < i1; base += MLA_TILE) {
+    const int cnt = min(MLA_TILE, i1 - base);
+    // 1. The tile's records (zeros past the end).
+    for (int i = tid; i < MLA_TILE * (D / 8); i += 128 * HT) {
+      const int j = i / (D / 8), c = i - j * (D / 8);
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (j < cnt) {
+        const int t = row_sel ? row_sel[base + j] : base + j;
+        v = __ldg(reinterpret_cast<const uint4 *>(kv + (slot_base + t) * (size_t)D) + c);
+      }
+      *reinterpret_cast<uint4 *>(ks + j * KS + c * 8) = v;
+    }
+    __syncthreads();
+
+    // 2. Scores of heads (gq, gq + 8) x tokens 8 cw + 2 tq, + 1.
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const __nv_bfloat16 *kr = ks + (8 * cw + gq) * KS + 2 * tq;
+#pragma unroll 4
+    for (int st = 0; st < DS; st++) {
+      const unsigned b0 = *reinterpret_cast<const unsigned *>(kr + 16 * st);
+      const unsigned b1 = *reinterpret_cast<const unsigned *>(kr + 16 * st + 8);
+      const uint4 a = qh[st * 32], c = ql[st * 32];
+      mma_bf16(s, a.x, a.y, a.z, a.w, b0, b1);
+      mma_bf16(s, c.x, c.y, c.z, c.w, b0, b1);
+    }
+    const int t0 = 8 * cw + 2 * tq;
+#pragma unroll
+    for (int r = 0; r < 4; r++) s[r] = t0 + (r & 1) < cnt ? s[r] * scale : NEG_INF;
+
+    // 3. The online softmax: tile maxima of the two heads over the quad,
+    // then over the four column warps.
+    float mx[2] = {fmaxf(s[0], s[1]), fmaxf(s[2], s[3])};
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+      mx[u] = fmaxf(mx[u], __shfl_xor_sync(0xffffffffu, mx[u], 1));
+      mx[u] = fmaxf(mx[u], __shfl_xor_sync(0xffffffffu, mx[u], 2));
+    }
+    if (tq == 0) red[(cw * HT + ht) * 16 + gq] = mx[0], red[(cw * HT + ht) * 16 + gq + 8] = mx[1];
+    __syncthreads();
+    float alpha[2], mu[2], p[4];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+      float t = red[ht * 16 + gq + 8 * u];
+#pragma unroll
+      for (int w = 1; w < 4; w++) t = fmaxf(t, red[(w * HT + ht) * 16 + gq + 8 * u]);
+      const float mnew = fmaxf(m[u], t);  // finite: the tile has a token
+      mu[u] = mnew;
+      alpha[u] = expf(m[u] - mnew);  // 0 on the first tile (m = -inf)
+      m[u] = mnew;
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++) p[r] = expf(s[r] - mu[r >> 1]);  // 0 past cnt
+    float sm[2] = {p[0] + p[1], p[2] + p[3]};
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+      sm[u] += __shfl_xor_sync(0xffffffffu, sm[u], 1);
+      sm[u] += __shfl_xor_sync(0xffffffffu, sm[u], 2);
+    }
+    float *sums = red + 4 * HT * 16;
+    if (tq == 0) sums[(cw * HT + ht) * 16 + gq] = sm[0], sums[(cw * HT + ht) * 16 + gq + 8] = sm[1];
+    __nv_bfloat16 *pr = ps + (ht * 16 + gq) * PS + t0;
+    *reinterpret_cast<unsigned *>(pr) = bf16x2_bits(p[0], p[1]);
+    *reinterpret_cast<unsigned *>(pr + 8 * PS) = bf16x2_bits(p[2], p[3]);
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+      float t = 0.0f;
+#pragma unroll
+      for (int w = 0; w < 4; w++) t += sums[(w * HT + ht) * 16 + gq + 8 * u];
+      l[u] = l[u] * alpha[u] + t;
+    }
+
+    // 4. O = O alpha + P V over the tile's two k16 steps of tokens.
+#pragma unroll
+    for (int j = 0; j < NTW; j++) acc[j][0] *= alpha[0], acc[j][1] *= alpha[0], acc[j][2] *= alpha[1],
+                                  acc[j][3] *= alpha[1];
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++) {
+      const __nv_bfloat16 *pa = ps + (ht * 16 + gq) * PS + 16 * kk + 2 * tq;
+      const unsigned a0 = *reinterpret_cast<const unsigned *>(pa);
+      const unsigned a1 = *reinterpret_cast<const unsigned *>(pa + 8 * PS);
+      const unsigned a2 = *reinterpret_cast<const unsigned *>(pa + 8);
+      const unsigned a3 = *reinterpret_cast<const unsigned *>(pa + 8 * PS + 8);
+      // ldmatrix.x4.trans: lanes 8i .. 8i+7 give the rows of matrix i:
+      // tokens 16 kk + (i & 1) * 8 + r, columns n0 + (i >> 1) * 8.
+      const int mi = lane / 8, r = lane % 8;
+      const __nv_bfloat16 *vr = ks + (16 * kk + (mi & 1) * 8 + r) * KS + cw * (KV / 4) + (mi >> 1) * 8;
+#pragma unroll
+      for (int np = 0; np < NTW / 2; np++) {
+        unsigned v0, v1, v2, v3;
+        const unsigned addr = (unsigned)__cvta_generic_to_shared(vr + 16 * np);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+                     : "r"(addr));
+        mma_bf16(acc[2 * np], a0, a1, a2, a3, v0, v1);
+        mma_bf16(acc[2 * np + 1], a0, a1, a2, a3, v2, v3);
+      }
+    }
+    __syncthreads();  // the next tile overwrites the records, P and the maxima
+  }
+
+  // The block's partial results, as mla_attend_part leaves them.
+  const int nsplit = gridDim.x;
+  const int hA = h0 + 16 * ht + gq, hB = hA + 8;
+  if (cw == 0 && tq == 0) {
+    if (hA < heads) {
+      float *ml = part + (((size_t)b * heads + hA) * nsplit + split) * 2;
+      ml[0] = m[0], ml[1] = l[0];
+    }
+    if (hB < heads) {
+      float *ml = part + (((size_t)b * heads + hB) * nsplit + split) * 2;
+      ml[0] = m[1], ml[1] = l[1];
+    }
+  }
+  float *accs = part + mla_acc_offset((size_t)gridDim.z * heads * nsplit);
+  float *oA = accs + (((size_t)b * heads + hA) * nsplit + split) * (size_t)KV + cw * (KV / 4) + 2 * tq;
+  float *oB = accs + (((size_t)b * heads + hB) * nsplit + split) * (size_t)KV + cw * (KV / 4) + 2 * tq;
+#pragma unroll
+  for (int j = 0; j < NTW; j++) {
+    if (hA < heads) *reinterpret_cast<float2 *>(oA + 8 * j) = make_float2(acc[j][0], acc[j][1]);
+    if (hB < heads) *reinterpret_cast<float2 *>(oB + 8 * j) = make_float2(acc[j][2], acc[j][3]);
+  }
+}

@@ -1,7 +1,7 @@
 #!/bin/sh
 # gputest_args.sh: gputest's words after a test's name, checked before the
 # GPU is opened (so on any machine): `gputest perf`'s family filter (words
-# or MOEJIT_PERF_OPS) and MOEJIT_PERF_BATCHES, an unknown test, and words
+# or MOEJIT_PERF_OPS), MOEJIT_PERF_BATCHES and MOEJIT_PERF_GEMV_TILES, an unknown test, and words
 # given to a test that takes none.  Each is one line on stderr and exit 2.
 . "$srcdir/tests/lib.sh"
 g="$builddir/tests/gpu/gputest"
@@ -18,6 +18,11 @@ expect 2 "gputest perf: MOEJIT_PERF_BATCHES wants a comma list of at most 8 batc
   env MOEJIT_PERF_BATCHES=1,0 "$g" perf gemv
 expect 2 "gputest perf: MOEJIT_PERF_BATCHES wants a comma list of at most 8 batch sizes 1..128, not '8,x'" \
   env MOEJIT_PERF_BATCHES=8,x "$g" perf
+tiles="gputest perf: MOEJIT_PERF_GEMV_TILES wants a comma list of at most 8 THREADS:MT:KJ:KSPLIT:MINB (THREADS whole warps up to 1024, KSPLIT 0 for the launcher's)"
+expect 2 "$tiles, not '256:1:8:0'" env -u MOEJIT_PERF_BATCHES MOEJIT_PERF_GEMV_TILES=256:1:8:0 "$g" perf gemv
+expect 2 "$tiles, not '256:1:8:0:1,100:1:8:0:1'" \
+  env -u MOEJIT_PERF_BATCHES MOEJIT_PERF_GEMV_TILES=256:1:8:0:1,100:1:8:0:1 "$g" perf gemv
+expect 2 "$tiles, not '256:1:8:0:1x'" env -u MOEJIT_PERF_BATCHES MOEJIT_PERF_GEMV_TILES=256:1:8:0:1x "$g" perf gemv
 expect 2 "gputest: test 'gemv' takes no words after its name" "$g" gemv perf
 expect 2 "gputest: unknown test 'nosuch'" "$g" nosuch
 expect 2 "usage: gputest NAME|tests/gpu/NAME.gpu [WORD...]" "$g"

@@ -56,6 +56,15 @@ static void dry(const gop_dims *d, int B) {
   T_EQ_INT(gop_dsa_select(d, 0, 0, (gop_cache){0, 0}, (gop_rows){0, 0, 0}, 0, 0, B, &DRY, &err), 0);
   if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
   T_CHECK(gop_mla_attend_scratch(d, B) > 0);
+  /* The tensor-core kernel, where the widths allow it (else a clear refusal). */
+  bool tc = d->kv_rank % 64 == 0 && (d->kv_rank + d->rope) % 16 == 0;
+  for (int s = 0; s < 2; s++) {
+    int rc = gop_mla_attend_on(GOP_ATTEND_MMA, d, 0, (gop_cache){0, 0}, (gop_rows){0, 0, 0}, s, 0.0625f, 0, 0, B,
+                               &DRY, &err);
+    if (tc && rc) mj_err_print(&err, stderr);
+    T_EQ_INT(rc, tc ? 0 : MJ_EINPUT);
+    mj_err_clear(&err);
+  }
   T_EQ_INT(gop_dsa_select_scratch(d, B), (size_t)B * d->max_ctx * 4);
 }
 
@@ -72,7 +81,10 @@ static void test_compile(void) {
     glm.max_ctx = m ? 4096 : 1024;
     for (size_t i = 0; i < MJ_ARRAY_LEN(Bs); i++) dry(&glm, Bs[i]);
   }
-  /* The GPU test's small odd shape, and one only the generic kernels take. */
+  /* The GPU test's small odd shapes, and one only the generic kernels take. */
+  gop_dims small_tc = {.heads = 20, .nope = 16, .rope = 16, .v = 16, .kv_rank = 64, .idx_heads = 2, .idx_dim = 16,
+                       .idx_topk = 24, .max_ctx = 72};
+  for (int B = 1; B <= 4; B++) dry(&small_tc, B);
   gop_dims odd = {.heads = 3, .nope = 16, .rope = 8, .v = 16, .kv_rank = 48, .idx_heads = 2, .idx_dim = 16,
                   .idx_topk = 5, .max_ctx = 40};
   gop_dims gen = {.heads = 5, .rope = 6, .kv_rank = 50, .idx_heads = 3, .idx_dim = 10, .idx_topk = 7, .max_ctx = 33};
@@ -88,6 +100,9 @@ static void test_compile(void) {
   show(KT_mla_attend, "mla_attend_part<512, 64, 16, 256>");
   show(KT_mla_attend, "mla_attend_part<512, 64, 8, 256>"); /* small B x ctx: att_plan halves the heads per block */
   show(KT_mla_attend, "mla_attend_combine<512, 128>");
+  show(KT_mla_attend, "mla_attend_part_tc<512, 64, 4>"); /* tensor cores: 64 heads a block */
+  show(KT_mla_attend, "mla_attend_part_tc<512, 64, 1>"); /* 16, where 64 leave the GPU short of blocks */
+  show(KT_mla_attend, "mla_attend_part_tc<64, 16, 1>");  /* gputest attn's small tensor-core shape */
   show(KT_mla_attend, "mla_attend_part<48, 8, 16, 256>");
   show(KT_mla_attend, "mla_attend_part<0, 0, 16, 256>");
   show(KT_mla_attend, "mla_attend_part<0, 0, 8, 256>");

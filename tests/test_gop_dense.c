@@ -45,6 +45,30 @@ static void test_dry_compile(void) {
       T_EQ_INT(rc, 0);
       mj_err_clear(&err);
     }
+  /* Either GEMV kernel at any batch the GPU test forces (gputest dense
+   * runs both at 1..64 on the odd shape), and the tensor-core kernel's
+   * tiles with split K at GLM-5's widest K. */
+  for (int B = 1; B <= 64; B++)
+    for (int kind = GOP_GEMV_FMA; kind <= GOP_GEMV_MMA; kind++) {
+      int rc = gop_gemv_on((gop_gemv_kind)kind, z, z, z, B, 130, 1032, &DRY, &err);
+      if (rc) fprintf(stderr, "  gemv %s B=%d:\n", kind == GOP_GEMV_MMA ? "mma" : "fma", B), mj_err_print(&err, stderr);
+      T_EQ_INT(rc, 0);
+      mj_err_clear(&err);
+    }
+  T_EQ_INT(gop_gemv_on(GOP_GEMV_MMA, z, z, z, 3, 6144, 16384, &DRY, &err), 0);
+  /* A tile of a sweep (gputest perf's MOEJIT_PERF_GEMV_TILES): the split
+   * the launcher's, or given (one the kernel refuses: below). */
+  T_EQ_INT(gop_gemv_mma_tiled(&(gop_mma_tile){128, 2, 2, 0, 1}, z, z, z, 40, 2784, 6144, &DRY, &err), 0);
+  T_EQ_INT(gop_gemv_mma_tiled(&(gop_mma_tile){256, 1, 4, 4, 2}, z, z, z, 9, 2784, 6144, &DRY, &err), 0);
+  /* gputest dense's tiles on its odd shape */
+  static const gop_mma_tile tiles[] = {{256, 2, 4, 0, 1}, {128, 2, 2, 2, 1}, {64, 1, 8, 0, 1}, {256, 1, 4, 4, 2},
+                                       {256, 1, 2, 8, 1}};
+  static const int tile_b[] = {3, 17, 64};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(tiles); i++)
+    for (size_t j = 0; j < MJ_ARRAY_LEN(tile_b); j++)
+      T_EQ_INT(gop_gemv_mma_tiled(&tiles[i], z, z, z, tile_b[j], 130, 1032, &DRY, &err), 0);
+  T_EQ_INT(gop_gemv_mma_tiled(&(gop_mma_tile){100, 1, 4, 0, 1}, z, z, z, 9, 2784, 6144, &DRY, &err), MJ_EINPUT);
+  mj_err_clear(&err);
   /* B > 64 runs in row blocks of 64 and the rest. */
   T_EQ_INT(gop_gemv(z, z, z, 100, 6144, 2048, &DRY, &err), 0);
   T_EQ_INT(gop_gemv(z, z, z, 100, 1000, 264, &DRY, &err), 0);
@@ -79,7 +103,11 @@ static void test_dry_compile(void) {
   T_EQ_INT(stat_of(CACHE_STAT_failures), 0);
   T_CHECK(stat_of(CACHE_STAT_compiles) >= MJ_ARRAY_LEN(gemv_nk) * MJ_ARRAY_LEN(gemv_b));
 
-  /* Shapes the kernels cannot take are refused before any compile. */
+  /* Shapes the kernels cannot take are refused before any compile; a
+   * sweep's tile the kernel refuses, by its compile (the only failure). */
+  T_CHECK(gop_gemv_mma_tiled(&(gop_mma_tile){256, 1, 4, 3, 1}, z, z, z, 9, 2784, 6144, &DRY, &err) != 0);
+  T_CHECK(strstr(err.msg, "KSPLIT must divide") != NULL);
+  mj_err_clear(&err);
   T_EQ_INT(gop_gemv(z, z, z, 1, 64, 1001, &DRY, &err), MJ_EINPUT);
   T_CHECK(strstr(err.msg, "not a multiple of 8") != NULL);
   mj_err_clear(&err);

@@ -16,7 +16,9 @@
  *   poison (-1).
  *   Attention: without a selection and with the CPU's selection (rows that
  *   do not use it hold -1, so a kernel that read them would fault); every
- *   output finite and ||gpu - ref|| / ||ref|| <= 1e-2.
+ *   output finite and ||gpu - ref|| / ||ref|| <= 1e-2; on the CUDA-core
+ *   kernel and, where the widths allow (GLM-5's, "small tc"), on the
+ *   tensor-core one (mla_attend_part_tc), replays included.
  *   Replay (two shapes): select + attend captured once in a CUDA graph,
  *   replayed at other positions (rows crossing idx_topk both ways), checked
  *   the same way: the grid must not depend on the positions.
@@ -48,6 +50,8 @@ static const shape shapes[] = {
     {"small odd", 3, 48, 8, 2, 16, 5, 40, 7, {6, 0, 1, 2, 3, 4, 5}, {0, 3, 4, 5, 22, 38, 39},
      {39, 4, 5, 0, 30, 6, 1}},
     {"generic", 5, 50, 6, 3, 10, 7, 33, 5, {4, 3, 2, 1, 0}, {0, 6, 7, 20, 32}},
+    /* The smallest widths the tensor-core kernel takes, a partial head tile. */
+    {"small tc", 20, 64, 16, 2, 16, 24, 72, 5, {4, 0, 2, 3, 1}, {0, 31, 32, 50, 71}, {71, 23, 24, 5, 40}},
 };
 
 static uint64_t rng = 88172645463325252ull;
@@ -76,8 +80,8 @@ static int upload(CUdeviceptr *p, const void *h, size_t bytes, const char *what,
 /* The step's way: select and attend (with the GPU's own selection) captured
  * once in a CUDA graph at the shape's positions, then replayed at pos2,
  * which moves rows across idx_topk both ways. */
-static int replay(const shape *s, const gop_dims *d, const dev *g, const float *qlat, const bf16 *kv,
-                  const float *iq, const float *iw, const float *ikey, bool ties, mj_err *err) {
+static int replay(gop_attend_kind kind, const shape *s, const gop_dims *d, const dev *g, const float *qlat,
+                  const bf16 *kv, const float *iq, const float *iw, const float *ikey, bool ties, mj_err *err) {
   const int B = s->B, H = s->heads, R = s->kv_rank, K = s->idx_topk;
   size_t no = (size_t)B * H * R, nsel = (size_t)B * K;
   float *got = mj_xmalloc(no * 4), *want = mj_xmalloc(no * 4);
@@ -92,7 +96,8 @@ static int replay(const shape *s, const gop_dims *d, const dev *g, const float *
   CU_CHECK_GOTO(err, cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING), out);
   CU_CHECK_GOTO(err, cu.cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), out);
   if ((r = gop_dsa_select(d, g->iq, g->iw, c, rows, g->sel, g->scratch, B, &(gop_ctx){.s = st}, err)) ||
-      (r = gop_mla_attend(d, g->qlat, c, rows, g->sel, scale, g->olat, g->scratch, B, &(gop_ctx){.s = st}, err))) {
+      (r = gop_mla_attend_on(kind, d, g->qlat, c, rows, g->sel, scale, g->olat, g->scratch, B, &(gop_ctx){.s = st},
+                             err))) {
     cu.cuStreamEndCapture(st, &gr);
     goto out;
   }
@@ -122,8 +127,9 @@ static int replay(const shape *s, const gop_dims *d, const dev *g, const float *
   }
   for (size_t i = 0; i < no; i++) bad += !isfinite(got[i]);
   double rel = ref_rel_err(got, want, no);
-  printf("%-14s %-8s B %d ctx %5d topk %4d  graph replay at new positions: rel %.2e, %d not finite, "
-         "select %d differ\n", s->name, ties ? "ties" : "distinct", B, s->max_ctx, K, rel, bad, sel_bad);
+  printf("%-14s %-8s B %d ctx %5d topk %4d  graph replay at new positions%s: rel %.2e, %d not finite, "
+         "select %d differ\n", s->name, ties ? "ties" : "distinct", B, s->max_ctx, K,
+         kind == GOP_ATTEND_MMA ? " (tensor cores)" : "", rel, bad, sel_bad);
   T_EQ_INT(sel_bad, 0);
   T_EQ_INT(bad, 0);
   T_CHECK(rel <= kt_kernels[KT_mla_attend].tol);
@@ -206,12 +212,17 @@ static int run_shape(const shape *s, bool ties, mj_err *err) {
   }
   T_EQ_INT(sel_bad, 0);
 
-  /* Attention, without and with the selection (the CPU's, in its order). */
-  for (int use = 0; use < 2; use++) {
+  /* Attention, without and with the selection (the CPU's, in its order),
+   * on the CUDA-core kernel and, where the widths allow, the tensor cores. */
+  bool tc = R % 64 == 0 && D % 16 == 0;
+  for (int run = 0; run < (tc ? 4 : 2); run++) {
+    int use = run % 2;
+    gop_attend_kind kind = run < 2 ? GOP_ATTEND_FMA : GOP_ATTEND_MMA;
     CUdeviceptr sel = use ? g.sel_in : 0;
     CU_CHECK_GOTO(err, cu.cuMemsetD8(g.olat, 0xFF, no * 4), out); /* NaN */
     float scale = 1.0f / sqrtf((float)(D + 128));
-    if ((r = gop_mla_attend(&d, g.qlat, c, rows, sel, scale, g.olat, g.scratch, B, &(gop_ctx){0}, err))) goto out;
+    if ((r = gop_mla_attend_on(kind, &d, g.qlat, c, rows, sel, scale, g.olat, g.scratch, B, &(gop_ctx){0}, err)))
+      goto out;
     r = MJ_ECUDA;
     CU_CHECK_GOTO(err, cu.cuCtxSynchronize(), out);
     CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(got, g.olat, no * 4), out);
@@ -228,13 +239,14 @@ static int run_shape(const shape *s, bool ties, mj_err *err) {
       worst = fmax(worst, fabs(got[i] - want[i]));
     }
     double rel = ref_rel_err(got, want, no);
-    printf("%-14s %-8s B %d ctx %5d topk %4d  attend %-7s rel %.2e max %.2e  select rows %d, %d differ\n", s->name,
-           ties ? "ties" : "distinct", B, T, K, use ? "sel" : "all", rel, worst, sel_rows, sel_bad);
+    printf("%-14s %-8s B %d ctx %5d topk %4d  attend %-3s %s rel %.2e max %.2e  select rows %d, %d differ\n",
+           s->name, ties ? "ties" : "distinct", B, T, K, use ? "sel" : "all", kind == GOP_ATTEND_MMA ? "mma" : "fma",
+           rel, worst, sel_rows, sel_bad);
     T_EQ_INT(bad, 0);
     T_CHECK(rel <= kt_kernels[KT_mla_attend].tol);
   }
-  if (s->pos2[0] || s->pos2[1]) {
-    int rr = replay(s, &d, &g, qlat, kv, iq, iw, ikey, ties, err);
+  for (int k = 0; k < (tc ? 2 : 1) && (s->pos2[0] || s->pos2[1]); k++) {
+    int rr = replay(k ? GOP_ATTEND_MMA : GOP_ATTEND_AUTO, s, &d, &g, qlat, kv, iq, iw, ikey, ties, err);
     if (rr) {
       r = rr;
       goto out;

@@ -7,7 +7,10 @@
  * extra poisoned row past the end that must stay untouched.  Numeric ops
  * pass with every output finite and ||gpu - ref|| / ||ref|| <= 1e-2, at
  * GLM-5 width and on small odd shapes (generic variants, guard rows, tails),
- * for B = 1, 3, 8, 33, 64 (and 100 for the GEMV: two row blocks).
+ * for B = 1, 3, 8, 33, 64 (and 100 for the GEMV: two row blocks).  The
+ * GEMV's two kernels (CUDA cores, tensor cores) are also run forced at
+ * every B in 1..64 on an odd shape, the tensor-core one at GLM-5's
+ * shapes, and both within a bound near f32 accumulation (gemv_f32_tol).
  * The DSL's exp_accurate, on which silu_mul.k's bits rest, equals CUDA's
  * expf compiled by NVRTC bit for bit on every f32 input.
  * Sampling: greedy equals the CPU argmax exactly (ties included); with
@@ -162,7 +165,17 @@ static void rmsnorm_case(int H, int B, int ymode) {
 }
 
 /* ---- GEMV -------------------------------------------------------------------------- */
-static void gemv_case(int N, int K, int B) {
+/* gop_gemv_on(kind) against ref_gemv_b: the kernel table's tolerance, and
+ * one near what f32 sums of exact bf16 products reach.  The tensor cores
+ * add each mma's 16 products to the f32 accumulator with a truncation of
+ * at most an ulp or so, one chain of K / 16 such adds per output, so the
+ * bound grows with K: 2e-4 up to K = 4096 (the reference's own f32 sum
+ * errs by ~1e-6 here), in proportion above.  A fragment or k-order mistake
+ * errs by O(1), a lost chunk by sqrt(8 / K) (> 2e-2 at these K). */
+static double gemv_f32_tol(int K) { return 2e-4 * (K > 4096 ? K / 4096.0 : 1.0); }
+
+/* tile: the tensor-core kernel on that tile (gop_gemv_mma_tiled), else kind. */
+static void gemv_run(gop_gemv_kind kind, const gop_mma_tile *tile, int N, int K, int B) {
   mj_err err = {0};
   bufs b = {0};
   size_t wn = (size_t)N * K;
@@ -173,17 +186,32 @@ static void gemv_case(int N, int K, int B) {
   ref_gemv_b(W, x, want, B, N, K);
   CUdeviceptr dW = dev(&b, W, wn * 2, 0), dx = dev(&b, x, (size_t)B * K * 2, 0);
   CUdeviceptr dy = dev(&b, NULL, (size_t)B * N * 4, (size_t)N * 4);
-  if (dW && dx && dy && ok_rc(gop_gemv(dW, dx, dy, B, N, K, &(gop_ctx){0}, &err), &err)) {
+  bool ready = dW && dx && dy;
+  int rc = !ready ? 0
+           : tile ? gop_gemv_mma_tiled(tile, dW, dx, dy, B, N, K, &(gop_ctx){0}, &err)
+                  : gop_gemv_on(kind, dW, dx, dy, B, N, K, &(gop_ctx){0}, &err);
+  if (ready && ok_rc(rc, &err)) {
     sync_check();
     cu.cuMemcpyDtoH(got, dy, ((size_t)B + 1) * N * 4);
-    char shape[32];
-    snprintf(shape, sizeof shape, "N=%d K=%d", N, K);
-    compare(KT_gemv, "gemv", shape, B, got, want, (size_t)B * N);
+    char shape[48];
+    if (tile)
+      snprintf(shape, sizeof shape, "N=%d K=%d %d:%d:%d:%d:%d", N, K, tile->threads, tile->mt, tile->kj, tile->ksplit,
+               tile->minb);
+    else
+      snprintf(shape, sizeof shape, "N=%d K=%d", N, K);
+    bool mma = tile || kind == GOP_GEMV_MMA || (kind == GOP_GEMV_AUTO && B >= GOP_GEMV_MMA_FROM);
+    const char *op = tile ? "gemv tile" : kind == GOP_GEMV_AUTO ? "gemv" : mma ? "gemv mma" : "gemv fma";
+    if (compare(mma ? KT_gemv_mma : KT_gemv, op, shape, B, got, want, (size_t)B * N)) {
+      double e = ref_rel_err(got, want, (size_t)B * N);
+      if (e > gemv_f32_tol(K)) fprintf(stderr, "  %s %s B=%d: rel err %.2e > %.2e\n", op, shape, B, e, gemv_f32_tol(K));
+      T_CHECK(e <= gemv_f32_tol(K));
+    }
     T_CHECK(guard_intact(got + (size_t)B * N, (size_t)N * 4));
   }
   bufs_free(&b);
   free(W), free(x), free(want), free(got);
 }
+static void gemv_case(gop_gemv_kind kind, int N, int K, int B) { gemv_run(kind, NULL, N, K, B); }
 
 /* Informational, not a check (moejit bench is the authority): the median
  * time of gop_gemv against gemv_bf16.k (B = 1 only) on the same W. */
@@ -326,20 +354,48 @@ static void test_exp_accurate(void) {
   bufs_free(&b);
 }
 
+/* gop_gemv as the step calls it (the FMA kernel below GOP_GEMV_MMA_FROM
+ * rows, the tensor cores from there), then each kernel forced at every
+ * batch 1..64 on an odd shape (a partial m16 tile, a K tail of one chunk),
+ * and the tensor-core kernel at GLM-5's shapes with each of its tiles
+ * (n8 tiles 1, 2, 3-4, 5-8; split K) and on N, K and B smaller than one
+ * tile. */
 static void test_gemv(void) {
   for (size_t i = 0; i < MJ_ARRAY_LEN(batches); i++) {
     int B = batches[i];
-    gemv_case(6144, 2048, B);
-    gemv_case(130, 1032, B); /* guard rows, a K tail */
+    gemv_case(GOP_GEMV_AUTO, 6144, 2048, B);
+    gemv_case(GOP_GEMV_AUTO, 130, 1032, B); /* guard rows, a K tail */
   }
-  gemv_case(2784, 6144, 1);
-  gemv_case(2784, 6144, 8);
-  gemv_case(2784, 6144, 64);
-  gemv_case(20480, 2048, 3);
-  gemv_case(154880, 6144, 1); /* the LM head: 1.9 GB of W */
-  gemv_case(77, 8, 3);        /* K of one chunk */
-  gemv_case(77, 8, 64);
-  gemv_case(1000, 264, 100);  /* two row blocks: 64 + 36 */
+  gemv_case(GOP_GEMV_AUTO, 2784, 6144, 1);
+  gemv_case(GOP_GEMV_AUTO, 2784, 6144, 8);
+  gemv_case(GOP_GEMV_AUTO, 2784, 6144, 64);
+  gemv_case(GOP_GEMV_AUTO, 20480, 2048, 3);
+  gemv_case(GOP_GEMV_AUTO, 154880, 6144, 1); /* the LM head: 1.9 GB of W */
+  gemv_case(GOP_GEMV_AUTO, 77, 8, 3);        /* K of one chunk */
+  gemv_case(GOP_GEMV_AUTO, 77, 8, 64);
+  gemv_case(GOP_GEMV_AUTO, 1000, 264, 100);  /* two row blocks: 64 + 36 */
+  for (int B = 1; B <= 64; B++) {
+    gemv_case(GOP_GEMV_FMA, 130, 1032, B);
+    gemv_case(GOP_GEMV_MMA, 130, 1032, B);
+  }
+  static const int mma_b[] = {4, 5, 8, 13, 24, 32, 37, 64};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(mma_b); i++) gemv_case(GOP_GEMV_MMA, 2784, 6144, mma_b[i]); /* K split 8 ways */
+  gemv_case(GOP_GEMV_MMA, 20480, 2048, 4);   /* attn.q_proj: K split 2 ways */
+  gemv_case(GOP_GEMV_MMA, 20480, 2048, 13);
+  gemv_case(GOP_GEMV_MMA, 20480, 2048, 37);
+  gemv_case(GOP_GEMV_MMA, 8192, 1032, 64);   /* MT 2 with split K and a K tail */
+  gemv_case(GOP_GEMV_MMA, 6144, 16384, 8);   /* attn.o_proj: the widest K */
+  gemv_case(GOP_GEMV_MMA, 6144, 12288, 33);  /* mlp.down */
+  gemv_case(GOP_GEMV_AUTO, 154880, 6144, 4); /* the LM head on tensor cores: 1210 blocks */
+  gemv_case(GOP_GEMV_MMA, 5, 24, 9);         /* N, K and B under one tile each */
+  gemv_case(GOP_GEMV_MMA, 77, 8, 5);
+  /* Tiles the launcher does not take here (THREADS:MT:KJ:KSPLIT:MINB;
+   * KSPLIT 0: the launcher's split for the tile), as a sweep runs them. */
+  static const gop_mma_tile tiles[] = {{256, 2, 4, 0, 1}, {128, 2, 2, 2, 1}, {64, 1, 8, 0, 1}, {256, 1, 4, 4, 2},
+                                       {256, 1, 2, 8, 1}};
+  static const int tile_b[] = {3, 17, 64};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(tiles); i++)
+    for (size_t j = 0; j < MJ_ARRAY_LEN(tile_b); j++) gemv_run(GOP_GEMV_MMA, &tiles[i], 130, 1032, tile_b[j]);
   gemv_speed(24576, 6144);
   gemv_speed(6144, 2048);
 }

@@ -7,7 +7,10 @@
  * The families are the words after `perf` (`gputest perf gemv mla_vout`),
  * else the comma list MOEJIT_PERF_OPS (make check runs `gputest
  * tests/gpu/perf.gpu`), else all of them; the batch sizes 1, 8 and 32, or
- * the comma list MOEJIT_PERF_BATCHES.  Each family's ops run on device
+ * the comma list MOEJIT_PERF_BATCHES; the GEMV also on each tensor-core
+ * tile of MOEJIT_PERF_GEMV_TILES (a comma list of THREADS:MT:KJ:KSPLIT:MINB,
+ * KSPLIT 0 for the launcher's split), a sweep beside the launcher's choice.
+ * Each family's ops run on device
  * buffers of random values (gop_fill) and are timed as the median of CUDA
  * graph replays of PERF_LAUNCHES launches or more (tm_graph_us).  A row of the
  * markdown table gives the time per launch, the bytes the op must move
@@ -45,6 +48,7 @@
 #define PERF_MAX_BATCHES 8
 #define PERF_MAX_B 128
 #define PERF_MOE_SETS 8     /* inputs the MoE layer rotates over: different routings */
+#define PERF_MAX_TILES 8    /* MOEJIT_PERF_GEMV_TILES */
 
 static const int contexts[] = {1024, 4096};
 
@@ -59,6 +63,8 @@ typedef struct perf {
   CUdeviceptr buf[PERF_MAX_BUFS]; /* the measurement's buffers, freed together (release) */
   int nbuf;
   moe_weights moe;  /* the MoE layer's weights, random NVFP4 experts, made on first use */
+  gop_mma_tile tiles[PERF_MAX_TILES]; /* MOEJIT_PERF_GEMV_TILES: tensor-core GEMV tiles to time too */
+  int ntiles;
 } perf;
 
 /* ---- helpers --------------------------------------------------------------------------- */
@@ -215,14 +221,20 @@ static int perf_silu(perf *p, kt_id k, int B, mj_err *err) {
 }
 
 /* gemv N x K: reads W (N * K * 2) and x (B * K * 2), writes y (B * N * 4);
- * the decode step's shapes (src/gpu_model.c's enqueue). */
+ * the decode step's shapes (src/gpu_model.c's enqueue).  Both kernels at
+ * every batch size, one row each (family gemv: the FMA kernel; gemv_mma:
+ * the tensor-core one; gop_gemv takes the second from GOP_GEMV_MMA_FROM
+ * rows on), so a run holds the before and after of the switch. */
 typedef struct gemv_op {
   CUdeviceptr W[PERF_MAX_COPIES], x, y;
   int copies, B, N, K;
+  gop_gemv_kind kind;
+  const gop_mma_tile *tile; /* the tensor cores on this tile, when not NULL */
 } gemv_op;
 static int gemv_launch(void *ctx, int i, CUstream s, mj_err *err) {
   const gemv_op *o = ctx;
-  return gop_gemv(o->W[i % o->copies], o->x, o->y, o->B, o->N, o->K, &(gop_ctx){.s = s}, err);
+  if (o->tile) return gop_gemv_mma_tiled(o->tile, o->W[i % o->copies], o->x, o->y, o->B, o->N, o->K, &(gop_ctx){.s = s}, err);
+  return gop_gemv_on(o->kind, o->W[i % o->copies], o->x, o->y, o->B, o->N, o->K, &(gop_ctx){.s = s}, err);
 }
 static int perf_gemv(perf *p, kt_id k, int B, mj_err *err) {
   const gop_dims *d = &p->d;
@@ -247,9 +259,24 @@ static int perf_gemv(perf *p, kt_id k, int B, mj_err *err) {
     const double bytes = (double)wn * 2 + (double)B * o.K * 2 + (double)B * o.N * 4;
     if ((rc = weight(p, o.W, &o.copies, wn, sqrtf(3.0f / (float)o.K), err)) ||
         (rc = rnd(p, &o.x, (size_t)B * o.K, false, -1, 1, err)) ||
-        (rc = rnd(p, &o.y, (size_t)B * o.N, true, -1, 1, err)) ||
-        (rc = row(p, k, op, B, bytes, o.copies, gemv_launch, &o, err)))
+        (rc = rnd(p, &o.y, (size_t)B * o.N, true, -1, 1, err)))
       return rc;
+    o.kind = GOP_GEMV_FMA;
+    if ((rc = row(p, k, op, B, bytes, o.copies, gemv_launch, &o, err))) return rc;
+    o.kind = GOP_GEMV_MMA;
+    if ((rc = row(p, KT_gemv_mma, op, B, bytes, o.copies, gemv_launch, &o, err))) return rc;
+    for (int t = 0; t < p->ntiles; t++) {
+      const gop_mma_tile *tl = &p->tiles[t];
+      char top[96];
+      snprintf(top, sizeof top, "%s tile %d:%d:%d:%d:%d", op, tl->threads, tl->mt, tl->kj, tl->ksplit, tl->minb);
+      o.tile = tl;
+      rc = row(p, KT_gemv_mma, top, B, bytes, o.copies, gemv_launch, &o, err);
+      o.tile = NULL;
+      if (rc) { /* a tile the kernel refuses: said, and the sweep goes on */
+        printf("| gemv_mma | %s: %s | %d | | | | |\n", top, err->msg, B);
+        mj_err_clear(err);
+      }
+    }
     release(p); /* the next shape's weights in place of these */
   }
   return 0;
@@ -369,6 +396,7 @@ typedef struct attn_op {
   int copies, B;
   CUdeviceptr cache; /* kv (attend) or ikey (select) of copies * B slots */
   CUdeviceptr q, iw, sel, out, scratch; /* q: qlat (attend) or iq (select); out: olat (attend) */
+  gop_attend_kind kind;                  /* attend: which kernel */
 } attn_op;
 
 /* The rows and the cache (record bytes per token) of B rows at context
@@ -397,8 +425,8 @@ static int attn_setup(perf *p, int B, int ctx, size_t rec, bool f32, attn_op *o,
 static int attend_launch(void *ctx, int i, CUstream s, mj_err *err) {
   const attn_op *o = ctx;
   float scale = 1.0f / sqrtf((float)(o->d.nope + o->d.rope)); /* as enqueue */
-  return gop_mla_attend(&o->d, o->q, (gop_cache){o->cache, 0}, o->rows[i % o->copies], o->sel, scale, o->out,
-                        o->scratch, o->B, &(gop_ctx){.s = s}, err);
+  return gop_mla_attend_on(o->kind, &o->d, o->q, (gop_cache){o->cache, 0}, o->rows[i % o->copies], o->sel, scale,
+                           o->out, o->scratch, o->B, &(gop_ctx){.s = s}, err);
 }
 static int perf_attend(perf *p, kt_id k, int B, mj_err *err) {
   for (size_t c = 0; c < MJ_ARRAY_LEN(contexts); c++) {
@@ -414,8 +442,13 @@ static int perf_attend(perf *p, kt_id k, int B, mj_err *err) {
     const int n = selects ? o.d.idx_topk : ctx;
     const double bytes = (double)B * n * D * 2 + (selects ? (double)B * n * 4 : 0) + (double)B * H * D * 4 + B * 8.0 +
                          (double)B * H * p->d.kv_rank * 4;
-    char op[64];
+    char op[80];
     snprintf(op, sizeof op, "attn.attend ctx %d (%d tokens)", ctx, n);
+    if ((rc = row(p, k, op, B, bytes, o.copies, attend_launch, &o, err))) return rc;
+    /* The tensor-core kernel beside it (gop_mla_attend takes it once it has
+     * been checked on the device: GOP_ATTEND_MMA_DEFAULT). */
+    o.kind = GOP_ATTEND_MMA;
+    snprintf(op, sizeof op, "attn.attend ctx %d (%d tokens) tensor cores", ctx, n);
     if ((rc = row(p, k, op, B, bytes, o.copies, attend_launch, &o, err))) return rc;
     release(p);
   }
@@ -572,6 +605,7 @@ static const struct {
 } cases[KT_N] = {
     [KT_embed] = {perf_embed},          [KT_add_rmsnorm] = {perf_norm},   [KT_silu_mul] = {perf_silu},
     [KT_gemv] = {perf_gemv},            [KT_sample] = {perf_sample},      [KT_mla_prep] = {perf_prep},
+    [KT_gemv_mma] = {NULL, "timed with gemv (gputest perf gemv: both kernels at every batch)"},
     [KT_mla_q] = {perf_absorb},         [KT_mla_vout] = {perf_absorb},    [KT_mla_attend] = {perf_attend},
     [KT_dsa_select] = {perf_select},    [KT_moe_router] = {perf_moe},     [KT_moe_route] = {perf_moe},
     [KT_moe_expert] = {perf_moe},       [KT_moe_combine] = {perf_moe},
@@ -581,7 +615,33 @@ static const struct {
 typedef struct perf_sel {
   bool keep[KT_N];
   int batches[PERF_MAX_BATCHES], nb;
+  gop_mma_tile tiles[PERF_MAX_TILES];
+  int ntiles;
 } perf_sel;
+
+/* MOEJIT_PERF_GEMV_TILES: a comma list of THREADS:MT:KJ:KSPLIT:MINB; 0, or
+ * 2 having said why. */
+static int gemv_tiles(const char *s, perf_sel *sel) {
+  sel->ntiles = 0;
+  while (s && *s) {
+    gop_mma_tile t;
+    int used = 0;
+    bool ok = sel->ntiles < PERF_MAX_TILES &&
+              sscanf(s, "%d:%d:%d:%d:%d%n", &t.threads, &t.mt, &t.kj, &t.ksplit, &t.minb, &used) == 5 &&
+              (s[used] == ',' || s[used] == 0) && t.threads >= 32 && t.threads <= 1024 && t.threads % 32 == 0 &&
+              t.mt >= 1 && t.kj >= 1 && t.ksplit >= 0 && t.minb >= 1;
+    if (!ok) {
+      fprintf(stderr,
+              "gputest perf: MOEJIT_PERF_GEMV_TILES wants a comma list of at most %d THREADS:MT:KJ:KSPLIT:MINB "
+              "(THREADS whole warps up to 1024, KSPLIT 0 for the launcher's), not '%s'\n",
+              PERF_MAX_TILES, getenv("MOEJIT_PERF_GEMV_TILES"));
+      return 2;
+    }
+    sel->tiles[sel->ntiles++] = t;
+    s += used + (s[used] == ',');
+  }
+  return 0;
+}
 
 /* Keep the families of the comma list s (from: where it came from, for the message). */
 static int pick(const char *s, const char *from, perf_sel *sel) {
@@ -626,6 +686,7 @@ static int selection(int argc, char **argv, perf_sel *sel) {
   }
   for (int i = 0; i < nb; i++) sel->batches[i] = (int)b[i];
   sel->nb = nb;
+  if (!rc) rc = gemv_tiles(getenv("MOEJIT_PERF_GEMV_TILES"), sel);
   return rc;
 }
 
@@ -638,7 +699,8 @@ int gpu_perf_args(int argc, char **argv) {
 int gpu_test_perf(int argc, char **argv) {
   perf_sel sel;
   if (selection(argc, argv, &sel)) return 2;
-  perf p = {.seed = 17, .rng = 0x2545F4914F6CDD1Dull};
+  perf p = {.seed = 17, .rng = 0x2545F4914F6CDD1Dull, .ntiles = sel.ntiles};
+  memcpy(p.tiles, sel.tiles, sizeof p.tiles);
   mj_err err = {0};
   if (tm_copy_bandwidth((size_t)1 << 30, &p.copy_bps, &err)) {
     mj_err_print(&err, stderr);
