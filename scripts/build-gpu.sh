@@ -7,7 +7,8 @@
 set -eu
 top=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$top/build-gpu}
-work=${TMPDIR:-/tmp}/moejit-portable
+# one work folder per tree, so builds of two worktrees never share one
+work=${TMPDIR:-/tmp}/moejit-portable-$(printf %s "$top" | cksum | cut -d" " -f1)
 mkdir -p "$work" "$out"
 cd "$top"
 git ls-files -co --exclude-standard | grep -v '^build-gpu/' | tar -cf - -T - | (cd "$work" && tar -xf -)
