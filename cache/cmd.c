@@ -15,6 +15,7 @@
 
 #include "cache.h"
 #include "cli.h"
+#include "kc.h"
 
 static const char *fmt_age(int64_t mtime_ns, char *buf, size_t n) {
   double s = (double)time(NULL) - (double)mtime_ns / 1e9;
@@ -75,6 +76,39 @@ static int by_time(const void *a, const void *b) {
   return (x->mtime_ns < y->mtime_ns) - (x->mtime_ns > y->mtime_ns);
 }
 
+/* The value of field in a key text ("target" -> "sm_90a"), into out. */
+static const char *key_field(const char *key, size_t n, const char *field, char *out, size_t cap) {
+  size_t fl = strlen(field);
+  out[0] = 0;
+  for (const char *p = key; p && p < key + n; p = memchr(p, '\n', (size_t)(key + n - p)), p = p ? p + 1 : NULL)
+    if ((size_t)(key + n - p) > fl && strncmp(p, field, fl) == 0 && p[fl] == '=') {
+      const char *v = p + fl + 1, *e = memchr(v, '\n', (size_t)(key + n - v));
+      snprintf(out, cap, "%.*s", (int)((e ? e : key + n) - v), v);
+      break;
+    }
+  return out;
+}
+
+/* Read an entry whole: its metadata, its key's target and the target its
+ * cubin's ELF says (kc_cubin_arch); verify holds the two to each other. */
+static int read_entry(const char *path, cache_meta *m, char *target, char *elf_arch, mj_err *err) {
+  char *data = NULL;
+  size_t n = 0;
+  if (mj_read_file(path, &data, &n, NULL)) return mj_fail(err, MJ_ECACHE, "cannot read the file");
+  const char *key;
+  size_t kl, cl;
+  const void *cubin;
+  int r = cache_entry_decode(data, n, m, &key, &kl, &cubin, &cl, err);
+  if (!r) {
+    key_field(key, kl, "target", target, 16);
+    mj_err e = {0};
+    if (kc_cubin_arch(cubin, cl, elf_arch, 16, &e)) snprintf(elf_arch, 16, "?");
+    mj_err_clear(&e);
+  }
+  free(data);
+  return r;
+}
+
 /* list (verify = false) or verify (true). */
 static int cache_cmd_entries(const char *dir, bool verify, mj_err *err) {
   cache_item *items = NULL;
@@ -82,19 +116,26 @@ static int cache_cmd_entries(const char *dir, bool verify, mj_err *err) {
   if (n < 0) return MJ_EIO;
   qsort(items, (size_t)n, sizeof *items, by_time); /* most recently used first */
   int bad = 0;
-  if (!verify && n) printf("%-32s %9s %6s  %s\n", "key", "size", "used", "kernel");
+  if (!verify && n) printf("%-32s %9s %6s %-8s %s\n", "key", "size", "used", "arch", "kernel");
   for (int i = 0; i < n; i++) {
     cache_meta m;
     mj_err e = {0};
-    int r = cache_verify_file(items[i].path, &m, NULL, &e);
+    char target[16] = "", elf[16] = "";
+    int r = items[i].current ? read_entry(items[i].path, &m, target, elf, &e)
+                             : mj_fail(&e, MJ_ECACHE, "an entry of an older format");
+    /* A cubin that is not for its key's target would load on the wrong
+     * chip (or fail to): as bad as a torn file.  (Every key the front
+     * door writes names its target; the tests' made-up keys do not.) */
+    if (r == 0 && target[0] && strcmp(target, elf) != 0)
+      r = mj_fail(&e, MJ_ECACHE, "the cubin is for %s, its key says %s", elf, target);
     const char *base = strrchr(items[i].path, '/');
     char key[40], size[32], age[16];
     snprintf(key, sizeof key, "%.2s%s", base - 2, base + 1);
     if (verify) {
       if (r) printf("%s: %s\n", items[i].path, e.msg), bad++;
     } else {
-      printf("%-32s %9s %6s  %s\n", key, mj_fmt_bytes((double)items[i].size, size, sizeof size),
-             fmt_age(items[i].mtime_ns, age, sizeof age),
+      printf("%-32s %9s %6s %-8s %s\n", key, mj_fmt_bytes((double)items[i].size, size, sizeof size),
+             fmt_age(items[i].mtime_ns, age, sizeof age), r == 0 ? target : "-",
              r == 0 ? m.kernel_name : !items[i].current ? "(older format)" : "(bad entry)");
     }
     mj_err_clear(&e);

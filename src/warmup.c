@@ -88,8 +88,8 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
   if (synth && strcmp(synth, "glm5") != 0)
     return mj_fail(err, MJ_EUSAGE, "moejit warmup: --synthetic knows only glm5, not '%s'", synth);
   if (jobs < 1 || jobs > 256) return mj_fail(err, MJ_EUSAGE, "moejit warmup: -j must be 1..256");
-  if (arch && strncmp(arch, "sm_", 3) != 0)
-    return mj_fail(err, MJ_EUSAGE, "moejit warmup: --arch wants a target such as sm_90a, not '%s'", arch);
+  if (arch && !dsl_target_known(arch))
+    return mj_fail(err, MJ_EUSAGE, "moejit warmup: --arch %s: unknown target (use %s)", arch, dsl_target_names());
   if (layers < 1 || dense < 0 || dense > layers)
     return mj_fail(err, MJ_EUSAGE, "moejit warmup: --layers >= 1 and 0 <= --dense <= --layers");
   /* --tp/--ep: every rank's kernels (a rank's route kernel knows its
