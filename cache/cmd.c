@@ -1,5 +1,5 @@
 /* cmd.c: `moejit cache stats|list|verify|prune|clear`, the user's view of
- * the cubin cache (see cache.h).
+ * the cubin cache and its tuning records (see cache.h).
  *
  * The command works on the folder the engine would use (the environment,
  * or --dir) and never compiles anything.  Only verify judges entries: it
@@ -150,11 +150,33 @@ static int cache_cmd_entries(const char *dir, bool verify, mj_err *err) {
   return 0;
 }
 
+/* The tuning records, a line each, after the entries of `list`. */
+static int cache_cmd_tuning(const char *dir, mj_err *err) {
+  cache_tune *t = NULL;
+  int bad = 0, n = cache_tune_scan(dir, &t, &bad, err);
+  if (n < 0) return MJ_EIO;
+  if (n) printf("\ntuning records (moejit warmup --tune), one a kernel and shape:\n");
+  for (int i = 0; i < n; i++) {
+    char date[32];
+    time_t d = (time_t)t[i].date;
+    struct tm tm;
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M", gmtime_r(&d, &tm));
+    printf("%s  %s  winner %s %.1f us  built-in %s %.1f us (%+.1f%%)  %s %s driver %s  %s UTC\n", t[i].family,
+           t[i].shape, t[i].choice, t[i].us, t[i].builtin, t[i].builtin_us,
+           t[i].builtin_us > 0 ? 100.0 * (t[i].us - t[i].builtin_us) / t[i].builtin_us : 0.0, t[i].gpu, t[i].arch,
+           t[i].driver, date);
+  }
+  if (bad) printf("%d bad tuning record%s (never used: the engine warns and takes the built-in plan)\n", bad, bad == 1 ? "" : "s");
+  free(t);
+  return 0;
+}
+
 int cmd_cache(int argc, char **argv, mj_err *err) {
   const char *dir = NULL, *max = NULL;
-  cli_opt opts[] = {{"dir", 0, CLI_STR, &dir}, {"max", 0, CLI_STR, &max}};
+  bool tuning = false;
+  cli_opt opts[] = {{"dir", 0, CLI_STR, &dir}, {"max", 0, CLI_STR, &max}, {"tuning", 0, CLI_FLAG, &tuning}};
   cli_list pos = {0};
-  int r = cli_parse("cache", argc, argv, opts, 2, &pos, err);
+  int r = cli_parse("cache", argc, argv, opts, 3, &pos, err);
   if (r) {
     free(pos.v);
     return r < 0 ? 0 : r;
@@ -175,6 +197,8 @@ int cmd_cache(int argc, char **argv, mj_err *err) {
   if (npos > 1) return mj_fail(err, MJ_EUSAGE, "moejit cache %s: unexpected argument", sub);
   if (max && which != 3)
     return mj_fail(err, MJ_EUSAGE, "moejit cache %s: --max belongs to prune", sub);
+  if (tuning && which != 4)
+    return mj_fail(err, MJ_EUSAGE, "moejit cache %s: --tuning belongs to clear", sub);
   cache_config cfg;
   if (cache_config_from_env(&cfg, err)) return MJ_EINPUT;
   if (dir) cfg.dir = dir;
@@ -190,8 +214,10 @@ int cmd_cache(int argc, char **argv, mj_err *err) {
   case 0:
     return cache_cmd_stats(cfg.dir, &cfg, err);
   case 1:
+    if ((r = cache_cmd_entries(cfg.dir, false, err))) return r;
+    return missing ? 0 : cache_cmd_tuning(cfg.dir, err);
   case 2:
-    return cache_cmd_entries(cfg.dir, which == 2, err);
+    return cache_cmd_entries(cfg.dir, true, err);
   case 3:
     if (!missing && cache_prune(cfg.dir, cfg.max_bytes, &removed, &freed, err)) return MJ_EIO;
     printf("removed %llu entr%s (%s) to fit %s\n", (unsigned long long)removed,
@@ -199,6 +225,11 @@ int cmd_cache(int argc, char **argv, mj_err *err) {
            mj_fmt_bytes((double)cfg.max_bytes, (char[32]){0}, 32));
     return 0;
   case 4:
+    if (tuning) {
+      if (!missing && cache_tune_clear(cfg.dir, &removed, err)) return MJ_EIO;
+      printf("removed %llu tuning record%s from %s\n", (unsigned long long)removed, removed == 1 ? "" : "s", cfg.dir);
+      return 0;
+    }
     if (!missing && cache_clear(cfg.dir, &removed, err)) return MJ_EIO;
     printf("removed %llu entr%s from %s\n", (unsigned long long)removed,
            removed == 1 ? "y" : "ies", cfg.dir);
