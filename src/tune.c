@@ -103,7 +103,9 @@ static void warn_once(const char *path, const char *why) {
   mj_buf_free(&b);
 }
 
-int tune_moe_plan(const tune_target *t, moe_plan *p, bool tuned[2], mj_err *err) {
+/* tune_moe_plan, and with check false tune_moe_peek: no kernel obtained,
+ * no warning. */
+static int apply(const tune_target *t, moe_plan *p, bool tuned[2], bool check, mj_err *err) {
   if (tuned) tuned[0] = tuned[1] = false;
   if (!t || !t->on) return 0;
   for (int mode = 0; mode < 2; mode++) {
@@ -119,7 +121,7 @@ int tune_moe_plan(const tune_target *t, moe_plan *p, bool tuned[2], mj_err *err)
     if (rc == 0 && found) {
       moe_plan q = *p;
       *(mode ? &q.dn : &q.gu) = tile;
-      rc = moe_kernel_check(&q, mode ? MOE_K_down : MOE_K_gate_up, t->arch, &e);
+      rc = check ? moe_kernel_check(&q, mode ? MOE_K_down : MOE_K_gate_up, t->arch, &e) : 0;
       if (rc == MJ_ECACHE || rc == MJ_EIO || rc == MJ_ENOMEM) {
         /* Not the record's fault: the cache was not warmed for it. */
         free(path);
@@ -139,12 +141,18 @@ int tune_moe_plan(const tune_target *t, moe_plan *p, bool tuned[2], mj_err *err)
         if (tuned) tuned[mode] = true;
       }
     }
-    if (rc) warn_once(path, e.msg);
+    if (rc && check) warn_once(path, e.msg);
     mj_err_clear(&e);
     free(path);
   }
   return 0;
 }
+
+int tune_moe_plan(const tune_target *t, moe_plan *p, bool tuned[2], mj_err *err) {
+  return apply(t, p, tuned, true, err);
+}
+
+void tune_moe_peek(const tune_target *t, moe_plan *p) { apply(t, p, NULL, false, NULL); }
 
 /* ---- the timing run ------------------------------------------------------------------------ */
 /* The candidates: bench moe's sweeps (docs/moe.md), cut to the tiles that

@@ -57,6 +57,10 @@ void tune_moe_want(const tune_target *t, const moe_plan *p, int mode, cache_tune
  * assert-warm finds the winner's kernel missing (warm-up compiles it). */
 int tune_moe_plan(const tune_target *t, moe_plan *p, bool tuned[2], mj_err *err);
 
+/* The same without obtaining any kernel or warning: the plan a dry run
+ * (`moejit replay --dry-run`) reports, which must compile nothing. */
+void tune_moe_peek(const tune_target *t, moe_plan *p);
+
 /* Warnings from tune_moe_plan go to stderr unless quiet (the -j children
  * of warm-up, whose parent says the same). */
 void tune_set_quiet(bool on);

@@ -197,6 +197,23 @@ static void test_lookup(void) {
     T_EQ_INT(lookup(&t, &p, tuned, w), 0);
     T_CHECK(!tuned[0]);
   }
+  /* The dry run's peek: a usable record taken, a stale one not, and
+   * neither obtains a kernel or warns. */
+  T_EQ_INT(cache_tune_store(t.dir, &good, &err), 0);
+  model_moe_cfg c8 = small_cfg();
+  moe_plan_default(&c8, 8, &p);
+  t_stderr_to(w);
+  tune_moe_peek(&t, &p);
+  T_CHECK(p.gu.rows == 16 && p.gu.mma == 4);
+  cache_tune stale = good;
+  snprintf(stale.driver, sizeof stale.driver, "12.8");
+  write_at(&t, &want, &stale);
+  moe_plan_default(&c8, 8, &p);
+  tune_moe_peek(&t, &p);
+  t_stderr_back();
+  T_CHECK(memcmp(&p.gu, &builtin.gu, sizeof p.gu) == 0);
+  T_EQ_INT(t_count_in(w, "\n"), 0);
+
   /* A torn file. */
   cache_tune_store(t.dir, &good, &err);
   int fd = open(path, O_WRONLY);
