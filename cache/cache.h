@@ -215,4 +215,51 @@ int cache_clear(const char *dir, uint64_t *removed, mj_err *err);
 /* The counters persisted in <dir>/stats (zero when none). */
 int cache_stats_read(const char *dir, cache_stats *out, mj_err *err);
 
+/* ---- tuning records (cache/tune.c) --------------------------------------------------
+ * The winner of a tuning run for one kernel family and shape on one GPU
+ * (`moejit warmup --tune`, src/tune.h): a small text file
+ * <dir>/tune/<32 hex>, the hex being XXH3-128 of the record's slot (GPU
+ * name, target, family, shape), so each GPU model and shape has one place.
+ * The record repeats its slot and adds the driver version and the hash of
+ * the kernel's source it was timed with; a reader holds all of them to what
+ * it wants, so a record of another GPU, driver or template is found and
+ * refused with its reason, never used.  Lines are "field=value"; the last is
+ * check=<XXH3-128 of every byte before it>, so a torn or edited file is
+ * refused too.  Stored atomically (temporary file, rename), like entries. */
+#define CACHE_TUNE_VERSION 1
+
+typedef struct cache_tune {
+  char gpu[256];         /* "NVIDIA H200" */
+  char arch[16];         /* "sm_90a" */
+  char driver[16];       /* "13.0" */
+  char family[32];       /* the kernel table's row: "moe_expert" */
+  char shape[160];       /* the family's words: "gate_up hidden=6144 inter=2048 experts=256 topk=8 bucket=8" */
+  char source_hash[33];  /* XXH3-128 hex of the template it was timed with */
+  char choice[64];       /* the winner, in the family's words ("16:256:8:0:0:0:4") */
+  char builtin[64];      /* the built-in plan's choice */
+  double us, builtin_us; /* their times */
+  int64_t date;          /* when (Unix seconds) */
+} cache_tune;
+
+/* The record's file for t's slot (gpu, arch, family, shape); malloc'd. */
+char *cache_tune_path(const char *dir, const cache_tune *t);
+/* The record's text (with its check line) into b. */
+void cache_tune_format(const cache_tune *t, mj_buf *b);
+/* Read a record's text: 0, or MJ_ECACHE with what is wrong ("line 3: no
+ * field name", "checksum mismatch", "missing field driver"). */
+int cache_tune_parse(const char *text, size_t n, cache_tune *out, mj_err *err);
+/* Store t in its slot (replacing what was there); MJ_EIO naming the file. */
+int cache_tune_store(const char *dir, const cache_tune *t, mj_err *err);
+/* The record for want's slot, held to want's driver and source hash too:
+ * 0 with *found (and *out filled) or not, MJ_ECACHE when one is there but
+ * cannot be used; err then says why in words a warning can carry ("corrupt
+ * (checksum mismatch)", "tuned on NVIDIA H100, not NVIDIA H200", "tuned
+ * with driver 12.8, not 13.0", "tuned with another moe_expert.k"). */
+int cache_tune_find(const char *dir, const cache_tune *want, cache_tune *out, bool *found, mj_err *err);
+/* Every record file under dir: records that read (in *out, malloc'd) and
+ * the count, or -1 with err; bad files are counted in *bad. */
+int cache_tune_scan(const char *dir, cache_tune **out, int *bad, mj_err *err);
+/* Remove every tuning record (the cubins stay). */
+int cache_tune_clear(const char *dir, uint64_t *removed, mj_err *err);
+
 #endif

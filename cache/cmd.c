@@ -1,5 +1,5 @@
 /* cmd.c: `moejit cache stats|list|verify|prune|clear`, the user's view of
- * the cubin cache (see cache.h).
+ * the cubin cache and its tuning records (see cache.h).
  *
  * The command works on the folder the engine would use (the environment,
  * or --dir) and never compiles anything.  Only verify judges entries: it
@@ -15,6 +15,7 @@
 
 #include "cache.h"
 #include "cli.h"
+#include "kc.h"
 
 static const char *fmt_age(int64_t mtime_ns, char *buf, size_t n) {
   double s = (double)time(NULL) - (double)mtime_ns / 1e9;
@@ -75,6 +76,39 @@ static int by_time(const void *a, const void *b) {
   return (x->mtime_ns < y->mtime_ns) - (x->mtime_ns > y->mtime_ns);
 }
 
+/* The value of field in a key text ("target" -> "sm_90a"), into out. */
+static const char *key_field(const char *key, size_t n, const char *field, char *out, size_t cap) {
+  size_t fl = strlen(field);
+  out[0] = 0;
+  for (const char *p = key; p && p < key + n; p = memchr(p, '\n', (size_t)(key + n - p)), p = p ? p + 1 : NULL)
+    if ((size_t)(key + n - p) > fl && strncmp(p, field, fl) == 0 && p[fl] == '=') {
+      const char *v = p + fl + 1, *e = memchr(v, '\n', (size_t)(key + n - v));
+      snprintf(out, cap, "%.*s", (int)((e ? e : key + n) - v), v);
+      break;
+    }
+  return out;
+}
+
+/* Read an entry whole: its metadata, its key's target and the target its
+ * cubin's ELF says (kc_cubin_arch); verify holds the two to each other. */
+static int read_entry(const char *path, cache_meta *m, char *target, char *elf_arch, mj_err *err) {
+  char *data = NULL;
+  size_t n = 0;
+  if (mj_read_file(path, &data, &n, NULL)) return mj_fail(err, MJ_ECACHE, "cannot read the file");
+  const char *key;
+  size_t kl, cl;
+  const void *cubin;
+  int r = cache_entry_decode(data, n, m, &key, &kl, &cubin, &cl, err);
+  if (!r) {
+    key_field(key, kl, "target", target, 16);
+    mj_err e = {0};
+    if (kc_cubin_arch(cubin, cl, elf_arch, 16, &e)) snprintf(elf_arch, 16, "?");
+    mj_err_clear(&e);
+  }
+  free(data);
+  return r;
+}
+
 /* list (verify = false) or verify (true). */
 static int cache_cmd_entries(const char *dir, bool verify, mj_err *err) {
   cache_item *items = NULL;
@@ -82,19 +116,26 @@ static int cache_cmd_entries(const char *dir, bool verify, mj_err *err) {
   if (n < 0) return MJ_EIO;
   qsort(items, (size_t)n, sizeof *items, by_time); /* most recently used first */
   int bad = 0;
-  if (!verify && n) printf("%-32s %9s %6s  %s\n", "key", "size", "used", "kernel");
+  if (!verify && n) printf("%-32s %9s %6s %-8s %s\n", "key", "size", "used", "arch", "kernel");
   for (int i = 0; i < n; i++) {
     cache_meta m;
     mj_err e = {0};
-    int r = cache_verify_file(items[i].path, &m, NULL, &e);
+    char target[16] = "", elf[16] = "";
+    int r = items[i].current ? read_entry(items[i].path, &m, target, elf, &e)
+                             : mj_fail(&e, MJ_ECACHE, "an entry of an older format");
+    /* A cubin that is not for its key's target would load on the wrong
+     * chip (or fail to): as bad as a torn file.  (Every key the front
+     * door writes names its target; the tests' made-up keys do not.) */
+    if (r == 0 && target[0] && strcmp(target, elf) != 0)
+      r = mj_fail(&e, MJ_ECACHE, "the cubin is for %s, its key says %s", elf, target);
     const char *base = strrchr(items[i].path, '/');
     char key[40], size[32], age[16];
     snprintf(key, sizeof key, "%.2s%s", base - 2, base + 1);
     if (verify) {
       if (r) printf("%s: %s\n", items[i].path, e.msg), bad++;
     } else {
-      printf("%-32s %9s %6s  %s\n", key, mj_fmt_bytes((double)items[i].size, size, sizeof size),
-             fmt_age(items[i].mtime_ns, age, sizeof age),
+      printf("%-32s %9s %6s %-8s %s\n", key, mj_fmt_bytes((double)items[i].size, size, sizeof size),
+             fmt_age(items[i].mtime_ns, age, sizeof age), r == 0 ? target : "-",
              r == 0 ? m.kernel_name : !items[i].current ? "(older format)" : "(bad entry)");
     }
     mj_err_clear(&e);
@@ -109,11 +150,33 @@ static int cache_cmd_entries(const char *dir, bool verify, mj_err *err) {
   return 0;
 }
 
+/* The tuning records, a line each, after the entries of `list`. */
+static int cache_cmd_tuning(const char *dir, mj_err *err) {
+  cache_tune *t = NULL;
+  int bad = 0, n = cache_tune_scan(dir, &t, &bad, err);
+  if (n < 0) return MJ_EIO;
+  if (n) printf("\ntuning records (moejit warmup --tune), one a kernel and shape:\n");
+  for (int i = 0; i < n; i++) {
+    char date[32];
+    time_t d = (time_t)t[i].date;
+    struct tm tm;
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M", gmtime_r(&d, &tm));
+    printf("%s  %s  winner %s %.1f us  built-in %s %.1f us (%+.1f%%)  %s %s driver %s  %s UTC\n", t[i].family,
+           t[i].shape, t[i].choice, t[i].us, t[i].builtin, t[i].builtin_us,
+           t[i].builtin_us > 0 ? 100.0 * (t[i].us - t[i].builtin_us) / t[i].builtin_us : 0.0, t[i].gpu, t[i].arch,
+           t[i].driver, date);
+  }
+  if (bad) printf("%d bad tuning record%s (never used: the engine warns and takes the built-in plan)\n", bad, bad == 1 ? "" : "s");
+  free(t);
+  return 0;
+}
+
 int cmd_cache(int argc, char **argv, mj_err *err) {
   const char *dir = NULL, *max = NULL;
-  cli_opt opts[] = {{"dir", 0, CLI_STR, &dir}, {"max", 0, CLI_STR, &max}};
+  bool tuning = false;
+  cli_opt opts[] = {{"dir", 0, CLI_STR, &dir}, {"max", 0, CLI_STR, &max}, {"tuning", 0, CLI_FLAG, &tuning}};
   cli_list pos = {0};
-  int r = cli_parse("cache", argc, argv, opts, 2, &pos, err);
+  int r = cli_parse("cache", argc, argv, opts, 3, &pos, err);
   if (r) {
     free(pos.v);
     return r < 0 ? 0 : r;
@@ -134,6 +197,8 @@ int cmd_cache(int argc, char **argv, mj_err *err) {
   if (npos > 1) return mj_fail(err, MJ_EUSAGE, "moejit cache %s: unexpected argument", sub);
   if (max && which != 3)
     return mj_fail(err, MJ_EUSAGE, "moejit cache %s: --max belongs to prune", sub);
+  if (tuning && which != 4)
+    return mj_fail(err, MJ_EUSAGE, "moejit cache %s: --tuning belongs to clear", sub);
   cache_config cfg;
   if (cache_config_from_env(&cfg, err)) return MJ_EINPUT;
   if (dir) cfg.dir = dir;
@@ -149,8 +214,10 @@ int cmd_cache(int argc, char **argv, mj_err *err) {
   case 0:
     return cache_cmd_stats(cfg.dir, &cfg, err);
   case 1:
+    if ((r = cache_cmd_entries(cfg.dir, false, err))) return r;
+    return missing ? 0 : cache_cmd_tuning(cfg.dir, err);
   case 2:
-    return cache_cmd_entries(cfg.dir, which == 2, err);
+    return cache_cmd_entries(cfg.dir, true, err);
   case 3:
     if (!missing && cache_prune(cfg.dir, cfg.max_bytes, &removed, &freed, err)) return MJ_EIO;
     printf("removed %llu entr%s (%s) to fit %s\n", (unsigned long long)removed,
@@ -158,6 +225,11 @@ int cmd_cache(int argc, char **argv, mj_err *err) {
            mj_fmt_bytes((double)cfg.max_bytes, (char[32]){0}, 32));
     return 0;
   case 4:
+    if (tuning) {
+      if (!missing && cache_tune_clear(cfg.dir, &removed, err)) return MJ_EIO;
+      printf("removed %llu tuning record%s from %s\n", (unsigned long long)removed, removed == 1 ? "" : "s", cfg.dir);
+      return 0;
+    }
     if (!missing && cache_clear(cfg.dir, &removed, err)) return MJ_EIO;
     printf("removed %llu entr%s from %s\n", (unsigned long long)removed,
            removed == 1 ? "y" : "ies", cfg.dir);

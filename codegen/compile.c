@@ -70,6 +70,10 @@ int dsl_compile(const char *path, const char *src, size_t len, const dsl_define 
   opt.dump |= env_dump();
   FILE *df = opt.dump_file ? opt.dump_file : stderr;
   memset(r, 0, sizeof *r);
+  /* A target the backend cannot serve is the caller's mistake, said before
+   * the source is read (the same words dsl_target_machine would use). */
+  if (!dsl_target_known(opt.arch))
+    return mj_fail(err, MJ_EINPUT, "--arch %s: unknown target (use %s)", opt.arch, dsl_target_names());
   dsl_ctx c = {0};
   mj_arena_init(&c.arena, 256 * 1024);
   /* The lexer looks one or two characters ahead; a NUL-terminated copy in

@@ -38,7 +38,7 @@ enum {
 };
 
 typedef struct dsl_options {
-  const char *arch;  /* "sm_90a" (default), "sm_90", "sm_80", ... */
+  const char *arch;  /* "sm_90a" (default), "sm_90", "sm_80", "sm_100a", "sm_120", ... */
   int opt_level;     /* 0..3, default 3 */
   bool no_cubin;     /* stop after PTX (no nvJitLink) */
   unsigned dump;     /* DSL_DUMP_* bits; also from MOEJIT_DUMP */
@@ -81,6 +81,14 @@ void dsl_result_free(dsl_result *r);
 
 /* Versions of the backend, for cache keys and `moejit version`. */
 const char *dsl_llvm_version(void);
+
+/* The targets the compiler takes (codegen/target.c): known, and whether
+ * it goes through the PTX forward path (LLVM emits sm_90 PTX, nvJitLink
+ * compiles it for the target: sm_100, sm_100a, sm_120, sm_120a);
+ * dsl_target_names lists them for messages ("sm_80, ..., or sm_120a"). */
+bool dsl_target_known(const char *arch);
+bool dsl_target_forward(const char *arch);
+const char *dsl_target_names(void);
 
 /* Link PTX text into a cubin with nvJitLink for arch; fills the resource
  * fields (regs, shared, stack, spills) of r from the info log. */

@@ -51,25 +51,64 @@ const char *dsl_llvm_version(void) {
   return buf;
 }
 
-/* Architectures the compiler accepts, and the PTX ISA it asks LLVM for.
- * PTX 8.5 is the newest LLVM 19 emits; nvJitLink 13 reads it. */
-static bool known_arch(const char *a) {
-  static const char *archs[] = {"sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_90a"};
-  for (size_t i = 0; i < MJ_ARRAY_LEN(archs); i++)
-    if (strcmp(a, archs[i]) == 0) return true;
-  return false;
+/* The targets the compiler accepts: X(name, LLVM CPU, forward).  LLVM 19's
+ * NVPTX backend knows sm_90a at most and emits PTX 8.5 at most; nvJitLink
+ * 13 reads it.  Blackwell (sm_100 / sm_100a: B200; sm_120 / sm_120a: RTX
+ * PRO 6000) goes through the PTX forward path: LLVM emits PTX for sm_90,
+ * the newest target it knows that is not architecture-specific (PTX of an
+ * "a" target runs on that chip only and cannot be carried forward), and
+ * nvJitLink's ptxas compiles that PTX for the named Blackwell target.  No
+ * DSL kernel uses an sm_90a-only feature (wgmma, setmaxnreg, TMA): the
+ * newest instructions the templates use are mma.sync and
+ * cvt.rn.f16x2.e4m3x2 (sm_89), which sm_90 PTX carries. */
+#define DSL_TARGETS(X)                                                                 \
+  X("sm_80", "sm_80", false) X("sm_86", "sm_86", false) X("sm_87", "sm_87", false)     \
+  X("sm_89", "sm_89", false) X("sm_90", "sm_90", false) X("sm_90a", "sm_90a", false)   \
+  X("sm_100", "sm_90", true) X("sm_100a", "sm_90", true) X("sm_120", "sm_90", true)    \
+  X("sm_120a", "sm_90", true)
+
+static const struct {
+  const char *name, *llvm_cpu;
+  bool forward;
+} targets[] = {
+#define X(n, cpu, fwd) {n, cpu, fwd},
+    DSL_TARGETS(X)
+#undef X
+};
+
+static int target_index(const char *a) {
+  for (int i = 0; a && i < (int)MJ_ARRAY_LEN(targets); i++)
+    if (strcmp(a, targets[i].name) == 0) return i;
+  return -1;
+}
+
+bool dsl_target_known(const char *arch) { return target_index(arch) >= 0; }
+
+bool dsl_target_forward(const char *arch) {
+  int i = target_index(arch);
+  return i >= 0 && targets[i].forward;
+}
+
+const char *dsl_target_names(void) {
+  static char buf[256];
+  if (!buf[0]) {
+    size_t n = 0, N = MJ_ARRAY_LEN(targets);
+    for (size_t i = 0; i < N; i++)
+      n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%s", i == 0 ? "" : i + 1 == N ? " or " : ", ", targets[i].name);
+  }
+  return buf;
 }
 
 int dsl_target_machine(dsl_ctx *c, const char *arch, int opt_level, void **out) {
   pthread_once(&init_once, init_nvptx);
-  if (!known_arch(arch))
-    return mj_fail(c->err, MJ_EINPUT, "--arch %s: unknown target (use sm_80, sm_86, sm_89, sm_90 or sm_90a)", arch);
+  int t = target_index(arch);
+  if (t < 0) return mj_fail(c->err, MJ_EINPUT, "--arch %s: unknown target (use %s)", arch, dsl_target_names());
   LLVMTargetRef target;
   char *llvm_msg = NULL;
   LLVM_CHECK(c->err, LLVMGetTargetFromTriple("nvptx64-nvidia-cuda", &target, &llvm_msg));
   LLVMCodeGenOptLevel lvl = opt_level <= 0 ? LLVMCodeGenLevelNone : opt_level == 1 ? LLVMCodeGenLevelLess
                           : opt_level == 2 ? LLVMCodeGenLevelDefault : LLVMCodeGenLevelAggressive;
-  LLVMTargetMachineRef tm = LLVMCreateTargetMachine(target, "nvptx64-nvidia-cuda", arch, "+ptx85", lvl,
+  LLVMTargetMachineRef tm = LLVMCreateTargetMachine(target, "nvptx64-nvidia-cuda", targets[t].llvm_cpu, "+ptx85", lvl,
                                                     LLVMRelocDefault, LLVMCodeModelDefault);
   if (!tm) return mj_fail(c->err, MJ_ECOMPILE, "LLVM could not create a target machine for %s", arch);
   *out = tm;

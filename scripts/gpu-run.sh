@@ -21,6 +21,10 @@
 #   replay        synthetic traces replayed with --verify (batch 1, 8, 32), and --steps
 #   replay1000    a 1000-step synthetic trace replayed: the summary table
 #   warmproof     warmup, then generate --trace and replay under assert-warm
+#   tune          warmup --tune (the MoE expert tiles timed and stored for this
+#                 GPU), cache list's tuning records, bench moe with the tuned
+#                 plan against the built-in one (a table), then warmup under
+#                 assert-warm (a tuned deployment compiles nothing)
 #   replay        moejit replay on synthetic traces: dry run, GPU replay with
 #                 --verify, dry run again (now cached), then --steps
 set -u
@@ -141,6 +145,33 @@ for phase in "$@"; do
       MOEJIT_CACHE=assert-warm timeout 120 moejit replay "$OUT/gen.jsonl" -m "$m" --verify --verify-max 4 --reps 3 \
         >> "$log" 2>&1; echo "assert-warm replay: rc=$?" >> "$log"
       moejit cache stats >> "$log" 2>&1 ;;
+    tune)
+      # TUNE_BATCHES: the buckets (default the capture set).  The tuning
+      # itself is timed in its summary line (target: under 3 minutes).
+      bs=${TUNE_BATCHES:-1,2,4,8,16,32,64}
+      timeout 400 moejit warmup --synthetic glm5 --batches "$bs" --tune -j 8 >> "$log" 2>&1
+      echo "warmup --tune: rc=$?" >> "$log"
+      moejit cache list | sed -n '/^tuning records/,$p' >> "$log"
+      for p in builtin tuned; do
+        timeout 300 moejit bench moe --batches "$bs" --plan $p > "$OUT/tune-bench-$p.log" 2>&1
+        echo "bench moe --plan $p: rc=$? $(grep -c 'correctness: .*(ok)' "$OUT/tune-bench-$p.log") batches correct" >> "$log"
+      done
+      # one row a batch: the layer, gate_up and down alone, built-in and tuned
+      awk -F'|' '
+        FNR == 1 { p = (FILENAME ~ /tuned/) ? "t" : "b" }
+        /^## batch / { split($0, w, " "); b = w[3]; if (!(b in seen)) { seen[b] = 1; order[n++] = b } }
+        /^\| gate_up \| [0-9]/ { g[p, b] = $5 + 0 }
+        /^\| down \| [0-9]/ { d[p, b] = $5 + 0 }
+        /^\*\*batch / { split($0, w, " "); l[p, b] = w[4] + 0 }
+        END {
+          print "| batch | layer us built-in | layer us tuned | change | gate_up us b / t | down us b / t |"
+          print "|---|---|---|---|---|---|"
+          for (i = 0; i < n; i++) { b = order[i]
+            printf "| %s | %.1f | %.1f | %+.1f%% | %.1f / %.1f | %.1f / %.1f |\n", b, l["b", b], l["t", b],
+              (l["b", b] > 0 ? 100 * (l["t", b] - l["b", b]) / l["b", b] : 0), g["b", b], g["t", b], d["b", b], d["t", b] }
+        }' "$OUT/tune-bench-builtin.log" "$OUT/tune-bench-tuned.log" >> "$log"
+      MOEJIT_CACHE=assert-warm timeout 200 moejit warmup --synthetic glm5 --batches "$bs" >> "$log" 2>&1
+      echo "assert-warm warmup (tuned plans, graphs captured): rc=$?" >> "$log" ;;
     *) echo "gpu-run: unknown phase $phase" > "$log" ;;
   esac
   echo "== $phase ($(( $(date +%s) - t0 )) s)"

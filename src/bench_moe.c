@@ -25,6 +25,7 @@
 #include "moe.h"
 #include "ref.h"
 #include "timing.h"
+#include "tune.h"
 
 #define NPOOL 3
 #define MAXSETS 16
@@ -60,18 +61,11 @@ static int bench_launch(void *p, int i, CUstream s, mj_err *err) {
 static int parse_tiles(const char *s, moe_tile *t, int max, mj_err *err) {
   int n = 0;
   while (*s && n < max) {
-    int used = 0, more = 0;
-    t[n].prefetch = 0;
-    if (sscanf(s, "%d:%d:%d:%d%n", &t[n].rows, &t[n].threads, &t[n].chain, &t[n].gx, &used) != 4)
+    int used = tune_tile_parse(s, &t[n]);
+    if (!used)
       return -mj_fail(err, MJ_EUSAGE, "moejit bench moe: a tile is ROWS:THREADS:CHAIN:GX[:PREFETCH[:MINB[:MMA]]] (at '%s')", s);
-    s += used;
-    t[n].minb = 0;
-    if (*s == ':' && sscanf(s, ":%d%n", &t[n].prefetch, &more) == 1) s += more;
-    if (*s == ':' && sscanf(s, ":%d%n", &t[n].minb, &more) == 1) s += more;
-    t[n].mma = 0;
-    if (*s == ':' && sscanf(s, ":%d%n", &t[n].mma, &more) == 1) s += more;
+    s += used + (s[used] == ',');
     n++;
-    if (*s == ',') s++;
   }
   return n;
 }
@@ -97,12 +91,14 @@ int bench_moe(int argc, char **argv, mj_err *err) {
   const char *dn_s = "4:256:8:0,4:256:8:48,2:256:8:0,8:256:8:0,4:128:8:0,4:256:4:0,"
                      "16:256:8:0:0:0:4,16:256:8:0:0:0:8,16:128:8:0:0:0:4,16:256:8:0:0:2:4";
   const model_moe_cfg glm5 = model_moe_glm5();
+  const char *plan_s = NULL; /* builtin | tuned: that plan's tiles, no sweep */
   int64_t mt = 0, nsets = 8, ncopies = 4, check_tokens = 2, E = glm5.n_experts, H = glm5.hidden, I = glm5.inter;
   cli_opt opts[] = {{"batches", 0, CLI_STR, &batches_s}, {"gu-configs", 0, CLI_STR, &gu_s},
                     {"dn-configs", 0, CLI_STR, &dn_s},   {"mt", 0, CLI_INT, &mt},
                     {"sets", 0, CLI_INT, &nsets},        {"copies", 0, CLI_INT, &ncopies},
                     {"check-tokens", 0, CLI_INT, &check_tokens}, {"experts", 0, CLI_INT, &E},
-                    {"hidden", 0, CLI_INT, &H},          {"inter", 0, CLI_INT, &I}};
+                    {"hidden", 0, CLI_INT, &H},          {"inter", 0, CLI_INT, &I},
+                    {"plan", 0, CLI_STR, &plan_s}};
   int rc = cli_parse("bench", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (rc) return rc < 0 ? 0 : rc;
   if (nsets < 1 || nsets > MAXSETS || ncopies < 1 || ncopies > MAXCOPIES)
@@ -111,8 +107,12 @@ int bench_moe(int argc, char **argv, mj_err *err) {
   moe_tile gus[16], dns[16];
   int ngu = parse_tiles(gu_s, gus, 16, err), ndn = parse_tiles(dn_s, dns, 16, err);
   if (ngu <= 0 || ndn <= 0) return ngu < 0 ? -ngu : ndn < 0 ? -ndn : mj_fail(err, MJ_EUSAGE, "moejit bench moe: no tiles");
+  if (plan_s && strcmp(plan_s, "builtin") != 0 && strcmp(plan_s, "tuned") != 0)
+    return mj_fail(err, MJ_EUSAGE, "moejit bench moe: --plan is builtin or tuned, not '%s'", plan_s);
   if ((rc = cu_init(err))) return rc;
   const cu_device *d = cu_dev();
+  tune_target tt;
+  tune_target_here(NULL, &tt);
   double copy_bps;
   if ((rc = tm_copy_bandwidth((size_t)1 << 30, &copy_bps, err))) return rc;
   model_moe_cfg cfg = {.hidden = (int)H, .inter = (int)I, .n_experts = (int)E, .topk = 8, .n_group = 1, .topk_group = 1,
@@ -166,12 +166,18 @@ int bench_moe(int argc, char **argv, mj_err *err) {
     moe_plan plan;
     moe_plan_default(&cfg, B, &plan);
     if (mt > 0) plan.mt = (int)mt;
+    /* --plan tuned: the tiles warmup --tune stored for this GPU (as the
+     * engine takes them), else the built-in ones, with a warning. */
+    bool tuned[2] = {false, false};
+    if (plan_s && !strcmp(plan_s, "tuned") && (rc = tune_moe_plan(&tt, &plan, tuned, err))) goto out;
     moe_kernels k;
     moe_bufs b;
     if ((rc = moe_bufs_alloc(&b, &plan, err))) goto out;
     bctx c = {.k = &k, .p = &plan, .w = W, .b = &b, .nsets = (int)nsets, .ncopies = (int)ncopies, .B = B};
     memcpy(c.x, xs, sizeof xs);
     printf("\n## batch %d (bucket %d, MT %d, %d slots)\n\n", B, plan.bcap, plan.mt, moe_slots(&plan));
+    if (plan_s)
+      printf("plan: %s (gate_up %s, down %s)\n", plan_s, tuned[0] ? "tuned" : "built-in", tuned[1] ? "tuned" : "built-in");
     /* Routing of every set: distinct experts and bytes. */
     if ((rc = moe_kernels_load(&k, &plan, d->arch, err))) goto out;
     double avg_experts = 0;
@@ -214,9 +220,11 @@ int bench_moe(int argc, char **argv, mj_err *err) {
     double wbytes = (avg_experts + 1) * (double)expert_bytes + (double)router_bytes;
     double gu_bytes = (avg_experts + 1) * (double)gub, dn_bytes = (avg_experts + 1) * (double)dnb;
     /* Tile variants of each expert kernel, alone (routing as left by set 0). */
-    printf("\n| kernel | ROWS | THREADS | CHAIN | GX | PF | MINB | MMA | regs | compile ms | time us | GB/s | %% of copy |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for (int mode = 0; mode < 2; mode++) {
+    if (!plan_s) {
+      printf("\n| kernel | ROWS | THREADS | CHAIN | GX | PF | MINB | MMA | regs | compile ms | time us | GB/s | %% of copy |\n");
+      printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    }
+    for (int mode = 0; mode < 2 && !plan_s; mode++) {
       moe_tile *tl = mode ? dns : gus, best = tl[0];
       int nt = mode ? ndn : ngu;
       double best_us = INFINITY, bytes = mode ? dn_bytes : gu_bytes;

@@ -31,7 +31,7 @@
     "moejit bench gemv [--n N] [--k K] [--configs THREADS:ROWS:UNROLL,...] \n" \
     "moejit bench moe [--batches 1,2,4,...] [--gu-configs ROWS:THREADS:CHAIN:GX[:PF[:MINB[:MMA]]],...]\n" \
     "                 [--dn-configs ROWS:THREADS:CHAIN:GX[:PF[:MINB[:MMA]]],...] [--mt N] [--sets N] [--copies N]\n" \
-    "                 [--check-tokens N] [--experts E] [--hidden H] [--inter I]\n" \
+    "                 [--check-tokens N] [--experts E] [--hidden H] [--inter I] [--plan builtin|tuned]\n" \
     "moejit bench decode [-m DIR | --synthetic glm5 [--layers N] [--dense D]] [--batch 1,8,32]\n" \
     "                 [--ctx N] [--steps N] [--reps N] [--seed S] [--no-graphs] [--profile-region]\n" \
     "                 [--tp N] [--ep M] [--rank R] [--allreduce-us US] [--head-whole]\n" \
@@ -103,11 +103,14 @@
   X(warmup, "compile every kernel a deployment needs into the cache, ahead of serving", \
     "moejit warmup (-m DIR | --synthetic glm5 [--layers N] [--dense D]) [--batches 1,2,4,..]\n" \
     "              [--trace FILE.jsonl] [--arch sm_90a] [-j N] [--ctx N] [--no-graphs] [-q]\n" \
-    "              [--tp N] [--ep M]\n" \
+    "              [--tp N] [--ep M] [--tune]\n" \
     "  obtains through the front door every kernel the decode steps of the batch\n" \
     "  sizes (default 1,2,4,8,16,32,64, or the sizes a trace ran) need; no GPU is\n" \
-    "  needed with --arch; with a GPU of the target it also captures the graphs.\n" \
-    "  -j N splits the compiles between N processes; --tp/--ep: every rank's kernels\n") \
+    "  needed with --arch (sm_90a, or Blackwell: sm_100a, sm_120, sm_120a, never run);\n" \
+    "  with a GPU of the target it also captures the graphs.\n" \
+    "  -j N splits the compiles between N processes; --tp/--ep: every rank's kernels\n" \
+    "  --tune (GPU): first times the MoE expert kernels' candidate tiles per bucket,\n" \
+    "  stores the winners in the cache (`moejit cache list` shows them) and warms them\n") \
   X(info, "load and validate a GLM-5 checkpoint folder and summarise it",     \
     "moejit info -m DIR [--json] [--tp N --ep M [--rank R]] [--read]\n"     \
     "  checks config.json, hf_quant_config.json and every safetensors header,\n" \
@@ -136,13 +139,15 @@
     "  count unless --steps); --logits: float32 [prompt + N][vocab] of every row;\n" \
     "  --choices (GPU): each row's experts and DSA selection, a JSON line per row\n") \
   X(cache, "show and manage the on-disk cubin cache",                         \
-    "moejit cache stats|list|verify|prune|clear [--dir DIR] [--max SIZE]\n"   \
+    "moejit cache stats|list|verify|prune|clear [--dir DIR] [--max SIZE] [--tuning]\n"   \
     "  stats    counters (all runs) and size against the cap\n"              \
-    "  list     entries, most recently used first: key, size, age, kernel\n" \
-    "  verify   check every entry's checksum; exit 7 if any is bad\n"        \
+    "  list     entries, most recently used first: key, size, age, target, kernel;\n" \
+    "           then the tuning records (moejit warmup --tune)\n"            \
+    "  verify   check every entry's checksum and its cubin's target; exit 7 if any is bad\n" \
     "  prune    evict least recently used entries down to the cap\n"         \
     "           (MOEJIT_CACHE_MAX, default 2G, or --max SIZE: 512M, 2G)\n"   \
-    "  clear    remove every entry (the counters stay)\n"                    \
+    "  clear    remove every entry (the counters and the tuning records stay);\n" \
+    "           clear --tuning removes the tuning records only\n"           \
     "  --dir DIR  the cache folder (default: MOEJIT_CACHE_DIR, else\n"       \
     "             $XDG_CACHE_HOME/moejit, else ~/.cache/moejit)\n")      \
   X(trace, "make and check shape traces (which MoE shapes decode steps use)",  \

@@ -21,6 +21,7 @@
  */
 #include "gpu_model.h"
 #include "timing.h"
+#include "tune.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -81,6 +82,8 @@ struct gpu_model {
   const char *arch; /* the target kernels are obtained for (NULL: the GPU's) */
   bool dry;         /* obtain every kernel, launch nothing (gpu_warm) */
   moe_side side; /* the shared expert's gate_up beside the routing (moe_forward_overlap) */
+  tune_target tune; /* whose tuned tiles the buckets take (tune.h), found with the first bucket */
+  bool tune_ready;
   CUgraphExec graph[GPU_MAX_GRAPHS];
   gpu_counters cnt;
 };
@@ -621,7 +624,13 @@ static int bucket(gpu_model *g, int np, moe_bucket **out, mj_err *err) {
   /* the MoE output in f32 (mb.outf), added to a bf16 shared expert's, on one GPU as on a rank */
   moe_plan_engine(&g->mc, np, g->sh_inter > 0, &b->plan);
   b->plan.force = g->o.force_choices;
-  int rc = moe_kernels_load(&b->k, &b->plan, g->arch, err);
+  /* The expert kernels' tuned tiles, where this GPU has records of them
+   * (`moejit warmup --tune`): read here, once per bucket when it is set up,
+   * never per step; warm-up's dry step for this GPU takes the same ones. */
+  if (!g->tune_ready) tune_target_here(g->arch, &g->tune), g->tune_ready = true;
+  int rc = tune_moe_plan(&g->tune, &b->plan, NULL, err);
+  if (rc) return rc;
+  rc = moe_kernels_load(&b->k, &b->plan, g->arch, err);
   if (rc) return rc;
   g->nbuckets++;
   *out = b;

@@ -269,6 +269,11 @@ static int dsl_build(const kc_job *j, kc_out *o, mj_err *err) {
 int kc_prepare(kc_job *j, mj_arena *a, mj_err *err) {
   j->opt_level = 3;
   j->opts = NULL, j->nopts = 0;
+  /* One list of targets for both compilers (codegen/target.c), so a bad
+   * target is one clear error before either runs. */
+  if (!dsl_target_known(j->arch))
+    return mj_fail(err, MJ_EINPUT, "--arch %s: unknown target (use %s)", j->arch ? j->arch : "(none)",
+                   dsl_target_names());
   if (j->nvrtc) {
     if (!j->entry || !j->entry[0])
       return mj_fail(err, MJ_EINPUT, "kernel %s: an NVRTC kernel needs its entry (name<args>)", j->name);
@@ -293,6 +298,8 @@ void kc_key(const kc_job *j, cache_key *k) {
     /* The DSL compiler sets the PTX ISA itself (codegen/target.c, whose
      * source is in the build id), so the build id stands for it. */
     cache_key_add(k, "ptx_isa", "set by the DSL compiler of this build");
+    /* Blackwell: sm_90 PTX carried forward by nvJitLink (codegen/target.c). */
+    if (dsl_target_forward(j->arch)) cache_key_add(k, "ptx_forward", "sm_90");
     cache_key_addf(k, "opt_level", "%d", j->opt_level);
     for (int i = 0; i < j->ndefs; i++) cache_key_addf(k, "const", "%s=%s", j->defs[i]->name, j->defs[i]->value);
   }
@@ -301,6 +308,46 @@ void kc_key(const kc_job *j, cache_key *k) {
 int kc_compile(const kc_job *j, kc_out *o, mj_err *err) {
   memset(o, 0, sizeof *o);
   return j->nvrtc ? nvrtc_compile(j->name, j->text, j->entry, j->opts, j->nopts, o, err) : dsl_build(j, o, err);
+}
+
+/* ---- what a cubin was built for ---------------------------------------------------------- */
+static uint64_t rd(const unsigned char *p, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+
+int kc_cubin_arch(const void *cubin, size_t n, char *out, size_t cap, mj_err *err) {
+  const unsigned char *p = cubin;
+  /* ELF64, little-endian, OS ABI 0x41 (CUDA) */
+  if (n < 64 || memcmp(p, "\177ELF", 4) != 0 || p[4] != 2 || p[5] != 1 || p[7] != 0x41)
+    return mj_fail(err, MJ_EINPUT, "not a 64-bit little-endian CUDA ELF");
+  uint32_t flags = (uint32_t)rd(p + 48, 4);
+  int sm = p[8] >= 8 ? (int)(flags >> 8 & 0xff) : (int)(flags & 0xff);
+  if (sm < 10) return mj_fail(err, MJ_EINPUT, "the ELF header names no SM (e_flags 0x%x)", flags);
+  /* The tool note, found through the section headers and their names. */
+  bool suffix_a = false;
+  uint64_t shoff = rd(p + 0x28, 8), shentsize = rd(p + 0x3a, 2), shnum = rd(p + 0x3c, 2), shstrndx = rd(p + 0x3e, 2);
+  if (shentsize >= 64 && shstrndx < shnum && shoff < n && shnum <= (n - shoff) / shentsize) {
+    const unsigned char *names = p + shoff + shstrndx * shentsize;
+    uint64_t noff = rd(names + 24, 8), nsize = rd(names + 32, 8);
+    for (uint64_t i = 0; i < shnum && noff < n && nsize <= n - noff; i++) {
+      const unsigned char *sh = p + shoff + i * shentsize;
+      uint64_t name = rd(sh, 4), off = rd(sh + 24, 8), size = rd(sh + 32, 8);
+      if (name >= nsize || off > n || size > n - off) continue;
+      const char *nm = (const char *)p + noff + name;
+      if (strnlen(nm, nsize - name) != strlen(".note.nv.tkinfo") || strcmp(nm, ".note.nv.tkinfo") != 0) continue;
+      char want[24];
+      int wl = snprintf(want, sizeof want, "-arch sm_%d", sm);
+      for (uint64_t j = 0; j + (uint64_t)wl < size; j++)
+        if (memcmp(p + off + j, want, (size_t)wl) == 0) {
+          suffix_a = p[off + j + (uint64_t)wl] == 'a';
+          break;
+        }
+    }
+  }
+  snprintf(out, cap, "sm_%d%s", sm, suffix_a ? "a" : "");
+  return 0;
 }
 
 static cache_producer producer;

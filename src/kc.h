@@ -60,6 +60,15 @@ void kc_key(const kc_job *j, cache_key *k);
  * MJ_ECOMPILE. */
 int kc_compile(const kc_job *j, kc_out *o, mj_err *err);
 
+/* The target a cubin was built for, read from its ELF: the SM number from
+ * the header's e_flags (bits 8..15 from ELF ABI version 8, as ptxas 13
+ * writes; bits 0..7 before), and the "a" of an architecture-specific
+ * target from ptxas's tool note (.note.nv.tkinfo: "-arch sm_100a").  Writes
+ * "sm_120" or "sm_100a" into out; MJ_EINPUT naming what is wrong when the
+ * bytes are not a CUDA ELF.  `moejit cache verify` holds every entry's
+ * cubin to its key's target with it. */
+int kc_cubin_arch(const void *cubin, size_t n, char *out, size_t cap, mj_err *err);
+
 /* The versions of this build and of the compilers it runs with. */
 const cache_producer *kc_producer(void);
 

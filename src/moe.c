@@ -240,6 +240,14 @@ int moe_kernels_probe(const moe_plan *p, const char *arch, bool cached[MOE_NK], 
   return 0;
 }
 
+int moe_kernel_check(const moe_plan *p, moe_kernel_id id, const char *arch, mj_err *err) {
+  defs d[MOE_NK];
+  plan_defs(p, d);
+  jit_request req = {kernel_files(id), {NULL, d[id].d, d[id].n}, NULL, arch};
+  const jit_fn *f;
+  return jit_get(&req, &f, err);
+}
+
 void moe_kernels_free(moe_kernels *k) {
   /* The modules belong to the front door (unloaded by jit_shutdown). */
   memset(k->fn, 0, sizeof k->fn);

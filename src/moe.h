@@ -101,6 +101,12 @@ typedef struct moe_kernels {
  * front door, jit_get. */
 int moe_kernels_load(moe_kernels *k, const moe_plan *p, const char *arch, mj_err *err);
 void moe_kernels_free(moe_kernels *k);
+/* Obtain one kernel of plan p for arch through the front door (compiled
+ * and stored when missing), only to learn whether it is there to have:
+ * MJ_EINPUT when its template refuses the plan's constants (a tile the
+ * kernel rejects), MJ_ECOMPILE, MJ_ECACHE (a miss in assert-warm), ...
+ * (the tuning lookup checks a stored tile with it, src/tune.c). */
+int moe_kernel_check(const moe_plan *p, moe_kernel_id id, const char *arch, mj_err *err);
 /* Whether each kernel of plan p for arch (NULL: the GPU's) is already in
  * the front door's memory table or disk cache (jit_probe): compiles
  * nothing, needs no GPU when arch is named.  ids (may be NULL) receives a

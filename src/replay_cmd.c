@@ -26,6 +26,7 @@
 #include "ref.h"
 #include "replay.h"
 #include "timing.h"
+#include "tune.h"
 
 
 /* ---- the command ----------------------------------------------------------------------- */
@@ -520,6 +521,13 @@ static const char *kstatus(bool cached) { return cached ? "cached" : "compile"; 
 static int dry_run(const ropts *o, const char *file, const trace_file *tf, const model_moe_cfg *c, bool bf16_shared,
                    const replay_bucket *bk, int nb, mj_err *err) {
   const char *arch = arch_of(o, tf);
+  /* The tuned tiles of this host's GPU, when it is of arch (the front door
+   * opens the driver for its probes anyway). */
+  mj_err ge = {0};
+  cu_init(&ge);
+  mj_err_clear(&ge);
+  tune_target tt;
+  tune_target_here(arch, &tt);
   bool (*cached)[MOE_NK] = mj_xcalloc((size_t)(nb ? nb : 1), sizeof *cached);
   uint64_t *ids = mj_xcalloc((size_t)(nb ? nb : 1) * MOE_NK, sizeof *ids);
   int missing = 0, distinct = 0, rc = 0;
@@ -527,6 +535,7 @@ static int dry_run(const ropts *o, const char *file, const trace_file *tf, const
   for (int i = 0; i < nb && !rc; i++) {
     moe_plan p;
     moe_plan_engine(c, bk[i].bucket, bf16_shared, &p); /* the kernels the decode engine loads */
+    tune_moe_peek(&tt, &p);                             /* with this GPU's tuned tiles, as it takes them */
     rc = moe_kernels_probe(&p, arch, cached[i], ids + (size_t)i * MOE_NK, err);
     /* Buckets share kernels (combine always): count each one once. */
     for (int k = 0; k < MOE_NK && !rc; k++) {

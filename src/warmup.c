@@ -28,6 +28,7 @@
 #include "jit.h"
 #include "kernels.h"
 #include "trace.h"
+#include "tune.h"
 
 typedef struct wctx {
   const int *batches;
@@ -73,14 +74,14 @@ static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(co
 int cmd_warmup(int argc, char **argv, mj_err *err) {
   const char *dir = NULL, *synth = NULL, *batches_s = "1,2,4,8,16,32,64", *trace_path = NULL, *arch = NULL;
   int64_t jobs = 1, layers = 4, dense = 3, ctx = 4096, tp = 1, ep = 1;
-  bool quiet = false, no_graphs = false;
+  bool quiet = false, no_graphs = false, tune = false;
   cli_opt opts[] = {{"model", 'm', CLI_STR, &dir},     {"synthetic", 0, CLI_STR, &synth},
                     {"batches", 0, CLI_STR, &batches_s}, {"trace", 0, CLI_STR, &trace_path},
                     {"arch", 0, CLI_STR, &arch},        {"jobs", 'j', CLI_INT, &jobs},
                     {"layers", 0, CLI_INT, &layers},    {"dense", 0, CLI_INT, &dense},
                     {"ctx", 'c', CLI_INT, &ctx},        {"no-graphs", 0, CLI_FLAG, &no_graphs},
                     {"quiet", 'q', CLI_FLAG, &quiet},   {"tp", 0, CLI_INT, &tp},
-                    {"ep", 0, CLI_INT, &ep}};
+                    {"ep", 0, CLI_INT, &ep},            {"tune", 0, CLI_FLAG, &tune}};
   int rc = cli_parse("warmup", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (rc) return rc < 0 ? 0 : rc;
   if (!dir == !synth)
@@ -88,8 +89,8 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
   if (synth && strcmp(synth, "glm5") != 0)
     return mj_fail(err, MJ_EUSAGE, "moejit warmup: --synthetic knows only glm5, not '%s'", synth);
   if (jobs < 1 || jobs > 256) return mj_fail(err, MJ_EUSAGE, "moejit warmup: -j must be 1..256");
-  if (arch && strncmp(arch, "sm_", 3) != 0)
-    return mj_fail(err, MJ_EUSAGE, "moejit warmup: --arch wants a target such as sm_90a, not '%s'", arch);
+  if (arch && !dsl_target_known(arch))
+    return mj_fail(err, MJ_EUSAGE, "moejit warmup: --arch %s: unknown target (use %s)", arch, dsl_target_names());
   if (layers < 1 || dense < 0 || dense > layers)
     return mj_fail(err, MJ_EUSAGE, "moejit warmup: --layers >= 1 and 0 <= --dense <= --layers");
   /* --tp/--ep: every rank's kernels (a rank's route kernel knows its
@@ -131,6 +132,15 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
   mj_err ge = {0};
   bool gpu = cu_init(&ge) == 0;
   mj_err_clear(&ge);
+  if (tune && !gpu) {
+    rc = mj_fail(err, MJ_ENOGPU, "moejit warmup --tune: needs a GPU");
+    goto out;
+  }
+  if (tune && (world > 1 || (arch && strcmp(arch, cu_dev()->arch) != 0))) {
+    rc = mj_fail(err, MJ_EUSAGE, "moejit warmup --tune: tunes the GPU at hand (%s), on one rank (no other --arch, --tp or --ep)",
+                 cu_dev()->arch);
+    goto out;
+  }
   if (!arch && !gpu) {
     rc = mj_fail(err, MJ_ENOGPU, "moejit warmup: no GPU here; name the target to compile for with --arch (such as sm_90a)");
     goto out;
@@ -147,6 +157,21 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
   o.max_rows = batches[nb - 1];
   o.tp = (int)tp, o.ep = (int)ep;
 
+  if (tune) {
+    /* First the timing run, which stores the winners; then the warm-up
+     * below, whose dry step takes them, compiles them. */
+    tune_target tt;
+    tune_target_here(NULL, &tt);
+    if (!tt.on) {
+      rc = mj_fail(err, MJ_EINPUT, "moejit warmup --tune: MOEJIT_CACHE=off or MOEJIT_TUNE=off: the tuning would have "
+                                   "nowhere to go (or would not be read)");
+      goto out;
+    }
+    double tt0 = mj_now_ms();
+    tune_opts to = {.cfg = model_moe_of(&cfg), .buckets = batches, .nbuckets = nb, .log = quiet ? NULL : stdout};
+    if ((rc = tune_moe_run(&tt, &to, err))) goto out;
+    if (!quiet) printf("warmup: tuned %d buckets x 2 expert kernels on %s in %.1f s\n", nb, tt.gpu, (mj_now_ms() - tt0) / 1e3);
+  }
   double t0 = mj_now_ms();
   uint64_t child_compiles = 0, child_failures = 0;
   if (jobs > 1) {
@@ -163,6 +188,7 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
       if (pid == 0) {
         close(p[0]);
         jit_set_compile_only(true); /* the parent may have opened the driver */
+        tune_set_quiet(true);       /* the parent's pass says any warning */
         jit_set_shard(k, (int)jobs);
         mj_err ce = {0};
         int crc = 0;

@@ -83,5 +83,22 @@ MOEJIT_CACHE_DIR=$c expect 1 "^moejit: $g:[0-9]*:[0-9]*: error: static_assert fa
 expect 0 "^entries *2$" "$MOEJIT" cache stats --dir "$c"
 expect 0 "^failures *1$" "$MOEJIT" cache stats --dir "$c"
 
+# Tuning records (moejit warmup --tune) beside the entries: list shows a
+# line per record (family, shape, winner and its time, the built-in and its
+# time, GPU, date) and counts the bad ones; clear keeps them, clear --tuning
+# removes them and nothing else.
+t=$dir/tuned
+"$here/test_tune" --populate "$t" || fail "populate tuning records"
+"$here/test_cache" --populate "$t" 2 || fail "populate entries"
+expect 0 "^moe_expert  gate_up hidden=2048 inter=1024 experts=64 topk=8 bucket=8 mt=2  winner 16:256:8:0:0:0:4 250.5 us  built-in 4:256:8:0:0:2:0 264.2 us (-5.2%)  Test GPU 141GB sm_90a driver 13.0  2025-12-03 19:26 UTC$" \
+  "$MOEJIT" cache list --dir "$t"
+expect 0 "^1 bad tuning record (never used" "$MOEJIT" cache list --dir "$t"
+expect 0 "^removed 2 entries from $t$" "$MOEJIT" cache clear --dir "$t"
+expect 0 "winner 16:256:8:0:0:0:4" "$MOEJIT" cache list --dir "$t"
+expect 0 "^removed 2 tuning records from $t$" "$MOEJIT" cache clear --tuning --dir "$t"
+n=$("$MOEJIT" cache list --dir "$t" | grep -c "winner\|bad tuning")
+[ "$n" = 0 ] || fail "cache clear --tuning left $n tuning lines"
+expect 1 "^moejit: moejit cache list: --tuning belongs to clear$" "$MOEJIT" cache list --tuning
+
 [ "$fails" = 0 ] && echo "cache_cli: all passed"
 exit $((fails != 0))

@@ -17,6 +17,7 @@
 
 #include "cudrv.h"
 #include "jit.h"
+#include "kc.h"
 #include "ref.h"
 #include "t.h"
 #include "t_fs.h"
@@ -414,6 +415,73 @@ static void test_probe(void) {
   mj_err_clear(&err);
 }
 
+/* ---- Blackwell targets ------------------------------------------------------------------ */
+/* Both compilers take every target of codegen/target.c's list: the DSL
+ * through the PTX forward path (sm_90 PTX, compiled by nvJitLink for the
+ * target), NVRTC directly.  Each cubin's ELF says the target its key names
+ * (kc_cubin_arch: e_flags, and ptxas's tool note for the "a"); the keys
+ * differ per target, so an sm_90a and an sm_120 entry never mix. */
+static void test_targets(void) {
+  restart(t_scratch("c9"), "on");
+  static const char *const archs[] = {"sm_90a", "sm_90", "sm_100", "sm_100a", "sm_120", "sm_120a"};
+  dsl_define nk[] = {{"N", "6144"}, {"K", "2048"}};
+  char keys[2][MJ_ARRAY_LEN(archs)][33];
+  for (size_t i = 0; i < MJ_ARRAY_LEN(archs); i++) {
+    mj_err err = {0};
+    const jit_fn *f = NULL;
+    jit_request d = {GEMV, {NULL, nk, 2}, NULL, archs[i]};
+    T_EQ_INT(jit_get(&d, &f, &err), 0);
+    char got[16] = "";
+    if (f) {
+      T_EQ_INT(kc_cubin_arch(f->cubin, f->cubin_size, got, sizeof got, &err), 0);
+      T_EQ_STR(got, archs[i]);
+      T_EQ_STR(f->meta.ptx_version, "8.5");
+      snprintf(keys[0][i], 33, "%s", f->key);
+    } else {
+      mj_err_print(&err, stderr);
+    }
+    f = NULL;
+    T_EQ_INT(get("rmsnorm_bf16<6144, 256>", NULL, 0, NULL, archs[i], &f, &err), 0);
+    if (f) {
+      T_EQ_INT(kc_cubin_arch(f->cubin, f->cubin_size, got, sizeof got, &err), 0);
+      T_EQ_STR(got, archs[i]);
+      snprintf(keys[1][i], 33, "%s", f->key);
+    }
+    mj_err_clear(&err);
+  }
+  /* fill.cu (the benchmarks' fills, the one family no decode step obtains,
+   * so warm-up does not compile it): its kernels for Blackwell too. */
+  static const char *const fills[] = {"fill_bf16", "fill_f32", "spin"};
+  for (size_t i = 3; i < MJ_ARRAY_LEN(archs); i++)
+    for (size_t k = 0; k < MJ_ARRAY_LEN(fills); k++) {
+      mj_err err = {0};
+      const jit_fn *f = NULL;
+      jit_request r = {"fill.cu", {fills[k], NULL, 0}, NULL, archs[i]};
+      T_EQ_INT(jit_get(&r, &f, &err), 0);
+      char got[16] = "";
+      if (f) kc_cubin_arch(f->cubin, f->cubin_size, got, sizeof got, &err);
+      T_EQ_STR(got, archs[i]);
+      mj_err_clear(&err);
+    }
+  for (size_t i = 0; i < MJ_ARRAY_LEN(archs); i++)
+    for (size_t j = 0; j < i; j++) T_CHECK(strcmp(keys[0][i], keys[0][j]) != 0 && strcmp(keys[1][i], keys[1][j]) != 0);
+  /* One list, one message, for both languages. */
+  mj_err err = {0};
+  const jit_fn *f = NULL;
+  jit_request bad = {GEMV, {NULL, nk, 2}, NULL, "sm_121"};
+  T_EQ_INT(jit_get(&bad, &f, &err), MJ_EINPUT);
+  T_EQ_STR(err.msg, "--arch sm_121: unknown target (use sm_80, sm_86, sm_87, sm_89, sm_90, sm_90a, sm_100, "
+                    "sm_100a, sm_120 or sm_120a)");
+  T_EQ_INT(get("rmsnorm_bf16<6144, 256>", NULL, 0, NULL, "sm_101a", &f, &err), MJ_EINPUT);
+  T_CHECK(strstr(err.msg, "--arch sm_101a: unknown target") == err.msg);
+  /* Not a cubin: one reason, no crash. */
+  char got[16];
+  unsigned char junk[128] = "\177ELF";
+  T_EQ_INT(kc_cubin_arch(junk, sizeof junk, got, sizeof got, &err), MJ_EINPUT);
+  T_EQ_INT(kc_cubin_arch("x", 1, got, sizeof got, &err), MJ_EINPUT);
+  mj_err_clear(&err);
+}
+
 int main(void) {
   setenv("MOEJIT_LOG", "1", 1);
   unsetenv("MOEJIT_NVRTC_FLAGS");
@@ -433,6 +501,7 @@ int main(void) {
   T_RUN(test_unusable_folder);
   T_RUN(test_dsl_path);
   T_RUN(test_probe);
+  T_RUN(test_targets);
   jit_shutdown();
   return t_scratch_done(t_status());
 }

@@ -58,6 +58,11 @@ expect 1 "moejit: --tp 3 does not divide num_attention_heads (8)" $MOEJIT warmup
 
 expect 1 "moejit: moejit warmup: name the model: -m DIR or --synthetic glm5" $MOEJIT warmup --arch sm_90a
 expect 1 "moejit: moejit warmup: --batches sizes must be 1..1024 (got 0)" $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 0
-expect 1 "moejit: moejit warmup: --arch wants a target such as sm_90a, not 'h200'" $MOEJIT warmup -m "$tmp/m" --arch h200
+expect 1 "moejit: moejit warmup: --arch h200: unknown target (use sm_80, sm_86, sm_87, sm_89, sm_90, sm_90a, sm_100, sm_100a, sm_120 or sm_120a)" $MOEJIT warmup -m "$tmp/m" --arch h200
 expect 1 "moejit: moejit warmup: -j must be 1..256" $MOEJIT warmup -m "$tmp/m" --arch sm_90a -j 0
+# --tune times tiles on the GPU at hand: without one it is one line, status 3,
+# whatever else is named, and nothing is stored.
+expect 3 "moejit: moejit warmup --tune: needs a GPU" $MOEJIT warmup --synthetic glm5 --tune
+MOEJIT_CACHE=on expect 3 "moejit: moejit warmup --tune: needs a GPU" $MOEJIT warmup --synthetic glm5 --arch sm_90a --tune
+[ ! -d "$tmp/cache/tune" ] && ok "--tune without a GPU stored no tuning record" || bad "--tune without a GPU wrote $tmp/cache/tune"
 exit $fail
