@@ -426,8 +426,8 @@ int api_start(moejit *a, const api_start_opts *x, mj_err *err) {
   const model_config *c = &a->m->cfg;
   int64_t mp = c->max_position_embeddings > 0 ? c->max_position_embeddings : 4096;
   a->ctx = x->context_length > 0 ? x->context_length : a->o.context_length > 0 ? a->o.context_length : mp < 4096 ? mp : 4096;
-  a->slots = a->o.max_parallel > 0 ? a->o.max_parallel : 4;
-  a->max_queue = a->o.max_queue > 0 ? a->o.max_queue : 256;
+  a->slots = x->max_parallel > 0 ? x->max_parallel : a->o.max_parallel > 0 ? a->o.max_parallel : 4;
+  a->max_queue = x->max_queue > 0 ? x->max_queue : a->o.max_queue > 0 ? a->o.max_queue : 256;
   a->paused = x->paused;
   a->owner = mj_xcalloc((size_t)a->slots, sizeof *a->owner);
   if (pthread_create(&a->thread, NULL, engine_main, a) != 0)

@@ -30,6 +30,7 @@ typedef struct api_start_opts {
   const char *model_name;  /* the trace header's model */
   int tp, ep, rank;        /* one rank of a sharded model (docs/multigpu.md), with coll */
   coll *coll;
+  int max_parallel, max_queue; /* > 0: instead of the open options' */
   bool paused;            /* admit nothing until api_resume */
 } api_start_opts;
 
