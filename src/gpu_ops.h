@@ -93,10 +93,12 @@ int gop_add_rmsnorm(CUdeviceptr x, CUdeviceptr y, bool y_bf16, CUdeviceptr w, fl
  * the CUDA cores (gemv_bf16_b.k: one FMA per weight per row, at the copy
  * bandwidth for one row), a larger one on the tensor cores
  * (gemv_bf16_mma.k: the FMA kernel is bound by its FMAs from batch 8 on;
- * docs/decode.md, "The tensor-core GEMV").  The FMA kernel's result for a
+ * docs/decode.md, "The tensor-core GEMV").  8, measured on the H200: at 4
+ * rows the FMA kernel won every GLM-5 projection, at 8 the tensor cores
+ * did (bench/results/2026-12-03-batch-perf.md); 5-7 are not measured.  The FMA kernel's result for a
  * row does not depend on the other rows; the tensor-core kernel's sums run
  * in another order, so a row's rounding differs between the two paths. */
-#define GOP_GEMV_MMA_FROM 4
+#define GOP_GEMV_MMA_FROM 8
 int gop_gemv(CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K, const gop_ctx *cx, mj_err *err);
 /* gop_gemv on the kernel kind names: the launcher's choice (GOP_GEMV_AUTO,
  * what gop_gemv does) or one of the two at any batch (the GPU tests and the
@@ -169,13 +171,15 @@ size_t gop_mla_attend_scratch(const gop_dims *d, int B);
 int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows rows, CUdeviceptr sel, float scale,
                    CUdeviceptr olat, CUdeviceptr scratch, int B, const gop_ctx *cx, mj_err *err);
 /* gop_mla_attend on the kernel kind names: GOP_ATTEND_AUTO (what
- * gop_mla_attend does: the CUDA-core kernel while GOP_ATTEND_MMA_DEFAULT is
- * 0), GOP_ATTEND_FMA (mla_attend_part), GOP_ATTEND_MMA (mla_attend_part_tc,
+ * gop_mla_attend does: the tensor-core kernel where it fits, as
+ * GOP_ATTEND_MMA_DEFAULT says), GOP_ATTEND_FMA (mla_attend_part), GOP_ATTEND_MMA (mla_attend_part_tc,
  * tensor cores: kv_rank a multiple of 64, kv_rank + rope of 16; docs/decode.md,
  * "Attention on tensor cores"), for the GPU tests and the perf mode.  The
- * tensor-core kernel is new and not yet run on a GPU: the default flips to
- * it once gputest attn and gputest perf mla_attend have. */
-#define GOP_ATTEND_MMA_DEFAULT 0
+ * tensor-core kernel passed gputest attn on the H200 (relative 1.6e-3 at
+ * most: P meets V in bf16) and was as fast or faster at every batch and
+ * context of gputest perf mla_attend (2.9x at batch 32, ctx 1024;
+ * bench/results/2026-12-03-batch-perf.md), so it is the default. */
+#define GOP_ATTEND_MMA_DEFAULT 1
 typedef enum gop_attend_kind { GOP_ATTEND_AUTO, GOP_ATTEND_FMA, GOP_ATTEND_MMA } gop_attend_kind;
 int gop_mla_attend_on(gop_attend_kind kind, const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows rows,
                       CUdeviceptr sel, float scale, CUdeviceptr olat, CUdeviceptr scratch, int B, const gop_ctx *cx,

@@ -327,11 +327,19 @@ sample_rows(const float *__restrict__ logits, int V, float temperature, int top_
   // little mass among the candidates: the passes over the whole row below.
   bool compact = (kk > 0 || (top_p < 1.0f && V <= SMP_CAND)) && n <= SMP_CAP;
   float mass_all = 0.0f;
-  if (compact && !by_k) { // top-p alone: its mass is the whole row's
-    float m[1] = {0.0f};
-    for (int i = threadIdx.x; i < V; i += BLOCK) m[0] += expf(smp_scaled(l, i, inv_t) - zmax);
-    smp_block_sums<BLOCK, 1>(m, red);
+  if (compact && !by_k) {
+    // Top-p alone: its mass is the whole row's.  When the candidates hold
+    // less than top_p of it (flat rows), go to the passes over the whole
+    // row now, before gathering and sorting them.
+    float m[2] = {0.0f, 0.0f};
+    for (int i = threadIdx.x; i < V; i += BLOCK) {
+      const float z = smp_scaled(l, i, inv_t), e = expf(z - zmax);
+      m[0] += e;
+      m[1] += smp_key(z) >= cut ? e : 0.0f;
+    }
+    smp_block_sums<BLOCK, 2>(m, red);
     mass_all = m[0];
+    if (m[1] < top_p * m[0]) compact = false;
   }
   if (compact) {
     if (threadIdx.x == 0) sel[2] = 0u;

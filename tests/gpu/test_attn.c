@@ -246,7 +246,7 @@ static int run_shape(const shape *s, bool ties, mj_err *err) {
     T_CHECK(rel <= kt_kernels[KT_mla_attend].tol);
   }
   for (int k = 0; k < (tc ? 2 : 1) && (s->pos2[0] || s->pos2[1]); k++) {
-    int rr = replay(k ? GOP_ATTEND_MMA : GOP_ATTEND_AUTO, s, &d, &g, qlat, kv, iq, iw, ikey, ties, err);
+    int rr = replay(k ? GOP_ATTEND_MMA : GOP_ATTEND_FMA, s, &d, &g, qlat, kv, iq, iw, ikey, ties, err);
     if (rr) {
       r = rr;
       goto out;

@@ -457,7 +457,7 @@ static void test_sample_filtered(void) {
   uint8_t *keep = mj_xmalloc(V);
   int32_t out[B], again[B], want[B], slot[B], pos[B];
   /* The kernel's paths: the compact set (top-k, or top-p's 1024
-   * candidates when they hold the mass: the sharp rows of T 0.25), and the
+   * candidates when they hold the mass: the sharp rows of T 0.02), and the
    * passes over the whole row (no cutoff; top-p over flat rows; a cutoff
    * past 2048 tokens, by k or by ties: logits rounded to integers tie
    * ~9700 tokens a value). */
@@ -468,7 +468,8 @@ static void test_sample_filtered(void) {
       {sample_filters(1.0f, 0, 1.0f, 0.0f, 11), false},    {sample_filters(0.8f, 50, 1.0f, 0.0f, 12), false},
       {sample_filters(1.0f, 0, 0.9f, 0.0f, 13), false},    {sample_filters(1.2f, 0, 1.0f, 0.02f, 14), false},
       {sample_filters(0.7f, 40, 0.95f, 0.05f, 15), false}, {sample_filters(1.0f, 1000, 0.5f, 0.0f, 16), false},
-      {sample_filters(0.25f, 0, 0.9f, 0.0f, 17), false},   {sample_filters(0.25f, 0, 0.99f, 0.01f, 18), false},
+      {sample_filters(0.02f, 0, 0.9f, 0.0f, 17), false},   {sample_filters(0.02f, 0, 0.99f, 0.01f, 18), false},
+      {sample_filters(0.25f, 0, 0.9f, 0.0f, 22), false},
       {sample_filters(1.0f, 3000, 0.8f, 0.0f, 19), false}, {sample_filters(0.7f, 40, 0.95f, 0.0f, 20), true},
       {sample_filters(0.5f, 0, 0.9f, 0.0f, 21), true},
   };
@@ -578,8 +579,8 @@ static void test_sample_speed(void) {
   sample_speed(1, &plain);
   /* top-p alone: on these rows (logits uniform in +-8) T 1 is flat, so its
    * 1024 candidates hold too little mass (the passes over the whole row),
-   * T 0.25 sharp (the compact path) */
-  const sample_params flat_p = sample_filters(1.0f, 0, 0.95f, 0.0f, 1), sharp_p = sample_filters(0.25f, 0, 0.95f, 0.0f, 1);
+   * T 0.02 sharp (the compact path) */
+  const sample_params flat_p = sample_filters(1.0f, 0, 0.95f, 0.0f, 1), sharp_p = sample_filters(0.02f, 0, 0.95f, 0.0f, 1);
   sample_speed(1, &all);
   sample_speed(64, &all);
   sample_speed(1, &flat_p);

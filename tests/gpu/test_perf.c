@@ -443,10 +443,11 @@ static int perf_attend(perf *p, kt_id k, int B, mj_err *err) {
     const double bytes = (double)B * n * D * 2 + (selects ? (double)B * n * 4 : 0) + (double)B * H * D * 4 + B * 8.0 +
                          (double)B * H * p->d.kv_rank * 4;
     char op[80];
+    /* The CUDA-core kernel, then the tensor-core one beside it (the one
+     * gop_mla_attend takes where it fits: GOP_ATTEND_MMA_DEFAULT). */
+    o.kind = GOP_ATTEND_FMA;
     snprintf(op, sizeof op, "attn.attend ctx %d (%d tokens)", ctx, n);
     if ((rc = row(p, k, op, B, bytes, o.copies, attend_launch, &o, err))) return rc;
-    /* The tensor-core kernel beside it (gop_mla_attend takes it once it has
-     * been checked on the device: GOP_ATTEND_MMA_DEFAULT). */
     o.kind = GOP_ATTEND_MMA;
     snprintf(op, sizeof op, "attn.attend ctx %d (%d tokens) tensor cores", ctx, n);
     if ((rc = row(p, k, op, B, bytes, o.copies, attend_launch, &o, err))) return rc;
