@@ -1,7 +1,7 @@
 #!/bin/sh
 # gputest_args.sh: gputest's words after a test's name, checked before the
 # GPU is opened (so on any machine): `gputest perf`'s family filter (words
-# or MOEJIT_PERF_OPS), MOEJIT_PERF_BATCHES and MOEJIT_PERF_GEMV_TILES, an unknown test, and words
+# or MOEJIT_PERF_OPS), MOEJIT_PERF_BATCHES, MOEJIT_PERF_CONTEXTS and MOEJIT_PERF_GEMV_TILES, an unknown test, and words
 # given to a test that takes none.  Each is one line on stderr and exit 2.
 . "$srcdir/tests/lib.sh"
 g="$builddir/tests/gpu/gputest"
@@ -18,6 +18,10 @@ expect 2 "gputest perf: MOEJIT_PERF_BATCHES wants a comma list of at most 8 batc
   env MOEJIT_PERF_BATCHES=1,0 "$g" perf gemv
 expect 2 "gputest perf: MOEJIT_PERF_BATCHES wants a comma list of at most 8 batch sizes 1..128, not '8,x'" \
   env MOEJIT_PERF_BATCHES=8,x "$g" perf
+ctxs="gputest perf: MOEJIT_PERF_CONTEXTS wants a comma list of at most 4 contexts 1..65536"
+expect 2 "$ctxs, not '1024,0'" env -u MOEJIT_PERF_BATCHES MOEJIT_PERF_CONTEXTS=1024,0 "$g" perf mla_attend
+expect 2 "$ctxs, not '1024,70000'" env -u MOEJIT_PERF_BATCHES MOEJIT_PERF_CONTEXTS=1024,70000 "$g" perf dsa_select
+expect 2 "$ctxs, not '1,2,3,4,5'" env -u MOEJIT_PERF_BATCHES MOEJIT_PERF_CONTEXTS=1,2,3,4,5 "$g" perf
 tiles="gputest perf: MOEJIT_PERF_GEMV_TILES wants a comma list of at most 8 THREADS:MT:KJ:KSPLIT:MINB (THREADS whole warps up to 1024, KSPLIT 0 for the launcher's)"
 expect 2 "$tiles, not '256:1:8:0'" env -u MOEJIT_PERF_BATCHES MOEJIT_PERF_GEMV_TILES=256:1:8:0 "$g" perf gemv
 expect 2 "$tiles, not '256:1:8:0:1,100:1:8:0:1'" \

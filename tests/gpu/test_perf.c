@@ -9,7 +9,9 @@
  * tests/gpu/perf.gpu`), else all of them; the batch sizes 1, 8 and 32, or
  * the comma list MOEJIT_PERF_BATCHES; the GEMV also on each tensor-core
  * tile of MOEJIT_PERF_GEMV_TILES (a comma list of THREADS:MT:KJ:KSPLIT:MINB,
- * KSPLIT 0 for the launcher's split), a sweep beside the launcher's choice.
+ * KSPLIT 0 for the launcher's split), a sweep beside the launcher's choice;
+ * attention and the DSA selection at contexts 1024 and 4096, or the comma
+ * list MOEJIT_PERF_CONTEXTS (the issue's 1k, 8k and 32k).
  * Each family's ops run on device
  * buffers of random values (gop_fill) and are timed as the median of CUDA
  * graph replays of PERF_LAUNCHES launches or more (tm_graph_us).  A row of the
@@ -50,7 +52,13 @@
 #define PERF_MOE_SETS 8     /* inputs the MoE layer rotates over: different routings */
 #define PERF_MAX_TILES 8    /* MOEJIT_PERF_GEMV_TILES */
 
-static const int contexts[] = {1024, 4096};
+#define PERF_MAX_CONTEXTS 4
+#define PERF_MAX_CTX 65536
+
+/* The contexts attention and the DSA selection run at: 1024 and 4096, or
+ * the comma list MOEJIT_PERF_CONTEXTS (set by selection()). */
+static int contexts[PERF_MAX_CONTEXTS] = {1024, 4096};
+static int ncontexts = 2;
 
 typedef struct perf {
   mj_arena arena;
@@ -429,7 +437,7 @@ static int attend_launch(void *ctx, int i, CUstream s, mj_err *err) {
                            o->out, o->scratch, o->B, &(gop_ctx){.s = s}, err);
 }
 static int perf_attend(perf *p, kt_id k, int B, mj_err *err) {
-  for (size_t c = 0; c < MJ_ARRAY_LEN(contexts); c++) {
+  for (int c = 0; c < ncontexts; c++) {
     const int ctx = contexts[c], D = p->d.kv_rank + p->d.rope, H = p->d.heads;
     attn_op o = {0};
     int rc;
@@ -467,7 +475,7 @@ static int select_launch(void *ctx, int i, CUstream s, mj_err *err) {
                         o->B, &(gop_ctx){.s = s}, err);
 }
 static int perf_select(perf *p, kt_id k, int B, mj_err *err) {
-  for (size_t c = 0; c < MJ_ARRAY_LEN(contexts); c++) {
+  for (int c = 0; c < ncontexts; c++) {
     const int ctx = contexts[c], IH = p->d.idx_heads, ID = p->d.idx_dim;
     attn_op o = {0};
     int rc;
@@ -687,6 +695,21 @@ static int selection(int argc, char **argv, perf_sel *sel) {
   }
   for (int i = 0; i < nb; i++) sel->batches[i] = (int)b[i];
   sel->nb = nb;
+  const char *cs = getenv("MOEJIT_PERF_CONTEXTS");
+  if (!rc && cs && *cs) {
+    int64_t c[PERF_MAX_CONTEXTS];
+    int nc = mj_parse_i64_list(cs, c, PERF_MAX_CONTEXTS);
+    for (int i = 0; i < nc; i++)
+      if (c[i] < 1 || c[i] > PERF_MAX_CTX) nc = -1;
+    if (nc <= 0) {
+      fprintf(stderr, "gputest perf: MOEJIT_PERF_CONTEXTS wants a comma list of at most %d contexts 1..%d, not '%s'\n",
+              PERF_MAX_CONTEXTS, PERF_MAX_CTX, cs);
+      rc = 2;
+    } else {
+      for (int i = 0; i < nc; i++) contexts[i] = (int)c[i];
+      ncontexts = nc;
+    }
+  }
   if (!rc) rc = gemv_tiles(getenv("MOEJIT_PERF_GEMV_TILES"), sel);
   return rc;
 }
@@ -713,9 +736,11 @@ int gpu_test_perf(int argc, char **argv) {
   p.mc = model_moe_of(&p.cfg);
   const gop_dims *d = &p.d;
   printf("GLM-5 decode widths: hidden %d, %d heads (nope %d, rope %d, v %d), q_lora %d, kv_lora %d, indexer %d x %d "
-         "top %d, vocab %d; MoE %d experts top-%d, inter %d; contexts %d and %d\n",
+         "top %d, vocab %d; MoE %d experts top-%d, inter %d; contexts",
          d->hidden, d->heads, d->nope, d->rope, d->v, d->q_rank, d->kv_rank, d->idx_heads, d->idx_dim, d->idx_topk,
-         d->vocab, p.mc.n_experts, p.mc.topk, p.mc.inter, contexts[0], contexts[1]);
+         d->vocab, p.mc.n_experts, p.mc.topk, p.mc.inter);
+  for (int c = 0; c < ncontexts; c++) printf(" %d", contexts[c]);
+  printf("\n");
   printf("device copy bandwidth (same run): %.0f GB/s; L2 %d MiB; each row: the median of %d replays of a graph of "
          "%d launches (or one per copy of the rotated data, when more)\n\n",
          p.copy_bps / 1e9, cu_dev()->l2_bytes >> 20, PERF_REPS, PERF_LAUNCHES);
