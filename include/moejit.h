@@ -208,8 +208,9 @@ const char *moejit_finish_name(moejit_finish f);
 
 /* One event of a request: a generated token with the text it completed,
  * and on the last event of the request the finish reason.  Pointers are
- * valid during the callback, or until the next moejit_poll of the same
- * request. */
+ * valid during the callback; for an event taken by moejit_poll, until the
+ * same thread's next moejit_poll or moejit_release (of any request), or
+ * moejit_close. */
 typedef struct moejit_event {
   uint64_t id;             /* the request */
   int32_t token;           /* the token drawn; -1 on a last event that carries none (an end-of-
@@ -281,8 +282,11 @@ moejit_status moejit_cancel(moejit *m, uint64_t id);
  * request id into *ev, waiting up to timeout_ms milliseconds (0: do not
  * wait; < 0: wait without bound).  MOEJIT_ETIMEDOUT when none came.  After
  * the last event has been taken the request is forgotten.  One thread at a
- * time should poll a given request.  MOEJIT_EINVAL for a request that has
- * a callback. */
+ * time should poll a given request, and none may release it meanwhile.
+ * MOEJIT_EINVAL for a request that has a callback.  A poll waiting when
+ * moejit_close begins returns (close cancels its request, whose last event
+ * wakes it) before close frees anything; a poll begun after close began
+ * is a use after free. */
 moejit_status moejit_poll(moejit *m, uint64_t id, moejit_event *ev, int timeout_ms);
 
 /* Forget a polled request whose events nobody will take (a client that went

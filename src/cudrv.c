@@ -112,6 +112,13 @@ int cu_device_count(int *n, mj_err *err) {
 
 const cu_device *cu_dev(void) { return init_state == 1 ? &device : NULL; }
 
+int cu_bind_thread(mj_err *err) {
+  int rc = cu_init(err);
+  if (rc) return rc;
+  CU_CHECK(err, cu.cuCtxSetCurrent(device.ctx));
+  return 0;
+}
+
 const char *cu_driver_version_string(void) {
   return init_state == 1 ? driver_str : NULL;
 }

@@ -63,6 +63,11 @@ typedef struct cu_device {
  * second call returns the first result. */
 int cu_init(mj_err *err);
 const cu_device *cu_dev(void); /* NULL before a successful cu_init */
+/* cu_init, then make the device's context current on the calling thread:
+ * the driver binds a context per thread, and cu_init binds it only on the
+ * thread that first called it (the API's engine thread, src/api.c, runs
+ * every step on a thread of its own). */
+int cu_bind_thread(mj_err *err);
 /* How many GPUs the driver sees, without opening one (no context is made:
  * a launcher counts GPUs before its ranks open theirs).  MJ_ENOGPU without
  * a driver. */

@@ -1,92 +1,84 @@
-/* generate_loop.c: the loop of `moejit generate`, for one prompt or many.
+/* generate_loop.c: the loop of `moejit generate`, for one prompt or many,
+ * on the C API.
  *
- * Up to the session's slots sequences are live at once, each in its own
- * cache slot.  A free slot takes the next prompt (its prompt runs on its
- * own, as rows of that slot), then every decode step runs one row per live
- * sequence, whatever their lengths; a sequence that ends (an end-of-
- * sequence id or -n tokens) frees its slot at once and the next prompt
- * joins before the next step.  One prompt (-p) is the case of one slot
- * and one prompt: its text streams as it forms and the speed line follows.
- * Each prompt's sampler is seeded with the seed plus the prompt's index
- * (the session draws on the device when it can, session.h).  On the CPU
- * each live sequence runs on its own cache, so a batched prompt's tokens
- * equal its single run exactly and the tests check the scheduling so.
+ * Every prompt is one request submitted to the engine before it starts, so
+ * the engine admits them in order into its slots, as many at once as it
+ * has, and every rank of a sharded run schedules them alike.  The engine
+ * (src/api.c) runs each admitted prompt as a step of its own, then decode
+ * steps with one row per live sequence, whatever their lengths; a sequence
+ * that ends (an end-of-sequence id or -n tokens) frees its slot at once
+ * and the next prompt joins before the next step.  One prompt (-p) is the
+ * case of one slot and one prompt: its text streams, from the engine's
+ * callback, as it forms, and the speed line follows.  Each prompt's
+ * sampler is seeded with the seed plus the prompt's index (the engine
+ * draws on the device when it can, session.h).  On the CPU each live
+ * sequence runs on its own cache, so a batched prompt's tokens equal its
+ * single run exactly and the tests check the scheduling so.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "generate.h"
 #include "json.h"
 
-/* Take id into seq q; true when q has ended. */
-static bool take(const gen_opts *o, gen_seq *q, int32_t id) {
-  bool eos = o->have_chat && chat_is_eos(o->cf, id);
-  for (int i = 0; i < o->cfg->n_eos; i++) eos |= id == o->cfg->eos_token_id[i];
-  if (eos) return q->stop = "eos", true;
-  tok_ids_push(&q->ids, id);
-  q->n_gen++;
-  mj_buf piece = {0};
-  if (tok_decode_stream(&q->ts, id, &piece)) {
-    mj_buf_put(&q->text, piece.data, piece.len);
+typedef struct gen_wait {
+  const gen_opts *o;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int left; /* requests without their last event */
+} gen_wait;
+
+typedef struct gen_job {
+  gen_wait *w;
+  gen_seq *q;
+} gen_job;
+
+/* An event of one prompt's request, on the engine thread. */
+static void on_event(const moejit_event *ev, void *user) {
+  gen_job *j = user;
+  gen_seq *q = j->q;
+  const gen_opts *o = j->w->o;
+  if (ev->token >= 0) tok_ids_push(&q->gen, ev->token);
+  if (ev->text_len) {
+    mj_buf_put(&q->text, ev->text, ev->text_len);
     if (o->stream && !o->as_json) {
-      fwrite(piece.data, 1, piece.len, stdout);
-      fflush(stdout);
+      fwrite(ev->text, 1, ev->text_len, stdout);
+      if (!ev->finish) fflush(stdout);
     }
   }
-  mj_buf_free(&piece);
-  if (q->n_gen >= o->n_predict) return q->stop = "length", true;
-  return false;
+  if (!ev->finish) return;
+  q->stop = ev->finish == MOEJIT_FINISH_LENGTH ? "length" : "eos";
+  q->failed = ev->finish != MOEJIT_FINISH_STOP && ev->finish != MOEJIT_FINISH_LENGTH;
+  q->prompt_ms = ev->prompt_ms, q->decode_ms = ev->decode_ms;
+  pthread_mutex_lock(&j->w->mu);
+  j->w->left--;
+  pthread_cond_signal(&j->w->cv);
+  pthread_mutex_unlock(&j->w->mu);
 }
 
-static void finish(const gen_opts *o, session *S, gen_seq *q) {
-  mj_buf piece = {0};
-  if (tok_stream_finish(&q->ts, &piece)) {
-    mj_buf_put(&q->text, piece.data, piece.len);
-    if (o->stream && !o->as_json) fwrite(piece.data, 1, piece.len, stdout);
-  }
-  mj_buf_free(&piece);
-  sess_retire(S, q->slot);
-  q->done = true, q->slot = -1;
-  q->t_end = mj_now_ms();
+/* The tokens generated, as a JSON list's items. */
+static void put_tokens(mj_buf *j, const gen_seq *q) {
+  for (size_t i = 0; i < q->gen.n; i++) mj_buf_printf(j, "%s%d", i ? "," : "", q->gen.v[i]);
 }
 
-/* Admit prompt k into a free slot and run its prompt; its first id is
- * drawn and taken. */
-static int admit(const gen_opts *o, session *S, gen_seq *q, int k, mj_err *err) {
-  sample_params sp = o->sp;
-  sp.seed = o->sp.seed + (uint64_t)k;
-  q->t_admit = mj_now_ms();
-  int rc = sess_admit(S, &sp, &q->slot, err);
-  if (rc) return rc;
-  size_t n = q->ids.n;
-  int32_t *slot = mj_xmalloc(n * sizeof *slot), *ids = mj_xmalloc(n * sizeof *ids);
-  for (size_t i = 0; i < n; i++) slot[i] = q->slot;
-  rc = sess_step(S, q->ids.v, slot, (int)n, ids, NULL, err);
-  int32_t id = ids[n - 1];
-  free(slot), free(ids);
-  if (rc) return rc;
-  q->t_first = mj_now_ms();
-  if (take(o, q, id)) finish(o, S, q);
-  return 0;
-}
-
-static void print_results(const gen_opts *o, const session *S, gen_seq *s, int np, double ms, int steps, int64_t rows) {
-  sess_info si;
-  sess_get_info(S, &si);
-  const char *backend = sess_backend_name(si.backend);
+static void print_results(const gen_opts *o, const moejit_info *in, const moejit_stats *st, gen_seq *s, int np,
+                          double ms) {
+  const char *backend = in->backend;
   if (o->stream) { /* the one prompt */
     gen_seq *q = &s[0];
-    double t_prompt = q->t_first - q->t_admit, t_decode = q->t_end - q->t_first;
-    double pps = q->n_prompt / (t_prompt / 1000.0), dps = q->n_gen > 0 ? q->n_gen / (t_decode / 1000.0) : 0;
+    int64_t n_gen = (int64_t)q->gen.n;
+    double t_prompt = q->prompt_ms, t_decode = q->decode_ms;
+    double pps = q->n_prompt / (t_prompt / 1000.0), dps = n_gen > 0 ? n_gen / (t_decode / 1000.0) : 0;
     if (o->as_json) {
       mj_buf j = {0};
       mj_buf_puts(&j, "{\"text\":");
       json_write_str(&j, q->text.data ? q->text.data : "", q->text.len);
       mj_buf_printf(&j, ",\"tokens\":[");
-      for (size_t i = q->n_prompt; i < q->ids.n; i++) mj_buf_printf(&j, "%s%d", i > q->n_prompt ? "," : "", q->ids.v[i]);
+      put_tokens(&j, q);
       mj_buf_printf(&j, "],\"prompt_tokens\":%zu,\"generated_tokens\":%lld,\"stop\":\"%s\",\"backend\":\"%s\","
                         "\"prompt_ms\":%.3f,\"decode_ms\":%.3f,\"prompt_tokens_per_s\":%.2f,\"decode_tokens_per_s\":%.2f,\"model\":",
-                    q->n_prompt, (long long)q->n_gen, q->stop, backend, t_prompt, t_decode, pps, dps);
+                    q->n_prompt, (long long)n_gen, q->stop, backend, t_prompt, t_decode, pps, dps);
       json_write_str(&j, o->model_dir, strlen(o->model_dir));
       mj_buf_puts(&j, "}\n");
       fputs(j.data, stdout);
@@ -96,22 +88,22 @@ static void print_results(const gen_opts *o, const session *S, gen_seq *s, int n
       fflush(stdout);
       if (!o->quiet)
         fprintf(stderr, "moejit: prompt %zu tokens in %.1f ms (%.1f tok/s), generated %lld tokens in %.1f ms (%.2f tok/s), stop: %s, backend %s\n",
-                q->n_prompt, t_prompt, pps, (long long)q->n_gen, t_decode, dps, q->stop, backend);
+                q->n_prompt, t_prompt, pps, (long long)n_gen, t_decode, dps, q->stop, backend);
     }
     return;
   }
   int64_t gen = 0;
   for (int k = 0; k < np; k++) {
     gen_seq *q = &s[k];
-    gen += q->n_gen;
+    gen += (int64_t)q->gen.n;
     if (o->as_json) {
       mj_buf j = {0};
       mj_buf_printf(&j, "{\"index\":%d,\"text\":", k);
       json_write_str(&j, q->text.data ? q->text.data : "", q->text.len);
       mj_buf_puts(&j, ",\"tokens\":[");
-      for (size_t i = q->n_prompt; i < q->ids.n; i++) mj_buf_printf(&j, "%s%d", i > q->n_prompt ? "," : "", q->ids.v[i]);
+      put_tokens(&j, q);
       mj_buf_printf(&j, "],\"prompt_tokens\":%zu,\"generated_tokens\":%lld,\"stop\":\"%s\",\"backend\":\"%s\"}\n",
-                    q->n_prompt, (long long)q->n_gen, q->stop, backend);
+                    q->n_prompt, (long long)q->gen.n, q->stop, backend);
       fputs(j.data, stdout);
       mj_buf_free(&j);
     } else {
@@ -119,46 +111,59 @@ static void print_results(const gen_opts *o, const session *S, gen_seq *s, int n
     }
   }
   fflush(stdout);
+  int steps = (int)st->decode_steps;
   if (!o->quiet)
     fprintf(stderr, "moejit: %d prompts, %d at a time: %lld tokens in %.1f ms (%.2f tok/s), %d decode steps of %.1f rows "
                     "on average, backend %s\n",
-            np, si.slots, (long long)gen, ms, gen / (ms / 1000.0), steps, steps ? (double)rows / steps : 0.0, backend);
+            np, in->max_parallel, (long long)gen, ms, gen / (ms / 1000.0), steps,
+            steps ? (double)st->decode_rows / steps : 0.0, backend);
 }
 
-int gen_run(const gen_opts *o, session *S, gen_seq *s, int np, mj_err *err) {
-  sess_info si;
-  sess_get_info(S, &si);
-  int P = si.slots, rc = 0, next = 0, steps = 0;
-  int64_t rows = 0;
-  for (int k = 0; k < np; k++) tok_stream_init(&s[k].ts, o->tok, true), s[k].slot = -1;
-  int32_t *tk = mj_xmalloc((size_t)P * 4), *sl = mj_xmalloc((size_t)P * 4), *ids = mj_xmalloc((size_t)P * 4);
-  int *who = mj_xmalloc((size_t)P * sizeof *who), *owner = mj_xmalloc((size_t)P * sizeof *owner);
-  for (int i = 0; i < P; i++) owner[i] = -1; /* the prompt live in each slot */
+int gen_run(const gen_opts *o, moejit *A, gen_seq *s, int np, mj_err *err) {
+  gen_wait w = {.o = o, .left = 0};
+  pthread_mutex_init(&w.mu, NULL);
+  pthread_cond_init(&w.cv, NULL);
+  gen_job *jobs = mj_xcalloc((size_t)np, sizeof *jobs);
+  int rc = 0;
   double t0 = mj_now_ms();
-  for (;;) {
-    /* Free slots take the next prompts (one that ends at once frees its slot again). */
-    while (next < np && sess_live(S) < P) {
-      if ((rc = admit(o, S, &s[next], next, err))) goto out;
-      if (s[next].slot >= 0) owner[s[next].slot] = next;
-      next++;
+  for (int k = 0; k < np && !rc; k++) {
+    moejit_sampling sp = o->sp;
+    sp.seed = (int64_t)(((uint64_t)o->sp.seed + (uint64_t)k) & INT64_MAX);
+    moejit_request r;
+    moejit_request_init(&r);
+    r.prompt_ids = s[k].prompt, r.n_prompt_ids = s[k].n_prompt;
+    r.sampling = &sp;
+    r.max_tokens = o->n_predict > 0 ? (int32_t)o->n_predict : 1; /* -n 0 has always drawn the one token of the prompt's step */
+    r.ignore_eos = false;
+    jobs[k] = (gen_job){&w, &s[k]};
+    r.on_event = on_event, r.user = &jobs[k];
+    uint64_t id;
+    pthread_mutex_lock(&w.mu);
+    w.left++;
+    pthread_mutex_unlock(&w.mu);
+    if (moejit_submit(A, &r, &id)) {
+      rc = mj_fail(err, api_last_code(), "%s", moejit_last_error());
+      pthread_mutex_lock(&w.mu);
+      w.left--;
+      pthread_mutex_unlock(&w.mu);
     }
-    /* One row per live sequence, in slot order. */
-    int n = 0;
-    for (int i = 0; i < P; i++) {
-      int k = owner[i];
-      if (k >= 0) who[n] = k, tk[n] = s[k].ids.v[s[k].ids.n - 1], sl[n] = i, n++;
-    }
-    if (n == 0) {
-      if (next >= np) break;
-      continue;
-    }
-    if ((rc = sess_step(S, tk, sl, n, ids, NULL, err))) goto out;
-    steps++, rows += n;
-    for (int i = 0; i < n; i++)
-      if (take(o, &s[who[i]], ids[i])) finish(o, S, &s[who[i]]), owner[sl[i]] = -1;
   }
-  print_results(o, S, s, np, mj_now_ms() - t0, steps, rows);
-out:
-  free(tk), free(sl), free(ids), free(who), free(owner);
+  api_resume(A);
+  pthread_mutex_lock(&w.mu);
+  while (w.left > 0) pthread_cond_wait(&w.cv, &w.mu);
+  pthread_mutex_unlock(&w.mu);
+  double ms = mj_now_ms() - t0;
+  bool failed = false;
+  for (int k = 0; k < np; k++) failed |= s[k].failed;
+  if (!rc && !failed) {
+    moejit_info in;
+    moejit_stats st;
+    moejit_get_info(A, &in);
+    moejit_get_stats(A, &st);
+    print_results(o, &in, &st, s, np, ms);
+  }
+  free(jobs);
+  pthread_cond_destroy(&w.cv);
+  pthread_mutex_destroy(&w.mu);
   return rc;
 }

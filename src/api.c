@@ -1,0 +1,1124 @@
+/* api.c: the public C API (include/moejit.h): a model, its tokenizer and
+ * one engine thread that owns the decode session.
+ *
+ * The engine thread is the only one that touches the session (src/session.h),
+ * so the session needs no lock and a GPU context is bound once, on that
+ * thread.  Every other thread talks to it through one mutex: submit appends
+ * to a bounded FIFO wait queue, cancel sets a flag, and the engine, at each
+ * step boundary, retires what was cancelled, admits waiting requests into
+ * free slots one at a time (each prompt runs as its own step, as `moejit
+ * generate` always did, so a batched sequence's tokens equal its run
+ * alone), then runs one decode step with a row of every live sequence.
+ * With nothing to do it sleeps on a condition variable that submit,
+ * cancel and close signal: no polling anywhere.
+ *
+ * A drawn token becomes text through the tokenizer's streaming decoder
+ * (which holds back an unfinished UTF-8 character); the text then waits in
+ * a per-request buffer while its end could still be the start of a stop
+ * string, so a stop string split over several tokens is found whole and
+ * never returned.  Events go to the request's callback (on the engine
+ * thread, without the lock held, so a callback may submit or cancel) or to
+ * its queue, which moejit_poll drains; a taken event is parked per polling
+ * thread until that thread's next call, which is how its text outlives the
+ * request it belonged to.  Prompts are encoded on the submitting thread,
+ * under a lock of their own (the tokenizer's word cache is not thread-safe),
+ * so a long prompt never stalls the engine.
+ *
+ * Errors: the library's mj_err (util.h) inside, folded into the public
+ * status table at the boundary, with the message kept per thread.
+ */
+#include "api.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "chat.h"
+#include "config.h"
+#include "cudrv.h"
+#include "gpu_model.h"
+#include "jit.h"
+#include "mkmodel.h"
+#include "model.h"
+#include "sample.h"
+#include "session.h"
+#include "tokenizer.h"
+
+/* ---- errors ------------------------------------------------------------------------ */
+static __thread struct {
+  mj_code code;
+  char msg[1024];
+} last_err;
+
+const char *moejit_last_error(void) { return last_err.msg; }
+mj_code api_last_code(void) { return last_err.code; }
+
+static const char *const status_names[] = {
+#define X(name, desc) #name,
+    MOEJIT_STATUSES(X)
+#undef X
+};
+static const char *const status_descs[] = {
+#define X(name, desc) desc,
+    MOEJIT_STATUSES(X)
+#undef X
+};
+
+const char *moejit_status_name(moejit_status s) {
+  return (unsigned)s < MOEJIT_NSTATUS ? status_names[s] : "MOEJIT_?";
+}
+const char *moejit_strerror(moejit_status s) {
+  return (unsigned)s < MOEJIT_NSTATUS ? status_descs[s] : "unknown status";
+}
+
+/* The public status of a library code; input is what MJ_EINPUT means at
+ * the call (a bad model file when opening, a bad argument elsewhere). */
+static moejit_status status_of(mj_code c, moejit_status input) {
+  switch (c) {
+  case MJ_OK: return MOEJIT_OK;
+  case MJ_EINPUT: return input;
+  case MJ_EUSAGE: return MOEJIT_EINVAL;
+  case MJ_EIO: return MOEJIT_EMODEL;
+  case MJ_ENOGPU: return MOEJIT_ENOBACKEND;
+  case MJ_ECOMPILE:
+  case MJ_ECUDA:
+  case MJ_ECACHE: return MOEJIT_EBACKEND;
+  case MJ_ENOMEM: return MOEJIT_ENOMEM;
+  default: return MOEJIT_EINTERNAL;
+  }
+}
+
+/* Record err as this thread's last error and return st (err is cleared). */
+static moejit_status fail_err(moejit_status st, mj_err *err) {
+  last_err.code = err->code;
+  snprintf(last_err.msg, sizeof last_err.msg, "%s", err->msg[0] ? err->msg : mj_code_desc(err->code));
+  mj_err_clear(err);
+  return st;
+}
+
+static moejit_status failf(moejit_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static moejit_status failf(moejit_status st, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_err.msg, sizeof last_err.msg, fmt, ap);
+  va_end(ap);
+  last_err.code = st == MOEJIT_ENOMEM ? MJ_ENOMEM : st == MOEJIT_EINTERNAL ? MJ_EINTERNAL : MJ_EUSAGE;
+  return st;
+}
+
+/* ---- versions, memory, defaults --------------------------------------------------------- */
+int moejit_api_version(void) { return MOEJIT_API_VERSION; }
+const char *moejit_version(void) { return PACKAGE_VERSION; }
+void moejit_free(void *p) { free(p); }
+
+void moejit_sampling_init(moejit_sampling *s) {
+  sample_params d = sample_defaults();
+  *s = (moejit_sampling){.temperature = d.temperature, .top_k = d.top_k, .top_p = d.top_p, .min_p = d.min_p,
+                         .repeat_penalty = d.repeat_penalty, .repeat_last_n = d.repeat_last_n, .seed = -1};
+}
+
+void moejit_open_opts_init(moejit_open_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->backend = MOEJIT_BACKEND_AUTO;
+  moejit_sampling_init(&o->default_sampling);
+  o->default_sampling.seed = 0;
+}
+
+void moejit_request_init(moejit_request *r) { memset(r, 0, sizeof *r); }
+
+const char *moejit_finish_name(moejit_finish f) {
+  static const char *const names[] = {"", "stop", "length", "cancelled", "error"};
+  return (unsigned)f < MJ_ARRAY_LEN(names) ? names[f] : "";
+}
+
+/* ---- the handle ------------------------------------------------------------------------ */
+/* A taken or queued event of a polled request; its strings are its own. */
+typedef struct api_ev {
+  struct api_ev *next;
+  moejit_event ev;
+  pthread_t owner; /* parked: the thread that took it */
+} api_ev;
+
+typedef enum { REQ_WAITING, REQ_RUNNING, REQ_DONE } req_state;
+
+typedef struct api_req {
+  uint64_t id;
+  struct api_req *prev, *next; /* every request the handle knows */
+  struct api_req *wnext;       /* the wait queue, or a list of requests to end */
+  req_state state;
+  bool cancel;   /* asked; the engine acts at the next step boundary */
+  bool released; /* polled, but nobody will take its events */
+  bool linked;   /* in the handle's list (find sees it) */
+  /* what was asked */
+  tok_ids prompt;
+  sample_params sp;
+  int64_t max_tokens;
+  char **stop;
+  size_t n_stop, stop_max;
+  bool ignore_eos;
+  moejit_event_fn fn;
+  void *user;
+  /* the engine thread's */
+  int slot;
+  int32_t next_tok; /* the token the next decode row feeds */
+  int64_t n_gen;
+  tok_stream ts;
+  mj_buf pend; /* decoded text not yet returned */
+  double t_submit, t_admit, t_first;
+  /* polled: events not yet taken (under the lock) */
+  api_ev *qhead, *qtail;
+} api_req;
+
+struct moejit {
+  /* fixed once loaded */
+  moejit_open_opts o;
+  int32_t graph[GPU_MAX_GRAPHS];
+  model *m;
+  tok_tokenizer *tok;
+  chat_format cf;
+  bool have_chat;
+  mj_err chat_err; /* why the chat format is missing */
+  sess_backend backend;
+  char *path, *name;
+  int32_t eos[MOEJIT_MAX_EOS];
+  int n_eos;
+  int64_t ctx;
+  int slots, max_queue;
+  sample_params dflt;
+  api_start_opts x;
+  pthread_mutex_t tok_lock;
+  /* the engine */
+  session *S;
+  pthread_t thread;
+  bool started, ready;
+  int start_rc;
+  mj_err start_err, eng_err; /* the session's creation; the first failure after it */
+  api_req **owner;           /* [slots]: the request live in each slot (engine thread only) */
+  /* under lock */
+  pthread_mutex_t lock;
+  pthread_cond_t work;   /* the engine waits for work; api_start for the engine to be ready */
+  pthread_cond_t polled; /* pollers wait for events; close for pollers to leave */
+  api_req *all, *whead, *wtail;
+  int nwait, nrun, pollers;
+  uint64_t next_id;
+  bool paused, closing, cancel_all;
+  api_ev *parked;
+  moejit_stats st;
+};
+
+static void req_free(api_req *q) {
+  if (!q) return;
+  tok_ids_free(&q->prompt);
+  for (size_t i = 0; i < q->n_stop; i++) free(q->stop[i]);
+  free(q->stop);
+  mj_buf_free(&q->pend);
+  for (api_ev *e = q->qhead, *n; e; e = n) n = e->next, free(e);
+  free(q);
+}
+
+static api_req *find(moejit *a, uint64_t id) {
+  for (api_req *q = a->all; q; q = q->next)
+    if (q->id == id) return q;
+  return NULL;
+}
+
+static void unlink_req(moejit *a, api_req *q) {
+  if (!q->linked) return;
+  q->linked = false;
+  if (q->prev) q->prev->next = q->next;
+  else a->all = q->next;
+  if (q->next) q->next->prev = q->prev;
+  q->prev = q->next = NULL;
+}
+
+/* ---- the built-in model --------------------------------------------------------------- */
+/* The data folder: MOEJIT_DATA_DIR, else $XDG_DATA_HOME/moejit, else
+ * ~/.local/share/moejit. */
+static int data_dir(char *buf, size_t n, mj_err *err) {
+  const char *d = getenv("MOEJIT_DATA_DIR"), *x = getenv("XDG_DATA_HOME"), *h = getenv("HOME");
+  if (d && *d) snprintf(buf, n, "%s", d);
+  else if (x && *x) snprintf(buf, n, "%s/moejit", x);
+  else if (h && *h) snprintf(buf, n, "%s/.local/share/moejit", h);
+  else return mj_fail(err, MJ_EIO, "no data folder for the built-in model: set MOEJIT_DATA_DIR or pass -m DIR");
+  return 0;
+}
+
+/* Remove a folder of plain files (a model folder mkmodel wrote). */
+static void remove_flat_dir(const char *path) {
+  DIR *d = opendir(path);
+  if (!d) return;
+  struct dirent *e;
+  char p[4600];
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
+        snprintf(p, sizeof p, "%s/%s", path, e->d_name) < (int)sizeof p)
+      unlink(p);
+  closedir(d);
+  rmdir(path);
+}
+
+/* The built-in model's folder (mkmodel's `medium` preset with NVFP4
+ * experts, seed 1: the smallest widths the GPU kernels take, 142 MB),
+ * written on first use.  The folder name carries the preset and seed so a
+ * future change of the built-in model gets a new folder rather than a
+ * stale one. */
+static int default_model(char *dir, size_t n, bool quiet, mj_err *err) {
+  char base[2048];
+  int r = data_dir(base, sizeof base, err);
+  if (r) return r;
+  if (snprintf(dir, n, "%s/default-medium-nvfp4-s1", base) >= (int)n)
+    return mj_fail(err, MJ_EIO, "%s: data folder path too long", base);
+  char cfg[4200];
+  snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+  struct stat st;
+  if (stat(cfg, &st) == 0) return 0;
+  if ((r = mj_mkdirs(base, err))) {
+    mj_err_clear(err);
+    return mj_fail(err, MJ_EIO, "%s: cannot create the data folder for the built-in model (set MOEJIT_DATA_DIR or pass -m DIR)",
+                   base);
+  }
+  mkmodel_spec s;
+  mkmodel_preset("medium", &s);
+  s.nvfp4 = true;
+  s.seed = 1;
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  s.threads = ncpu > 8 ? 8 : ncpu > 0 ? ncpu : 1;
+  if (!quiet) fprintf(stderr, "moejit: writing the built-in synthetic GLM-5 model (first use) to %s\n", dir);
+  /* Written under a temporary name and renamed, so an interrupted first run
+   * never leaves a half-written model that later runs would trust. */
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
+  uint64_t bytes;
+  if ((r = mkmodel_write(&s, tmp, true, &bytes, err))) {
+    remove_flat_dir(tmp);
+    return r;
+  }
+  if (rename(tmp, dir) != 0) {
+    int e = errno;
+    /* Several first runs at once: each writes its own copy and the first
+     * rename wins (a folder is renamed whole, so readers never see part of
+     * one); the others find the winner's model and drop their copy. */
+    remove_flat_dir(tmp);
+    if (stat(cfg, &st) != 0)
+      return mj_fail(err, MJ_EIO, "%s: cannot move the built-in model into place: %s", dir, strerror(e));
+  }
+  return 0;
+}
+
+/* ---- opening --------------------------------------------------------------------------- */
+static int check_sampling(const moejit_sampling *s, const char *who, mj_err *err) {
+  if (!(s->temperature >= 0) || !(s->top_p > 0 && s->top_p <= 1) || !(s->min_p >= 0 && s->min_p < 1) ||
+      !(s->repeat_penalty > 0) || s->top_k < 0)
+    return mj_fail(err, MJ_EUSAGE,
+                   "%s: temperature %g, top_p %g, min_p %g, repeat_penalty %g, top_k %d: want temperature >= 0, "
+                   "top_p in (0, 1], min_p in [0, 1), repeat_penalty > 0, top_k >= 0",
+                   who, s->temperature, s->top_p, s->min_p, s->repeat_penalty, s->top_k);
+  return 0;
+}
+
+static sample_params params_of(const moejit_sampling *s, uint64_t seed) {
+  sample_params p = sample_defaults();
+  p.temperature = s->temperature, p.top_k = s->top_k, p.top_p = s->top_p, p.min_p = s->min_p;
+  p.repeat_penalty = s->repeat_penalty, p.repeat_last_n = s->repeat_last_n, p.seed = seed;
+  return p;
+}
+
+static int check_open_opts(const moejit_open_opts *o, mj_err *err) {
+  if ((unsigned)o->backend > MOEJIT_BACKEND_CUDA)
+    return mj_fail(err, MJ_EUSAGE, "moejit_open: backend %d is not auto, cpu or cuda", (int)o->backend);
+  if (o->context_length < 0 || o->max_parallel < 0 || o->max_parallel > 1024 || o->max_queue < 0 || o->threads < 0)
+    return mj_fail(err, MJ_EUSAGE,
+                   "moejit_open: context_length %d, max_parallel %d, max_queue %d, threads %d: each must be >= 0 "
+                   "(max_parallel at most 1024)",
+                   o->context_length, o->max_parallel, o->max_queue, o->threads);
+  if (o->n_graph_batch_sizes < 0 || o->n_graph_batch_sizes > GPU_MAX_GRAPHS ||
+      (o->n_graph_batch_sizes > 0 && !o->graph_batch_sizes))
+    return mj_fail(err, MJ_EUSAGE, "moejit_open: %d graph batch sizes (0 to %d, with the array)", o->n_graph_batch_sizes,
+                   GPU_MAX_GRAPHS);
+  for (int i = 0; i < o->n_graph_batch_sizes; i++) {
+    int32_t v = o->graph_batch_sizes[i];
+    if (v < 1 || v > 1024 || (i && v <= o->graph_batch_sizes[i - 1]))
+      return mj_fail(err, MJ_EUSAGE, "moejit_open: graph batch sizes must ascend within 1..1024 (size %d is %d)", i, v);
+  }
+  return check_sampling(&o->default_sampling, "moejit_open: default_sampling", err);
+}
+
+/* What moejit_open and api_load share; *st is the public status of a
+ * failure (a model file's fault, or the backend's). */
+static int load(const char *dir, const moejit_open_opts *o, moejit **out, moejit_status *st, mj_err *err) {
+  *out = NULL;
+  *st = MOEJIT_EINVAL;
+  moejit_open_opts dflt;
+  if (!o) moejit_open_opts_init(&dflt), o = &dflt;
+  int rc = check_open_opts(o, err);
+  if (rc) return rc;
+  if (o->kernel_cache_dir && *o->kernel_cache_dir) setenv("MOEJIT_CACHE_DIR", o->kernel_cache_dir, 1);
+  char defdir[4096];
+  *st = MOEJIT_EMODEL;
+  if (!dir) {
+    if ((rc = default_model(defdir, sizeof defdir, o->quiet, err))) return rc;
+    dir = defdir;
+  }
+  moejit *a = mj_xcalloc(1, sizeof *a);
+  a->o = *o;
+  if (o->n_graph_batch_sizes) memcpy(a->graph, o->graph_batch_sizes, (size_t)o->n_graph_batch_sizes * sizeof *a->graph);
+  a->o.graph_batch_sizes = o->n_graph_batch_sizes ? a->graph : NULL;
+  a->o.kernel_cache_dir = NULL;
+  pthread_mutex_init(&a->lock, NULL);
+  pthread_mutex_init(&a->tok_lock, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&a->work, &ca);
+  pthread_cond_init(&a->polled, &ca);
+  pthread_condattr_destroy(&ca);
+  a->path = mj_xstrdup(dir);
+  size_t n = strlen(dir);
+  while (n > 1 && dir[n - 1] == '/') n--;
+  const char *base = dir + n;
+  while (base > dir && base[-1] != '/') base--;
+  a->name = mj_xcalloc(1, (size_t)(dir + n - base) + 1);
+  memcpy(a->name, base, (size_t)(dir + n - base));
+  *out = a;
+
+  if ((rc = model_load(dir, &a->m, err))) return rc;
+  char tpath[4200];
+  snprintf(tpath, sizeof tpath, "%s/tokenizer.json", dir);
+  if ((rc = tok_load(tpath, &a->tok, err))) return rc;
+  a->have_chat = chat_format_init(&a->cf, a->tok, &a->chat_err) == 0;
+  const model_config *c = &a->m->cfg;
+  for (int i = 0; i < c->n_eos && a->n_eos < MOEJIT_MAX_EOS; i++) a->eos[a->n_eos++] = (int32_t)c->eos_token_id[i];
+  for (int i = 0; a->have_chat && i < a->cf.neos && a->n_eos < MOEJIT_MAX_EOS; i++) {
+    bool seen = false;
+    for (int k = 0; k < a->n_eos; k++) seen |= a->eos[k] == a->cf.eos[i];
+    if (!seen) a->eos[a->n_eos++] = a->cf.eos[i];
+  }
+  uint64_t seed = o->default_sampling.seed >= 0 ? (uint64_t)o->default_sampling.seed : mj_now_ns();
+  a->dflt = params_of(&o->default_sampling, seed);
+
+  /* The backend: a GPU asked for must exist and take the model now, not at
+   * the first step. */
+  *st = MOEJIT_ENOBACKEND;
+  static const char *const names[] = {"auto", "cpu", "cuda"};
+  if ((rc = sess_pick_backend("moejit_open", names[o->backend], a->m, o->quiet, &a->backend, err))) return rc;
+  if (a->backend == SESS_CUDA && ((rc = gpu_model_supports(a->m, err)) || (rc = cu_init(err)))) return rc;
+  return 0;
+}
+
+int api_load(const char *dir, const moejit_open_opts *o, moejit **out, mj_err *err) {
+  moejit_status st;
+  int rc = load(dir, o, out, &st, err);
+  if (rc) api_close(*out, 0, NULL), *out = NULL;
+  return rc;
+}
+
+static void *engine_main(void *arg);
+
+int api_start(moejit *a, const api_start_opts *x, mj_err *err) {
+  if (a->started) return mj_fail(err, MJ_EINTERNAL, "moejit: the engine has started already");
+  a->x = *x;
+  const model_config *c = &a->m->cfg;
+  int64_t mp = c->max_position_embeddings > 0 ? c->max_position_embeddings : 4096;
+  a->ctx = x->context_length > 0 ? x->context_length : a->o.context_length > 0 ? a->o.context_length : mp < 4096 ? mp : 4096;
+  a->slots = x->max_parallel > 0 ? x->max_parallel : a->o.max_parallel > 0 ? a->o.max_parallel : 4;
+  a->max_queue = x->max_queue > 0 ? x->max_queue : a->o.max_queue > 0 ? a->o.max_queue : 256;
+  a->paused = x->paused;
+  a->owner = mj_xcalloc((size_t)a->slots, sizeof *a->owner);
+  if (pthread_create(&a->thread, NULL, engine_main, a) != 0)
+    return mj_fail(err, MJ_EINTERNAL, "moejit: cannot start the engine thread: %s", strerror(errno));
+  pthread_mutex_lock(&a->lock);
+  while (!a->ready) pthread_cond_wait(&a->work, &a->lock);
+  int rc = a->start_rc;
+  pthread_mutex_unlock(&a->lock);
+  if (rc) {
+    pthread_join(a->thread, NULL);
+    mj_fail(err, a->start_err.code, "%s", a->start_err.msg);
+    mj_err_set_detail(err, a->start_err.detail);
+    mj_err_clear(&a->start_err);
+    return rc;
+  }
+  a->started = true;
+  return 0;
+}
+
+void api_resume(moejit *a) {
+  pthread_mutex_lock(&a->lock);
+  a->paused = false;
+  pthread_cond_signal(&a->work);
+  pthread_mutex_unlock(&a->lock);
+}
+
+moejit_status moejit_open(const char *model_dir, const moejit_open_opts *opts, moejit **out) {
+  if (!out) return failf(MOEJIT_EINVAL, "moejit_open: out is NULL");
+  mj_err err = {0};
+  moejit_status st;
+  moejit *a = NULL;
+  int rc = load(model_dir, opts, &a, &st, &err);
+  if (!rc) {
+    api_start_opts x = {0};
+    st = MOEJIT_ENOBACKEND;
+    rc = api_start(a, &x, &err);
+  }
+  if (rc) {
+    api_close(a, 0, NULL);
+    *out = NULL;
+    return fail_err(status_of((mj_code)rc, st), &err);
+  }
+  *out = a;
+  return MOEJIT_OK;
+}
+
+moejit_status moejit_get_info(const moejit *a, moejit_info *out) {
+  if (!a || !out) return failf(MOEJIT_EINVAL, "moejit_get_info: NULL argument");
+  const model_config *c = &a->m->cfg;
+  memset(out, 0, sizeof *out);
+  out->name = a->name, out->path = a->path, out->backend = sess_backend_name(a->backend);
+  out->vocab_size = (int32_t)c->vocab_size;
+  out->context_length = (int32_t)a->ctx;
+  out->model_context_length = (int32_t)c->max_position_embeddings;
+  out->max_parallel = a->slots, out->max_queue = a->max_queue;
+  memcpy(out->eos_ids, a->eos, sizeof a->eos);
+  out->n_eos = a->n_eos;
+  out->has_chat_template = a->have_chat;
+  return MOEJIT_OK;
+}
+
+/* ---- text and tokens ------------------------------------------------------------------- */
+static int encode(moejit *a, const char *text, size_t len, bool add_special, tok_ids *out, mj_err *err) {
+  pthread_mutex_lock(&a->tok_lock);
+  int rc = tok_encode(a->tok, text, len, add_special, out, err);
+  pthread_mutex_unlock(&a->tok_lock);
+  return rc;
+}
+
+/* Hand ids to the caller as a malloc'd array. */
+static void give_ids(tok_ids *t, int32_t **ids, size_t *n) {
+  *n = t->n;
+  *ids = t->v ? t->v : mj_xmalloc(sizeof **ids);
+  memset(t, 0, sizeof *t);
+}
+
+moejit_status moejit_tokenize(moejit *a, const char *text, size_t len, bool add_special, int32_t **ids, size_t *n) {
+  if (!a || !text || !ids || !n) return failf(MOEJIT_EINVAL, "moejit_tokenize: NULL argument");
+  if (len == (size_t)-1) len = strlen(text);
+  tok_ids t = {0};
+  mj_err err = {0};
+  if (encode(a, text, len, add_special, &t, &err)) return tok_ids_free(&t), fail_err(MOEJIT_EINVAL, &err);
+  give_ids(&t, ids, n);
+  return MOEJIT_OK;
+}
+
+moejit_status moejit_detokenize(moejit *a, const int32_t *ids, size_t n, bool skip_special, char **text, size_t *len) {
+  if (!a || (!ids && n) || !text) return failf(MOEJIT_EINVAL, "moejit_detokenize: NULL argument");
+  int32_t V = tok_vocab_size(a->tok);
+  for (size_t i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= V)
+      return failf(MOEJIT_EINVAL, "moejit_detokenize: id %d (number %zu) is outside the vocabulary (0..%d)", ids[i], i,
+                   V - 1);
+  mj_buf b = {0};
+  tok_decode(a->tok, ids, n, skip_special, &b);
+  mj_buf_putc(&b, 0);
+  if (len) *len = b.len - 1;
+  *text = mj_buf_steal(&b);
+  return MOEJIT_OK;
+}
+
+static int role_of(const char *r, chat_role *out) {
+  static const char *const names[] = {"system", "user", "assistant", "observation"};
+  for (int i = 0; i < 4; i++)
+    if (!strcmp(r, names[i])) return *out = (chat_role)i, 0;
+  if (!strcmp(r, "tool")) return *out = CHAT_OBSERVATION, 0;
+  return -1;
+}
+
+static int chat_ids(moejit *a, const moejit_message *msgs, size_t n, bool gen, bool thinking, tok_ids *out, mj_err *err) {
+  if (!a->have_chat) return mj_fail(err, MJ_EINPUT, "%s", a->chat_err.msg);
+  if (!msgs && n) return mj_fail(err, MJ_EUSAGE, "chat: messages is NULL");
+  chat_msg *cm = mj_xcalloc(n ? n : 1, sizeof *cm);
+  int rc = 0;
+  for (size_t i = 0; i < n && !rc; i++) {
+    if (!msgs[i].role || !msgs[i].content) rc = mj_fail(err, MJ_EUSAGE, "chat: message %zu has a NULL role or content", i);
+    else if (role_of(msgs[i].role, &cm[i].role))
+      rc = mj_fail(err, MJ_EUSAGE, "chat: message %zu has role '%s' (system, user, assistant, observation or tool)", i,
+                   msgs[i].role);
+    else cm[i].text = msgs[i].content, cm[i].len = strlen(msgs[i].content);
+  }
+  if (!rc) {
+    pthread_mutex_lock(&a->tok_lock);
+    rc = chat_encode(a->tok, &a->cf, cm, n, gen, thinking, out, err);
+    pthread_mutex_unlock(&a->tok_lock);
+  }
+  free(cm);
+  return rc;
+}
+
+moejit_status moejit_chat_template(moejit *a, const moejit_message *msgs, size_t n, bool add_generation_prompt,
+                                   bool thinking, int32_t **ids, size_t *n_ids) {
+  if (!a || !ids || !n_ids) return failf(MOEJIT_EINVAL, "moejit_chat_template: NULL argument");
+  tok_ids t = {0};
+  mj_err err = {0};
+  if (chat_ids(a, msgs, n, add_generation_prompt, thinking, &t, &err))
+    return tok_ids_free(&t), fail_err(MOEJIT_EINVAL, &err);
+  give_ids(&t, ids, n_ids);
+  return MOEJIT_OK;
+}
+
+/* ---- submitting ------------------------------------------------------------------------- */
+/* Everything about r that can be checked without the lock, into a new
+ * request. */
+static int make_req(moejit *a, const moejit_request *r, api_req **out, mj_err *err) {
+  *out = NULL;
+  int given = (r->prompt != NULL) + (r->prompt_ids != NULL) + (r->messages != NULL);
+  if (given != 1)
+    return mj_fail(err, MJ_EUSAGE, "moejit_submit: give exactly one of prompt, prompt_ids and messages (%d given)", given);
+  if (r->max_tokens < 0) return mj_fail(err, MJ_EUSAGE, "moejit_submit: max_tokens is %d (0 or more)", r->max_tokens);
+  const moejit_sampling *s = r->sampling;
+  int rc = s ? check_sampling(s, "moejit_submit", err) : 0;
+  if (rc) return rc;
+  if (r->n_stop && !r->stop) return mj_fail(err, MJ_EUSAGE, "moejit_submit: %zu stop strings but stop is NULL", r->n_stop);
+  for (size_t i = 0; i < r->n_stop; i++)
+    if (!r->stop[i] || !r->stop[i][0]) return mj_fail(err, MJ_EUSAGE, "moejit_submit: stop string %zu is empty", i);
+  api_req *q = mj_xcalloc(1, sizeof *q);
+  *out = q;
+  if (r->prompt) rc = encode(a, r->prompt, r->prompt_len ? r->prompt_len : strlen(r->prompt), true, &q->prompt, err);
+  else if (r->messages) rc = chat_ids(a, r->messages, r->n_messages, true, r->thinking, &q->prompt, err);
+  else
+    for (size_t i = 0; i < r->n_prompt_ids; i++) tok_ids_push(&q->prompt, r->prompt_ids[i]);
+  if (rc) return rc;
+  int64_t np = (int64_t)q->prompt.n, V = a->m->cfg.vocab_size;
+  if (np == 0) return mj_fail(err, MJ_EUSAGE, "moejit_submit: the prompt is empty");
+  for (int64_t i = 0; i < np; i++)
+    if (q->prompt.v[i] < 0 || q->prompt.v[i] >= V)
+      return mj_fail(err, MJ_EUSAGE, "moejit_submit: prompt token %lld is %d, outside the vocabulary (0..%lld)", (long long)i,
+                     q->prompt.v[i], (long long)V - 1);
+  if (np + (r->max_tokens ? r->max_tokens : 1) > a->ctx)
+    return mj_fail(err, MJ_EUSAGE, "moejit_submit: prompt (%lld tokens) + max_tokens %d exceeds the context (%lld)",
+                   (long long)np, r->max_tokens, (long long)a->ctx);
+  q->max_tokens = r->max_tokens ? r->max_tokens : a->ctx - np;
+  q->sp = s ? params_of(s, s->seed >= 0 ? (uint64_t)s->seed : 0) : a->dflt;
+  q->n_stop = r->n_stop;
+  q->stop = mj_xcalloc(r->n_stop ? r->n_stop : 1, sizeof *q->stop);
+  for (size_t i = 0; i < r->n_stop; i++) {
+    q->stop[i] = mj_xstrdup(r->stop[i]);
+    size_t l = strlen(r->stop[i]);
+    q->stop_max = l > q->stop_max ? l : q->stop_max;
+  }
+  q->ignore_eos = r->ignore_eos;
+  q->fn = r->on_event, q->user = r->user;
+  q->slot = -1;
+  return 0;
+}
+
+moejit_status moejit_submit(moejit *a, const moejit_request *r, uint64_t *id) {
+  if (!a || !r || !id) return failf(MOEJIT_EINVAL, "moejit_submit: NULL argument");
+  if (!a->started) return failf(MOEJIT_EINVAL, "moejit_submit: the engine has not started");
+  mj_err err = {0};
+  api_req *q;
+  if (make_req(a, r, &q, &err)) return req_free(q), fail_err(MOEJIT_EINVAL, &err);
+  pthread_mutex_lock(&a->lock);
+  moejit_status st = MOEJIT_OK;
+  if (a->closing) st = failf(MOEJIT_ECLOSED, "moejit_submit: the engine is closing");
+  else if (a->nwait >= a->max_queue)
+    st = failf(MOEJIT_EQUEUE_FULL, "moejit_submit: %d requests wait already (max_queue)", a->nwait);
+  if (st) {
+    pthread_mutex_unlock(&a->lock);
+    req_free(q);
+    return st;
+  }
+  q->id = ++a->next_id;
+  /* A request without a seed gets one from the clock, its id mixed in so
+   * two submitted in the same tick differ. */
+  if (r->sampling && r->sampling->seed < 0) q->sp.seed = mj_now_ns() ^ (q->id * 0x9E3779B97F4A7C15ull);
+  q->t_submit = mj_now_ms();
+  if ((q->next = a->all)) a->all->prev = q;
+  a->all = q;
+  q->linked = true;
+  if (a->wtail) a->wtail->wnext = q;
+  else a->whead = q;
+  a->wtail = q;
+  a->nwait++;
+  a->st.requests_submitted++;
+  pthread_cond_signal(&a->work);
+  pthread_mutex_unlock(&a->lock);
+  *id = q->id;
+  return MOEJIT_OK;
+}
+
+moejit_status moejit_cancel(moejit *a, uint64_t id) {
+  if (!a) return failf(MOEJIT_EINVAL, "moejit_cancel: NULL handle");
+  pthread_mutex_lock(&a->lock);
+  api_req *q = find(a, id);
+  if (q && q->state != REQ_DONE) {
+    q->cancel = true;
+    pthread_cond_signal(&a->work);
+  }
+  pthread_mutex_unlock(&a->lock);
+  return q ? MOEJIT_OK : failf(MOEJIT_ENOTFOUND, "moejit_cancel: no request %llu", (unsigned long long)id);
+}
+
+/* ---- events ---------------------------------------------------------------------------- */
+/* Hand ev to q's callback or queue.  The last event ends q: its slot (if
+ * any) is freed, the counters move, and q is forgotten (a callback's after
+ * the call, a polled one when its last event is taken). */
+static void deliver(moejit *a, api_req *q, moejit_event *ev) {
+  bool last = ev->finish != MOEJIT_FINISH_NONE;
+  if (last && q->slot >= 0) {
+    sess_retire(a->S, q->slot);
+    a->owner[q->slot] = NULL;
+    q->slot = -1;
+  }
+  pthread_mutex_lock(&a->lock);
+  if (last) {
+    if (q->state == REQ_RUNNING) a->nrun--;
+    q->state = REQ_DONE;
+    a->st.requests_finished++;
+    a->st.requests_cancelled += ev->finish == MOEJIT_FINISH_CANCELLED;
+    a->st.requests_failed += ev->finish == MOEJIT_FINISH_ERROR;
+    if (q->fn || q->released) unlink_req(a, q);
+    if (a->closing) pthread_cond_broadcast(&a->polled); /* a draining close watches */
+  }
+  if (!q->fn) {
+    if (!q->released) {
+      size_t tl = ev->text_len, el = strlen(ev->error);
+      api_ev *e = mj_xcalloc(1, sizeof *e + tl + 1 + el + 1);
+      char *t = (char *)(e + 1);
+      memcpy(t, ev->text, tl);
+      memcpy(t + tl + 1, ev->error, el);
+      e->ev = *ev;
+      e->ev.text = t, e->ev.error = t + tl + 1;
+      if (q->qtail) q->qtail->next = e;
+      else q->qhead = e;
+      q->qtail = e;
+      pthread_cond_broadcast(&a->polled);
+    } else if (last) {
+      pthread_mutex_unlock(&a->lock);
+      req_free(q);
+      return;
+    }
+    pthread_mutex_unlock(&a->lock);
+    return;
+  }
+  pthread_mutex_unlock(&a->lock);
+  q->fn(ev, q->user);
+  if (last) req_free(q);
+}
+
+/* An event of q: tok (-1: none), text, and the finish. */
+static void emit(moejit *a, api_req *q, int32_t tok, const char *text, size_t len, moejit_finish fin, int stop_index,
+                 moejit_status st, const char *msg) {
+  double now = mj_now_ms();
+  moejit_event ev = {.id = q->id, .token = tok, .text = text ? text : "", .text_len = len, .finish = fin,
+                     .stop_index = stop_index, .prompt_tokens = (int32_t)q->prompt.n,
+                     .completion_tokens = (int32_t)q->n_gen, .status = st, .error = msg ? msg : ""};
+  if (fin != MOEJIT_FINISH_NONE) {
+    double admit = q->t_admit > 0 ? q->t_admit : now, first = q->t_first > 0 ? q->t_first : now;
+    ev.queue_ms = admit - q->t_submit;
+    ev.prompt_ms = q->t_first > 0 ? first - admit : q->t_admit > 0 ? now - admit : 0;
+    ev.decode_ms = q->t_first > 0 ? now - first : 0;
+  }
+  deliver(a, q, &ev);
+}
+
+static void end_cancelled(moejit *a, api_req *q) {
+  emit(a, q, -1, "", 0, MOEJIT_FINISH_CANCELLED, -1, MOEJIT_ECANCELLED, NULL);
+}
+
+/* q's step failed: it ends with the error, which the engine keeps (the
+ * first one) for moejit_close. */
+static void end_failed(moejit *a, api_req *q, const mj_err *e) {
+  pthread_mutex_lock(&a->lock);
+  if (a->eng_err.code == MJ_OK) {
+    mj_fail(&a->eng_err, e->code, "%s", e->msg);
+    mj_err_set_detail(&a->eng_err, e->detail);
+  }
+  pthread_mutex_unlock(&a->lock);
+  emit(a, q, -1, "", 0, MOEJIT_FINISH_ERROR, -1, status_of(e->code, MOEJIT_EINTERNAL), e->msg);
+}
+
+/* The earliest stop string in q->pend: its offset, and its index in *which;
+ * -1 when none is there. */
+static long find_stop(const api_req *q, int *which) {
+  long best = -1;
+  for (size_t i = 0; i < q->n_stop; i++) {
+    const char *p = memmem(q->pend.data ? q->pend.data : "", q->pend.len, q->stop[i], strlen(q->stop[i]));
+    if (p && (best < 0 || p - q->pend.data < best)) best = p - q->pend.data, *which = (int)i;
+  }
+  return best;
+}
+
+/* Bytes at the end of q->pend that a stop string could begin with (held
+ * back until the next token says), starting at a character boundary. */
+static size_t hold_back(const api_req *q) {
+  size_t len = q->pend.len;
+  for (size_t k = len < q->stop_max ? len : q->stop_max; k > 0; k--) {
+    const char *s = q->pend.data + len - k;
+    if (((unsigned char)*s & 0xC0) == 0x80) continue; /* inside a character */
+    for (size_t i = 0; i < q->n_stop; i++)
+      if (strlen(q->stop[i]) > k && !memcmp(q->stop[i], s, k)) return k;
+  }
+  return 0;
+}
+
+static bool is_eos(const moejit *a, int32_t id) {
+  for (int i = 0; i < a->n_eos; i++)
+    if (a->eos[i] == id) return true;
+  return false;
+}
+
+/* Take the token q drew: its text, a stop string, the end of q. */
+static void take(moejit *a, api_req *q, int32_t id) {
+  moejit_finish fin = MOEJIT_FINISH_NONE;
+  int32_t tok = id;
+  if (!q->ignore_eos && is_eos(a, id)) {
+    fin = MOEJIT_FINISH_STOP, tok = -1;
+    tok_stream_finish(&q->ts, &q->pend);
+  } else {
+    q->n_gen++;
+    q->next_tok = id;
+    tok_decode_stream(&q->ts, id, &q->pend);
+    if (q->n_gen >= q->max_tokens) {
+      fin = MOEJIT_FINISH_LENGTH;
+      tok_stream_finish(&q->ts, &q->pend);
+    }
+  }
+  int which = -1;
+  long at = find_stop(q, &which);
+  size_t n = at >= 0 ? (size_t)at : fin != MOEJIT_FINISH_NONE ? q->pend.len : q->pend.len - hold_back(q);
+  if (at >= 0) fin = MOEJIT_FINISH_STOP;
+  /* The event's text is pend's first n bytes, NUL-terminated in place for
+   * the event's life (the byte it covers is put back after). */
+  mj_buf_putc(&q->pend, 0);
+  q->pend.len--;
+  char saved = q->pend.data[n];
+  q->pend.data[n] = 0;
+  char *text = q->pend.data;
+  if (fin != MOEJIT_FINISH_NONE) {
+    /* the last event: pend goes with q */
+    emit(a, q, tok, text, n, fin, fin == MOEJIT_FINISH_STOP ? which : -1, MOEJIT_OK, NULL);
+    return;
+  }
+  emit(a, q, tok, text, n, fin, -1, MOEJIT_OK, NULL);
+  q->pend.data[n] = saved;
+  memmove(q->pend.data, q->pend.data + n, q->pend.len - n);
+  q->pend.len -= n;
+}
+
+/* ---- the engine thread ------------------------------------------------------------------- */
+/* Admit q (taken off the wait queue) and run its prompt as a step of its own. */
+static void run_prompt(moejit *a, api_req *q) {
+  mj_err e = {0};
+  q->t_admit = mj_now_ms();
+  if (sess_admit(a->S, &q->sp, &q->slot, &e)) {
+    end_failed(a, q, &e);
+    mj_err_clear(&e);
+    return;
+  }
+  a->owner[q->slot] = q;
+  tok_stream_init(&q->ts, a->tok, true);
+  size_t n = q->prompt.n;
+  int32_t *slot = mj_xmalloc(n * sizeof *slot), *ids = mj_xmalloc(n * sizeof *ids);
+  for (size_t i = 0; i < n; i++) slot[i] = q->slot;
+  int rc = sess_step(a->S, q->prompt.v, slot, (int)n, ids, NULL, &e);
+  int32_t id = ids[n - 1];
+  free(slot), free(ids);
+  pthread_mutex_lock(&a->lock);
+  a->st.prompt_steps++;
+  a->st.prompt_tokens += n;
+  a->st.generated_tokens += !rc;
+  pthread_mutex_unlock(&a->lock);
+  if (rc) {
+    end_failed(a, q, &e);
+    mj_err_clear(&e);
+    return;
+  }
+  q->t_first = mj_now_ms();
+  take(a, q, id);
+}
+
+static const double step_bounds[] = MOEJIT_STEP_BUCKETS_MS;
+
+/* One decode step: a row of every live sequence, in slot order. */
+static void decode_step(moejit *a, int32_t *tk, int32_t *sl, int32_t *ids, api_req **who) {
+  int n = 0;
+  for (int i = 0; i < a->slots; i++)
+    if (a->owner[i]) who[n] = a->owner[i], tk[n] = a->owner[i]->next_tok, sl[n] = i, n++;
+  if (!n) return;
+  mj_err e = {0};
+  double t0 = mj_now_ms();
+  int rc = sess_step(a->S, tk, sl, n, ids, NULL, &e);
+  double ms = mj_now_ms() - t0;
+  pthread_mutex_lock(&a->lock);
+  a->st.decode_steps++;
+  a->st.decode_rows += (uint64_t)n;
+  a->st.decode_step_ms_sum += ms;
+  for (int b = 0; b < MOEJIT_STEP_BUCKETS; b++)
+    a->st.decode_step_le[b] += b == MOEJIT_STEP_BUCKETS - 1 || ms <= step_bounds[b];
+  if (!rc) a->st.generated_tokens += (uint64_t)n;
+  pthread_mutex_unlock(&a->lock);
+  for (int i = 0; i < n; i++) rc ? end_failed(a, who[i], &e) : take(a, who[i], ids[i]);
+  mj_err_clear(&e);
+}
+
+/* Under the lock: take the cancelled requests, waiting or live, off the
+ * queue and the slots, into a list (by wnext) to end outside the lock. */
+static api_req *take_cancelled(moejit *a) {
+  api_req *list = NULL, **tail = &list;
+  for (api_req **p = &a->whead, *prev = NULL; *p;) {
+    api_req *q = *p;
+    if (q->cancel || a->cancel_all) {
+      *p = q->wnext;
+      if (a->wtail == q) a->wtail = prev;
+      a->nwait--;
+      q->wnext = NULL, *tail = q, tail = &q->wnext;
+    } else {
+      prev = q, p = &q->wnext;
+    }
+  }
+  for (int i = 0; i < a->slots; i++) {
+    api_req *q = a->owner[i];
+    if (q && (q->cancel || a->cancel_all)) q->wnext = NULL, *tail = q, tail = &q->wnext;
+  }
+  return list;
+}
+
+static void engine_loop(moejit *a) {
+  int32_t *tk = mj_xmalloc((size_t)a->slots * 4), *sl = mj_xmalloc((size_t)a->slots * 4);
+  int32_t *ids = mj_xmalloc((size_t)a->slots * 4);
+  api_req **who = mj_xmalloc((size_t)a->slots * sizeof *who);
+  pthread_mutex_lock(&a->lock);
+  for (;;) {
+    api_req *end = take_cancelled(a);
+    if (end) {
+      pthread_mutex_unlock(&a->lock);
+      for (api_req *q = end, *next; q; q = next) next = q->wnext, end_cancelled(a, q);
+      pthread_mutex_lock(&a->lock);
+    }
+    /* A free slot takes the next waiting request; one at a time, each
+     * followed by the cancel check (one that ends at once frees its slot
+     * again). */
+    if ((!a->paused || a->closing) && a->whead && a->nrun < a->slots) {
+      api_req *q = a->whead;
+      if (!(a->whead = q->wnext)) a->wtail = NULL;
+      q->wnext = NULL;
+      a->nwait--, a->nrun++;
+      q->state = REQ_RUNNING;
+      pthread_mutex_unlock(&a->lock);
+      run_prompt(a, q);
+      pthread_mutex_lock(&a->lock);
+      continue;
+    }
+    if (a->nrun > 0) {
+      pthread_mutex_unlock(&a->lock);
+      decode_step(a, tk, sl, ids, who);
+      pthread_mutex_lock(&a->lock);
+      continue;
+    }
+    if (a->closing && !a->whead) break;
+    bool cancelled = false;
+    for (api_req *q = a->whead; q; q = q->wnext) cancelled |= q->cancel;
+    if (!cancelled && (a->paused || !a->whead) && !a->closing) pthread_cond_wait(&a->work, &a->lock);
+  }
+  pthread_mutex_unlock(&a->lock);
+  free(tk), free(sl), free(ids), free(who);
+}
+
+static int open_session(moejit *a, mj_err *err) {
+  if (a->backend == SESS_CUDA) {
+    int rc = cu_bind_thread(err);
+    if (rc) return rc;
+  }
+  sess_opts so;
+  sess_opts_default(&so);
+  so.backend = a->backend;
+  so.slots = a->slots;
+  so.max_ctx = a->ctx;
+  so.threads = a->o.threads > 0 ? a->o.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  so.gpu.use_graphs = !a->o.no_graphs;
+  for (int i = 0; i < a->o.n_graph_batch_sizes; i++) so.gpu.graph_batches[i] = a->graph[i];
+  so.gpu.n_graph_batches = a->o.n_graph_batch_sizes;
+  so.gpu.quiet = a->o.quiet;
+  /* the device draws with the default filters and seed */
+  const sample_params *d = &a->dflt;
+  so.gpu.sampling = sample_filters(d->temperature, d->top_k, d->top_p, d->min_p, d->seed);
+  so.trace_path = a->x.trace_path;
+  so.model_name = a->x.model_name ? a->x.model_name : a->path;
+  so.gpu.tp = a->x.tp, so.gpu.ep = a->x.ep, so.gpu.rank = a->x.rank, so.gpu.coll = a->x.coll;
+  return sess_create(a->m, &so, &a->S, err);
+}
+
+static void *engine_main(void *arg) {
+  moejit *a = arg;
+  mj_err e = {0};
+  int rc = open_session(a, &e);
+  pthread_mutex_lock(&a->lock);
+  a->start_rc = rc;
+  a->start_err = e;
+  a->ready = true;
+  pthread_cond_broadcast(&a->work);
+  pthread_mutex_unlock(&a->lock);
+  if (rc) return NULL;
+  engine_loop(a);
+  mj_err ce = {0};
+  if (sess_close(a->S, &ce) && a->eng_err.code == MJ_OK) a->eng_err = ce;
+  else mj_err_clear(&ce);
+  a->S = NULL;
+  return NULL;
+}
+
+/* ---- polling ------------------------------------------------------------------------------ */
+/* Under the lock: free the events this thread took before (their text was
+ * valid until now). */
+static void unpark(moejit *a) {
+  pthread_t self = pthread_self();
+  for (api_ev **p = &a->parked; *p;) {
+    api_ev *e = *p;
+    if (pthread_equal(e->owner, self)) *p = e->next, free(e);
+    else p = &e->next;
+  }
+}
+
+moejit_status moejit_poll(moejit *a, uint64_t id, moejit_event *ev, int timeout_ms) {
+  if (!a || !ev) return failf(MOEJIT_EINVAL, "moejit_poll: NULL argument");
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  if (timeout_ms > 0) {
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  }
+  moejit_status st = MOEJIT_OK;
+  pthread_mutex_lock(&a->lock);
+  a->pollers++;
+  unpark(a);
+  api_req *q = find(a, id);
+  if (!q) st = failf(MOEJIT_ENOTFOUND, "moejit_poll: no request %llu", (unsigned long long)id);
+  else if (q->fn) st = failf(MOEJIT_EINVAL, "moejit_poll: request %llu has a callback", (unsigned long long)id);
+  while (!st && !q->qhead) {
+    if (timeout_ms == 0 ||
+        (timeout_ms > 0 ? pthread_cond_timedwait(&a->polled, &a->lock, &until) : pthread_cond_wait(&a->polled, &a->lock)) ==
+            ETIMEDOUT) {
+      if (!q->qhead) st = failf(MOEJIT_ETIMEDOUT, "moejit_poll: no event of request %llu within %d ms",
+                                (unsigned long long)id, timeout_ms);
+    }
+  }
+  if (!st) {
+    api_ev *e = q->qhead;
+    if (!(q->qhead = e->next)) q->qtail = NULL;
+    e->owner = pthread_self();
+    e->next = a->parked;
+    a->parked = e;
+    *ev = e->ev;
+    if (ev->finish != MOEJIT_FINISH_NONE) unlink_req(a, q), req_free(q);
+  }
+  a->pollers--;
+  if (a->closing) pthread_cond_broadcast(&a->polled);
+  pthread_mutex_unlock(&a->lock);
+  return st;
+}
+
+moejit_status moejit_release(moejit *a, uint64_t id) {
+  if (!a) return failf(MOEJIT_EINVAL, "moejit_release: NULL handle");
+  pthread_mutex_lock(&a->lock);
+  unpark(a);
+  api_req *q = find(a, id);
+  moejit_status st = MOEJIT_OK;
+  if (!q) st = failf(MOEJIT_ENOTFOUND, "moejit_release: no request %llu", (unsigned long long)id);
+  else if (q->fn) st = failf(MOEJIT_EINVAL, "moejit_release: request %llu has a callback", (unsigned long long)id);
+  else if (q->state == REQ_DONE) {
+    unlink_req(a, q), req_free(q);
+  } else {
+    q->released = q->cancel = true;
+    for (api_ev *e = q->qhead, *n; e; e = n) n = e->next, free(e);
+    q->qhead = q->qtail = NULL;
+    pthread_cond_signal(&a->work);
+    unlink_req(a, q); /* forgotten now; the engine frees it at its last event */
+  }
+  pthread_mutex_unlock(&a->lock);
+  return st;
+}
+
+/* ---- counters ------------------------------------------------------------------------------ */
+moejit_status moejit_get_stats(moejit *a, moejit_stats *out) {
+  if (!a || !out) return failf(MOEJIT_EINVAL, "moejit_get_stats: NULL argument");
+  pthread_mutex_lock(&a->lock);
+  *out = a->st;
+  out->queue_depth = (uint32_t)a->nwait;
+  out->running = (uint32_t)a->nrun;
+  pthread_mutex_unlock(&a->lock);
+  cache_stats cs;
+  jit_stats(&cs);
+  out->kernel_cache_hits = cs.v[CACHE_STAT_mem_hits] + cs.v[CACHE_STAT_disk_hits];
+  out->kernel_cache_misses = cs.v[CACHE_STAT_misses];
+  out->kernel_compiles = cs.v[CACHE_STAT_compiles];
+  return MOEJIT_OK;
+}
+
+/* ---- closing ------------------------------------------------------------------------------- */
+int api_close(moejit *a, int drain_ms, mj_err *err) {
+  if (!a) return 0;
+  if (a->started) {
+    pthread_mutex_lock(&a->lock);
+    a->closing = true;
+    pthread_cond_signal(&a->work);
+    pthread_mutex_unlock(&a->lock);
+    /* Drain: wait for the engine to run dry, up to drain_ms, then cancel
+     * what is left (the engine ends each at its next step boundary). */
+    if (drain_ms != 0) {
+      struct timespec until;
+      clock_gettime(CLOCK_MONOTONIC, &until);
+      until.tv_sec += drain_ms / 1000;
+      until.tv_nsec += (long)(drain_ms % 1000) * 1000000L;
+      if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+      pthread_mutex_lock(&a->lock);
+      while ((a->nrun > 0 || a->whead) &&
+             (drain_ms < 0 ? pthread_cond_wait(&a->polled, &a->lock) : pthread_cond_timedwait(&a->polled, &a->lock, &until)) !=
+                 ETIMEDOUT) {
+      }
+      pthread_mutex_unlock(&a->lock);
+    }
+    pthread_mutex_lock(&a->lock);
+    a->cancel_all = true;
+    pthread_cond_signal(&a->work);
+    pthread_mutex_unlock(&a->lock);
+    pthread_join(a->thread, NULL);
+    /* pollers woken by the last events leave before anything is freed */
+    pthread_mutex_lock(&a->lock);
+    while (a->pollers > 0) pthread_cond_wait(&a->polled, &a->lock);
+    pthread_mutex_unlock(&a->lock);
+  }
+  int rc = a->eng_err.code;
+  if (rc && err) {
+    mj_fail(err, a->eng_err.code, "%s", a->eng_err.msg);
+    mj_err_set_detail(err, a->eng_err.detail);
+  }
+  mj_err_clear(&a->eng_err);
+  mj_err_clear(&a->start_err);
+  mj_err_clear(&a->chat_err);
+  for (api_req *q = a->all, *n; q; q = n) n = q->next, req_free(q);
+  for (api_ev *e = a->parked, *n; e; e = n) n = e->next, free(e);
+  sess_destroy(a->S); /* only when the engine never ran */
+  if (a->tok) tok_destroy(a->tok);
+  if (a->m) model_free(a->m);
+  free(a->owner), free(a->path), free(a->name);
+  pthread_mutex_destroy(&a->lock);
+  pthread_mutex_destroy(&a->tok_lock);
+  pthread_cond_destroy(&a->work);
+  pthread_cond_destroy(&a->polled);
+  free(a);
+  return rc;
+}
+
+moejit_status moejit_close(moejit *a, int drain_ms) {
+  if (!a) return MOEJIT_OK;
+  if (a->started && pthread_equal(pthread_self(), a->thread))
+    return failf(MOEJIT_EINVAL, "moejit_close: called from a callback (the engine thread)");
+  mj_err err = {0};
+  int rc = api_close(a, drain_ms, &err);
+  return rc ? fail_err(status_of((mj_code)rc, MOEJIT_EINTERNAL), &err) : MOEJIT_OK;
+}

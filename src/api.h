@@ -1,0 +1,50 @@
+/* api.h: what the public C API (include/moejit.h, src/api.c) offers the
+ * program itself, and never installs.
+ *
+ * `moejit generate` runs on the public API (moejit_submit, events), but it
+ * needs three things an embedding program does not: the original error
+ * record (its exit status and a compile log's detail lines), the context
+ * sized from prompts it can only encode once the tokenizer is loaded, and
+ * the options of a GPU run that are the command line's business (a shape
+ * trace, one rank of a sharded model, requests queued before any runs so
+ * every rank schedules them alike).  So opening is split here in two:
+ * api_load (model, tokenizer, backend choice: enough to tokenize) and
+ * api_start (the session and the engine thread).  moejit_open is the two
+ * in a row.  Prefix: api_.
+ */
+#ifndef MOEJIT_API_H
+#define MOEJIT_API_H
+
+#include "coll.h"
+#include "moejit.h"
+#include "util.h"
+
+/* Load the model folder (NULL: the built-in model) and its tokenizer and
+ * pick the backend, checking that it can run the model; no engine yet.
+ * err keeps the library's code and message. */
+int api_load(const char *dir, const moejit_open_opts *o, moejit **out, mj_err *err);
+
+typedef struct api_start_opts {
+  int64_t context_length;  /* 0: the open options' (or the model's, at most 4096) */
+  const char *trace_path;  /* GPU: record every step's MoE shapes there (docs/trace.md) */
+  const char *model_name;  /* the trace header's model */
+  int tp, ep, rank;        /* one rank of a sharded model (docs/multigpu.md), with coll */
+  coll *coll;
+  int max_parallel, max_queue; /* > 0: instead of the open options' */
+  bool paused;            /* admit nothing until api_resume */
+} api_start_opts;
+
+/* Create the session on a new engine thread and start it.  On failure the
+ * handle stays loaded (api_close frees it). */
+int api_start(moejit *m, const api_start_opts *x, mj_err *err);
+/* Let a paused engine admit. */
+void api_resume(moejit *m);
+/* moejit_close with the first error of the engine's life (a failed step,
+ * a trace that did not finish) in err. */
+int api_close(moejit *m, int drain_ms, mj_err *err);
+
+/* The library's code of this thread's last failed public call (the public
+ * status folds several into one). */
+mj_code api_last_code(void);
+
+#endif

@@ -1,0 +1,641 @@
+/* test_api.c: the public C API (include/moejit.h, src/api.c) on the CPU
+ * backend with a tiny synthetic model.
+ *
+ * A request's tokens are held to the session driven by hand (sess_admit,
+ * the prompt as one step, then one row a step, the same sampler seed) and,
+ * when make check names the program ($MOEJIT), to `moejit generate --json`
+ * for the same prompt and parameters.  Checked besides: the same seed twice
+ * gives the same tokens and another seed others; stop strings, one of them
+ * spanning two tokens, cut the text before the match; cancel of a running
+ * request frees its slot for the next, and of a waiting one ends it before
+ * it runs; a full wait queue refuses with MOEJIT_EQUEUE_FULL; bad arguments
+ * give their status and a message; 8 threads submitting and polling at once
+ * get exactly the tokens they asked for; close with requests running
+ * (cancelled, or drained to their end).  A callback that blocks holds the
+ * engine still, which is how the queue and timeout cases get a fixed state.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "mkmodel.h"
+#include "model.h"
+#include "moejit.h"
+#include "session.h"
+#include "t.h"
+#include "t_fs.h"
+
+static char dir[512];
+
+static moejit *open_tiny(int parallel, int queue) {
+  moejit_open_opts o;
+  moejit_open_opts_init(&o);
+  o.backend = MOEJIT_BACKEND_CPU;
+  o.context_length = 64;
+  o.max_parallel = parallel;
+  o.max_queue = queue;
+  o.threads = 1;
+  o.quiet = true;
+  moejit *m = NULL;
+  moejit_status st = moejit_open(dir, &o, &m);
+  if (st) fprintf(stderr, "moejit_open: %s: %s\n", moejit_status_name(st), moejit_last_error());
+  T_CHECK(st == MOEJIT_OK && m);
+  return m;
+}
+
+/* What one polled request gave. */
+typedef struct result {
+  int32_t tok[128];
+  int ntok, nev;
+  char text[4096];
+  size_t len;
+  moejit_event last;
+} result;
+
+/* Poll request id to its last event; false when a poll failed (no T_
+ * checks here: worker threads call it too). */
+static bool drain(moejit *m, uint64_t id, result *r) {
+  memset(r, 0, sizeof *r);
+  for (;;) {
+    moejit_event ev;
+    moejit_status st = moejit_poll(m, id, &ev, 10000);
+    if (st) {
+      fprintf(stderr, "  poll %llu: %s: %s\n", (unsigned long long)id, moejit_status_name(st), moejit_last_error());
+      return false;
+    }
+    r->nev++;
+    if (ev.token >= 0 && r->ntok < 128) r->tok[r->ntok++] = ev.token;
+    if (r->len + ev.text_len < sizeof r->text) memcpy(r->text + r->len, ev.text, ev.text_len), r->len += ev.text_len;
+    if (ev.finish != MOEJIT_FINISH_NONE) {
+      r->last = ev;
+      r->last.text = r->last.error = NULL; /* parked until this thread's next poll */
+      return true;
+    }
+  }
+}
+
+static moejit_sampling seeded(int64_t seed) {
+  moejit_sampling s;
+  moejit_sampling_init(&s);
+  s.temperature = 0.9f, s.top_p = 0.95f, s.min_p = 0.02f, s.seed = seed;
+  return s;
+}
+
+static const int32_t prompt[] = {5, 9, 2, 7, 30, 31};
+#define NPROMPT ((int)(sizeof prompt / sizeof *prompt))
+
+static uint64_t submit_ids(moejit *m, const moejit_sampling *s, int max_tokens, bool ignore_eos) {
+  moejit_request r;
+  moejit_request_init(&r);
+  r.prompt_ids = prompt, r.n_prompt_ids = NPROMPT;
+  r.sampling = s, r.max_tokens = max_tokens, r.ignore_eos = ignore_eos;
+  uint64_t id = 0;
+  T_EQ_INT(moejit_submit(m, &r, &id), MOEJIT_OK);
+  return id;
+}
+
+/* The same sequence on a session driven by hand: n tokens. */
+static void by_hand(const moejit_sampling *s, int n, int32_t *out) {
+  model *M;
+  mj_err err = {0};
+  T_CHECK(model_load(dir, &M, &err) == 0);
+  sess_opts o;
+  sess_opts_default(&o);
+  o.slots = 1, o.max_ctx = 64, o.threads = 1;
+  session *S;
+  T_CHECK(sess_create(M, &o, &S, &err) == 0);
+  sample_params sp = sample_defaults();
+  sp.temperature = s->temperature, sp.top_p = s->top_p, sp.min_p = s->min_p, sp.seed = (uint64_t)s->seed;
+  int slot;
+  T_CHECK(sess_admit(S, &sp, &slot, &err) == 0);
+  int32_t sl[NPROMPT], ids[NPROMPT];
+  for (int i = 0; i < NPROMPT; i++) sl[i] = slot;
+  T_CHECK(sess_step(S, prompt, sl, NPROMPT, ids, NULL, &err) == 0);
+  out[0] = ids[NPROMPT - 1];
+  for (int i = 1; i < n; i++) T_CHECK(sess_step(S, &out[i - 1], &slot, 1, &out[i], NULL, &err) == 0);
+  sess_destroy(S);
+  model_free(M);
+}
+
+static void test_info_and_text(void) {
+  moejit *m = open_tiny(2, 8);
+  moejit_info in;
+  T_EQ_INT(moejit_get_info(m, &in), MOEJIT_OK);
+  T_EQ_STR(in.backend, "cpu");
+  T_EQ_STR(in.name, "m");
+  T_EQ_INT(in.vocab_size, 384);
+  T_EQ_INT(in.context_length, 64);
+  T_EQ_INT(in.max_parallel, 2);
+  T_CHECK(in.n_eos >= 3 && in.eos_ids[0] == 348 && in.has_chat_template);
+  int32_t *ids;
+  size_t n;
+  T_EQ_INT(moejit_tokenize(m, "hello world", (size_t)-1, false, &ids, &n), MOEJIT_OK);
+  T_CHECK(n > 0);
+  char *text;
+  size_t len;
+  T_EQ_INT(moejit_detokenize(m, ids, n, true, &text, &len), MOEJIT_OK);
+  T_EQ_STR(text, "hello world");
+  T_EQ_INT(len, 11);
+  moejit_free(ids), moejit_free(text);
+  moejit_message msgs[] = {{"system", "be brief"}, {"user", "hi"}};
+  T_EQ_INT(moejit_chat_template(m, msgs, 2, true, false, &ids, &n), MOEJIT_OK);
+  T_CHECK(n >= 6); /* [gMASK]<sop><|system|>..<|user|>..<|assistant|></think> */
+  moejit_free(ids);
+  /* a chat request: its prompt is the template's */
+  moejit_request r;
+  moejit_request_init(&r);
+  r.messages = msgs, r.n_messages = 2, r.max_tokens = 2, r.ignore_eos = true;
+  uint64_t id;
+  T_EQ_INT(moejit_submit(m, &r, &id), MOEJIT_OK);
+  result res;
+  T_CHECK(drain(m, id, &res));
+  T_EQ_INT(res.last.prompt_tokens, (int)n);
+  T_EQ_INT(res.last.completion_tokens, 2);
+  T_EQ_INT(res.last.finish, MOEJIT_FINISH_LENGTH);
+  T_EQ_STR(moejit_finish_name(res.last.finish), "length");
+  T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
+}
+
+static void test_determinism(void) {
+  moejit *m = open_tiny(2, 8);
+  moejit_sampling s7 = seeded(7), s8 = seeded(8);
+  result a, b, c;
+  T_CHECK(drain(m, submit_ids(m, &s7, 12, true), &a));
+  T_CHECK(drain(m, submit_ids(m, &s7, 12, true), &b));
+  T_CHECK(drain(m, submit_ids(m, &s8, 12, true), &c));
+  T_EQ_INT(a.ntok, 12);
+  T_EQ_INT(a.last.finish, MOEJIT_FINISH_LENGTH);
+  T_CHECK(a.ntok == b.ntok && !memcmp(a.tok, b.tok, sizeof a.tok));
+  T_CHECK(memcmp(a.tok, c.tok, sizeof a.tok) != 0); /* the seed is used */
+  int32_t want[12];
+  by_hand(&s7, 12, want);
+  T_CHECK(!memcmp(a.tok, want, sizeof want));
+  /* a batched neighbour changes nothing: two at once, each as alone */
+  uint64_t x = submit_ids(m, &s7, 12, true), y = submit_ids(m, &s8, 12, true);
+  T_CHECK(drain(m, y, &b));
+  T_CHECK(!memcmp(b.tok, c.tok, sizeof b.tok));
+  T_CHECK(drain(m, x, &b));
+  T_CHECK(!memcmp(b.tok, a.tok, sizeof b.tok));
+  T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
+}
+
+/* `moejit generate --json` and a text request with its parameters give the
+ * same tokens (when make check names the program). */
+static void test_same_as_generate(void) {
+  const char *exe = getenv("MOEJIT");
+  if (!exe || !*exe) return;
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "%s generate -m %s -p 'the quick fox' -n 10 --seed 21 --temp 0.7 --top-p 0.9 --min-p 0.05 --json -q",
+           exe, dir);
+  FILE *p = popen(cmd, "r");
+  T_CHECK(p != NULL);
+  if (!p) return;
+  char line[8192] = "";
+  T_CHECK(fgets(line, sizeof line, p) != NULL);
+  T_EQ_INT(pclose(p), 0);
+  char *t = strstr(line, "\"tokens\":[");
+  T_CHECK(t != NULL);
+  if (!t) return;
+  t += 10;
+  moejit *m = open_tiny(1, 4);
+  moejit_sampling s;
+  moejit_sampling_init(&s);
+  s.temperature = 0.7f, s.top_p = 0.9f, s.min_p = 0.05f, s.seed = 21;
+  moejit_request r;
+  moejit_request_init(&r);
+  r.prompt = "the quick fox", r.sampling = &s, r.max_tokens = 10;
+  uint64_t id;
+  T_EQ_INT(moejit_submit(m, &r, &id), MOEJIT_OK);
+  result res;
+  T_CHECK(drain(m, id, &res));
+  char got[2048] = "";
+  for (int i = 0; i < res.ntok; i++)
+    snprintf(got + strlen(got), sizeof got - strlen(got), "%s%d", i ? "," : "", res.tok[i]);
+  *strchr(t, ']') = 0;
+  T_EQ_STR(got, t);
+  T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
+}
+
+/* The pieces of a run with no stop strings, one per token, and their
+ * concatenation all[0..*len) (a token may decode to a NUL byte). */
+static int pieces(moejit *m, const moejit_sampling *s, char piece[][64], char *all, size_t *len) {
+  uint64_t id = submit_ids(m, s, 24, true);
+  int n = 0;
+  *len = 0;
+  for (;;) {
+    moejit_event ev;
+    if (moejit_poll(m, id, &ev, 10000)) return n;
+    if (ev.token >= 0 && n < 24) {
+      snprintf(piece[n++], 64, "%.*s", (int)ev.text_len, ev.text);
+      memcpy(all + *len, ev.text, ev.text_len);
+      *len += ev.text_len;
+    }
+    if (ev.finish) return n;
+  }
+}
+
+static size_t utf8_len(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
+
+static void test_stop_strings(void) {
+  moejit *m = open_tiny(2, 8);
+  moejit_sampling s = seeded(3);
+  char piece[24][64], all[2048];
+  size_t all_len;
+  int n = pieces(m, &s, piece, all, &all_len);
+  T_EQ_INT(n, 24);
+  /* A stop string made of the last character of one token's text and the
+   * first of the next one's: it spans the token boundary. */
+  char stop[16] = "";
+  int k = 0;
+  for (k = 4; k + 1 < n && !stop[0]; k++) {
+    size_t la = strlen(piece[k]), lb = strlen(piece[k + 1]);
+    if (!la || !lb) continue;
+    size_t a0 = la;
+    while (a0 > 0 && ((unsigned char)piece[k][a0 - 1] & 0xC0) == 0x80) a0--;
+    a0--; /* the last character's first byte */
+    snprintf(stop, sizeof stop, "%s%.*s", piece[k] + a0, (int)utf8_len((unsigned char)piece[k + 1][0]), piece[k + 1]);
+  }
+  T_CHECK(stop[0] != 0);
+  const char *at = memmem(all, all_len, stop, strlen(stop));
+  T_CHECK(at != NULL);
+  if (!at) return;
+  const char *stops[] = {"never-in-this-text", stop};
+  moejit_request r;
+  moejit_request_init(&r);
+  r.prompt_ids = prompt, r.n_prompt_ids = NPROMPT, r.sampling = &s, r.max_tokens = 24, r.ignore_eos = true;
+  r.stop = stops, r.n_stop = 2;
+  uint64_t id;
+  T_EQ_INT(moejit_submit(m, &r, &id), MOEJIT_OK);
+  result res;
+  T_CHECK(drain(m, id, &res));
+  T_EQ_INT(res.len, (size_t)(at - all));
+  T_CHECK(!strncmp(res.text, all, (size_t)(at - all)));
+  T_CHECK(memmem(res.text, res.len, stop, strlen(stop)) == NULL);
+  T_EQ_INT(res.last.finish, MOEJIT_FINISH_STOP);
+  T_EQ_INT(res.last.stop_index, 1);
+  T_CHECK(res.ntok < 24);
+  /* Stops that never match return the whole text: one whose start does
+   * occur (the spanning stop and more) is held back there, then let go. */
+  char longer[32];
+  snprintf(longer, sizeof longer, "%s\x7f\x7f\x7f", stop);
+  const char *stops2[] = {"never-in-this-text", longer};
+  r.stop = stops2, r.n_stop = 2;
+  T_EQ_INT(moejit_submit(m, &r, &id), MOEJIT_OK);
+  T_CHECK(drain(m, id, &res));
+  T_EQ_INT(res.len, all_len);
+  T_CHECK(!memcmp(res.text, all, all_len));
+  T_EQ_INT(res.last.finish, MOEJIT_FINISH_LENGTH);
+  T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
+}
+
+/* A callback that blocks the engine on its first event until let go. */
+typedef struct gate {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool entered, open;
+  int events, last;
+} gate;
+
+static void gate_cb(const moejit_event *ev, void *user) {
+  gate *g = user;
+  pthread_mutex_lock(&g->mu);
+  g->events++;
+  if (ev->finish) g->last = ev->finish;
+  g->entered = true;
+  pthread_cond_broadcast(&g->cv);
+  while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
+  pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_init(gate *g) {
+  memset(g, 0, sizeof *g);
+  pthread_mutex_init(&g->mu, NULL);
+  pthread_cond_init(&g->cv, NULL);
+}
+static void gate_wait_entered(gate *g) {
+  pthread_mutex_lock(&g->mu);
+  while (!g->entered) pthread_cond_wait(&g->cv, &g->mu);
+  pthread_mutex_unlock(&g->mu);
+}
+static void gate_open(gate *g) {
+  pthread_mutex_lock(&g->mu);
+  g->open = true;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+static void gate_free(gate *g) {
+  pthread_mutex_destroy(&g->mu);
+  pthread_cond_destroy(&g->cv);
+}
+
+static uint64_t submit_gated(moejit *m, gate *g, int max_tokens) {
+  moejit_request r;
+  moejit_request_init(&r);
+  r.prompt_ids = prompt, r.n_prompt_ids = NPROMPT, r.max_tokens = max_tokens, r.ignore_eos = true;
+  r.on_event = gate_cb, r.user = g;
+  uint64_t id = 0;
+  T_EQ_INT(moejit_submit(m, &r, &id), MOEJIT_OK);
+  return id;
+}
+
+static void test_queue_full_and_timeout(void) {
+  moejit *m = open_tiny(1, 2);
+  gate g;
+  gate_init(&g);
+  uint64_t a = submit_gated(m, &g, 4);
+  gate_wait_entered(&g); /* a holds the one slot, and the engine */
+  moejit_sampling s = seeded(1);
+  uint64_t b = submit_ids(m, &s, 3, true), c = submit_ids(m, &s, 3, true);
+  moejit_request r;
+  moejit_request_init(&r);
+  r.prompt_ids = prompt, r.n_prompt_ids = NPROMPT;
+  uint64_t d = 0;
+  T_EQ_INT(moejit_submit(m, &r, &d), MOEJIT_EQUEUE_FULL);
+  T_CHECK(strstr(moejit_last_error(), "max_queue") != NULL);
+  moejit_stats st;
+  T_EQ_INT(moejit_get_stats(m, &st), MOEJIT_OK);
+  T_EQ_INT(st.queue_depth, 2);
+  T_EQ_INT(st.running, 1);
+  T_EQ_INT(st.requests_submitted, 3);
+  moejit_event ev;
+  T_EQ_INT(moejit_poll(m, b, &ev, 0), MOEJIT_ETIMEDOUT);
+  T_EQ_INT(moejit_poll(m, b, &ev, 30), MOEJIT_ETIMEDOUT);
+  T_EQ_INT(moejit_poll(m, a, &ev, 0), MOEJIT_EINVAL); /* a has a callback */
+  gate_open(&g);
+  result rb, rc;
+  T_CHECK(drain(m, b, &rb));
+  T_CHECK(drain(m, c, &rc));
+  T_EQ_INT(rb.ntok, 3);
+  T_EQ_INT(rc.ntok, 3);
+  T_EQ_INT(g.events, 4);
+  T_EQ_INT(g.last, MOEJIT_FINISH_LENGTH);
+  T_EQ_INT(moejit_poll(m, b, &ev, 0), MOEJIT_ENOTFOUND); /* forgotten after its last event */
+  T_EQ_INT(moejit_cancel(m, a), MOEJIT_ENOTFOUND);
+  T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
+  gate_free(&g);
+}
+
+static void test_cancel(void) {
+  moejit *m = open_tiny(1, 4);
+  gate g;
+  gate_init(&g);
+  uint64_t a = submit_gated(m, &g, 0); /* until the context is full */
+  gate_wait_entered(&g);               /* a holds the slot, the engine waits in its callback */
+  moejit_sampling s = seeded(5);
+  uint64_t b = submit_ids(m, &s, 5, true);
+  uint64_t c = submit_ids(m, &s, 5, true);
+  T_EQ_INT(moejit_cancel(m, c), MOEJIT_OK); /* waiting: never runs */
+  T_EQ_INT(moejit_cancel(m, a), MOEJIT_OK); /* running: retired at the next step boundary */
+  gate_open(&g);
+  result rb, rc;
+  T_CHECK(drain(m, b, &rb)); /* a's slot went to b */
+  T_EQ_INT(rb.ntok, 5);
+  T_EQ_INT(rb.last.finish, MOEJIT_FINISH_LENGTH);
+  T_EQ_INT(g.events, 2); /* its first token, then the end */
+  T_EQ_INT(g.last, MOEJIT_FINISH_CANCELLED);
+  T_CHECK(drain(m, c, &rc));
+  T_EQ_INT(rc.last.finish, MOEJIT_FINISH_CANCELLED);
+  T_EQ_INT(rc.last.status, MOEJIT_ECANCELLED);
+  T_EQ_STR(moejit_finish_name(rc.last.finish), "cancelled");
+  T_EQ_INT(rc.ntok, 0);
+  T_EQ_INT(rc.last.prompt_ms, 0);
+  moejit_stats st;
+  moejit_get_stats(m, &st);
+  T_EQ_INT(st.requests_cancelled, 2);
+  T_EQ_INT(st.requests_finished, 3);
+  T_EQ_INT(st.running, 0);
+  T_EQ_INT(st.queue_depth, 0);
+  T_EQ_INT(moejit_cancel(m, a), MOEJIT_ENOTFOUND);
+  /* released: dropped without polling, then unknown */
+  uint64_t d = submit_ids(m, &s, 0, true);
+  moejit_event ev;
+  T_EQ_INT(moejit_release(m, d), MOEJIT_OK);
+  T_EQ_INT(moejit_poll(m, d, &ev, 0), MOEJIT_ENOTFOUND);
+  uint64_t e = submit_ids(m, &s, 2, true);
+  result re;
+  T_CHECK(drain(m, e, &re));
+  T_EQ_INT(re.ntok, 2);
+  T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
+  gate_free(&g);
+}
+
+static void test_bad_arguments(void) {
+  moejit *m = open_tiny(1, 4);
+  moejit_request r;
+  moejit_sampling s;
+  uint64_t id;
+#define BAD(want, text)                                                                                               \
+  do {                                                                                                                \
+    T_EQ_INT(moejit_submit(m, &r, &id), want);                                                                        \
+    T_CHECK(strstr(moejit_last_error(), text) != NULL);                                                               \
+    if (!strstr(moejit_last_error(), text)) fprintf(stderr, "  message: %s\n", moejit_last_error());                 \
+  } while (0)
+  moejit_request_init(&r);
+  BAD(MOEJIT_EINVAL, "exactly one of prompt, prompt_ids and messages (0 given)");
+  r.prompt = "x", r.prompt_ids = prompt, r.n_prompt_ids = NPROMPT;
+  BAD(MOEJIT_EINVAL, "(2 given)");
+  r.prompt = NULL, r.max_tokens = -1;
+  BAD(MOEJIT_EINVAL, "max_tokens is -1");
+  r.max_tokens = 4;
+  moejit_sampling_init(&s);
+  s.top_p = 1.5f, r.sampling = &s;
+  BAD(MOEJIT_EINVAL, "top_p 1.5");
+  moejit_sampling_init(&s);
+  s.temperature = -1;
+  BAD(MOEJIT_EINVAL, "temperature -1");
+  moejit_sampling_init(&s);
+  s.min_p = 1;
+  BAD(MOEJIT_EINVAL, "min_p in [0, 1)");
+  r.sampling = NULL;
+  const char *empty[] = {""};
+  r.stop = empty, r.n_stop = 1;
+  BAD(MOEJIT_EINVAL, "stop string 0 is empty");
+  r.stop = NULL, r.n_stop = 0, r.max_tokens = 60;
+  BAD(MOEJIT_EINVAL, "prompt (6 tokens) + max_tokens 60 exceeds the context (64)");
+  int32_t bad_ids[] = {1, 384};
+  r.prompt_ids = bad_ids, r.n_prompt_ids = 2, r.max_tokens = 1;
+  BAD(MOEJIT_EINVAL, "prompt token 1 is 384, outside the vocabulary (0..383)");
+  r.prompt_ids = prompt, r.n_prompt_ids = 0;
+  BAD(MOEJIT_EINVAL, "the prompt is empty");
+  moejit_message bad_role[] = {{"wizard", "hi"}};
+  r.prompt_ids = NULL, r.messages = bad_role, r.n_messages = 1;
+  BAD(MOEJIT_EINVAL, "role 'wizard'");
+#undef BAD
+  T_EQ_INT(moejit_submit(NULL, &r, &id), MOEJIT_EINVAL);
+  T_EQ_INT(moejit_submit(m, NULL, &id), MOEJIT_EINVAL);
+  T_CHECK(strstr(moejit_last_error(), "NULL") != NULL);
+  moejit_event ev;
+  T_EQ_INT(moejit_poll(m, 12345, &ev, 0), MOEJIT_ENOTFOUND);
+  T_EQ_INT(moejit_cancel(m, 12345), MOEJIT_ENOTFOUND);
+  T_EQ_INT(moejit_release(m, 12345), MOEJIT_ENOTFOUND);
+  int32_t out_of_vocab = 9999;
+  char *text;
+  T_EQ_INT(moejit_detokenize(m, &out_of_vocab, 1, false, &text, NULL), MOEJIT_EINVAL);
+  moejit_stats st;
+  moejit_get_stats(m, &st);
+  T_EQ_INT(st.requests_submitted, 0);
+  T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
+
+  /* opening */
+  moejit_open_opts o;
+  moejit_open_opts_init(&o);
+  o.quiet = true;
+  moejit *x = (moejit *)&o;
+  T_EQ_INT(moejit_open(t_scratch("nothing-here"), &o, &x), MOEJIT_EMODEL);
+  T_CHECK(x == NULL && strstr(moejit_last_error(), "nothing-here") != NULL);
+  o.max_parallel = -1;
+  T_EQ_INT(moejit_open(dir, &o, &x), MOEJIT_EINVAL);
+  T_CHECK(strstr(moejit_last_error(), "max_parallel -1") != NULL);
+  moejit_open_opts_init(&o);
+  o.quiet = true, o.backend = MOEJIT_BACKEND_CUDA; /* the tiny model is too narrow for the GPU kernels */
+  T_EQ_INT(moejit_open(dir, &o, &x), MOEJIT_ENOBACKEND);
+  T_CHECK(strstr(moejit_last_error(), "GPU MoE kernels") != NULL);
+  T_EQ_INT(moejit_open(dir, &o, NULL), MOEJIT_EINVAL);
+  T_EQ_STR(moejit_status_name(MOEJIT_EQUEUE_FULL), "MOEJIT_EQUEUE_FULL");
+  T_EQ_STR(moejit_strerror(MOEJIT_ECANCELLED), "the request was cancelled");
+  T_EQ_INT(moejit_api_version(), MOEJIT_API_VERSION);
+}
+
+/* ---- 8 threads at once ------------------------------------------------------------------ */
+typedef struct worker {
+  moejit *m;
+  int t;
+  int tokens[4], events[4];
+  int finish[4];
+  bool same[4], ok[4];
+} worker;
+
+static void *work(void *arg) {
+  worker *w = arg;
+  uint64_t id[4];
+  moejit_sampling s = seeded(100 + w->t);
+  for (int k = 0; k < 4; k++) {
+    moejit_request r;
+    moejit_request_init(&r);
+    r.prompt_ids = prompt, r.n_prompt_ids = NPROMPT, r.sampling = &s, r.max_tokens = 3 + w->t + k, r.ignore_eos = true;
+    if (moejit_submit(w->m, &r, &id[k])) id[k] = 0;
+  }
+  for (int k = 0; k < 4; k++) {
+    result r;
+    w->ok[k] = drain(w->m, id[k], &r);
+    w->tokens[k] = r.last.completion_tokens, w->events[k] = r.nev, w->finish[k] = r.last.finish;
+    int32_t want[16];
+    by_hand(&s, 3 + w->t + k, want);
+    w->same[k] = !memcmp(r.tok, want, (size_t)(3 + w->t + k) * sizeof *want);
+  }
+  return NULL;
+}
+
+static void test_threads(void) {
+  moejit *m = open_tiny(4, 64);
+  pthread_t th[8];
+  worker w[8];
+  for (int t = 0; t < 8; t++) w[t] = (worker){.m = m, .t = t}, pthread_create(&th[t], NULL, work, &w[t]);
+  uint64_t want = 0;
+  for (int t = 0; t < 8; t++) {
+    pthread_join(th[t], NULL);
+    for (int k = 0; k < 4; k++) {
+      T_CHECK(w[t].ok[k]);
+      T_EQ_INT(w[t].tokens[k], 3 + t + k);
+      T_EQ_INT(w[t].events[k], 3 + t + k);
+      T_EQ_INT(w[t].finish[k], MOEJIT_FINISH_LENGTH);
+      T_CHECK(w[t].same[k]);
+      want += (uint64_t)(3 + t + k);
+    }
+  }
+  moejit_stats st;
+  moejit_get_stats(m, &st);
+  T_EQ_INT(st.requests_submitted, 32);
+  T_EQ_INT(st.requests_finished, 32);
+  T_EQ_INT(st.generated_tokens, want);
+  T_EQ_INT(st.prompt_tokens, 32 * NPROMPT);
+  T_EQ_INT(st.prompt_steps, 32);
+  T_EQ_INT(st.decode_rows, want - 32); /* the first token of each comes from its prompt's step */
+  T_EQ_INT(st.decode_step_le[MOEJIT_STEP_BUCKETS - 1], st.decode_steps);
+  T_CHECK(st.decode_steps < st.decode_rows); /* steps carried several sequences */
+  T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
+}
+
+/* ---- closing with requests running --------------------------------------------------------- */
+typedef struct counter {
+  pthread_mutex_t mu;
+  int events, last[5];
+} counter;
+
+static void count_cb(const moejit_event *ev, void *user) {
+  counter *c = user;
+  pthread_mutex_lock(&c->mu);
+  c->events++;
+  if (ev->finish) c->last[ev->finish]++;
+  pthread_mutex_unlock(&c->mu);
+}
+
+static void *open_later(void *g) {
+  struct timespec t = {0, 200 * 1000000L};
+  nanosleep(&t, NULL);
+  gate_open(g);
+  return NULL;
+}
+
+/* Close with a polled request live and its events left untaken, and 5
+ * requests with callbacks: with drain 0 the first of them holds the engine
+ * in its callback until close has begun, so every other one is cancelled. */
+static void close_with(int drain_ms, counter *c, gate *g) {
+  moejit *m = open_tiny(2, 16);
+  memset(c, 0, sizeof *c);
+  pthread_mutex_init(&c->mu, NULL);
+  uint64_t polled = submit_ids(m, NULL, 20, true);
+  moejit_event ev;
+  T_EQ_INT(moejit_poll(m, polled, &ev, 10000), MOEJIT_OK);
+  if (g) submit_gated(m, g, 20), gate_wait_entered(g);
+  moejit_request r;
+  moejit_request_init(&r);
+  r.prompt_ids = prompt, r.n_prompt_ids = NPROMPT, r.max_tokens = 20, r.ignore_eos = true;
+  r.on_event = count_cb, r.user = c;
+  uint64_t id;
+  for (int i = 0; i < 4; i++) T_EQ_INT(moejit_submit(m, &r, &id), MOEJIT_OK);
+  pthread_t th;
+  if (g) pthread_create(&th, NULL, open_later, g);
+  T_EQ_INT(moejit_close(m, drain_ms), MOEJIT_OK);
+  if (g) pthread_join(th, NULL);
+  pthread_mutex_destroy(&c->mu);
+}
+
+static void test_close_running(void) {
+  counter c;
+  gate g;
+  gate_init(&g);
+  close_with(0, &c, &g);
+  T_EQ_INT(c.last[MOEJIT_FINISH_CANCELLED], 4);
+  T_EQ_INT(c.events, 4);
+  T_EQ_INT(g.events, 2);
+  T_EQ_INT(g.last, MOEJIT_FINISH_CANCELLED);
+  gate_free(&g);
+  close_with(-1, &c, NULL); /* drained: all run to their end */
+  T_EQ_INT(c.last[MOEJIT_FINISH_LENGTH], 4);
+  T_EQ_INT(c.events, 4 * 20);
+}
+
+int main(void) {
+  if (t_scratch_init("api")) return 1;
+  mkmodel_spec s;
+  mkmodel_preset("tiny", &s);
+  s.seed = 5;
+  snprintf(dir, sizeof dir, "%s/m", t_root);
+  mj_err err = {0};
+  if (mkmodel_write(&s, dir, true, NULL, &err)) {
+    fprintf(stderr, "%s\n", err.msg);
+    return 1;
+  }
+  T_RUN(test_info_and_text);
+  T_RUN(test_determinism);
+  T_RUN(test_same_as_generate);
+  T_RUN(test_stop_strings);
+  T_RUN(test_queue_full_and_timeout);
+  T_RUN(test_cancel);
+  T_RUN(test_bad_arguments);
+  T_RUN(test_threads);
+  T_RUN(test_close_running);
+  return t_scratch_done(t_status());
+}
