@@ -160,7 +160,7 @@ static int parse_fields(oai_request *r, const json *o, oai_error *e) {
   if (n != 1) return BAD(e, "n", "'n' must be 1 (moejit returns one choice a request), not %lld", (long long)n);
   if (get_int(o, "seed", &seed, &r->has_seed, e)) return e->status;
   r->seed = seed;
-  if (get_bool(o, "stream", &r->stream, e)) return e->status;
+  if (get_bool(o, "stream", &r->stream, e) || get_bool(o, "ignore_eos", &r->ignore_eos, e)) return e->status;
   v = json_get(o, "stop");
   if (v && v->type == JSON_ARR) {
     for (size_t i = 0; i < v->len; i++)

@@ -54,6 +54,7 @@ typedef struct oai_request {
   int64_t seed;            /* any int64, as OpenAI takes */
   bool stream;
   bool include_usage;      /* stream_options.include_usage */
+  bool ignore_eos;         /* vLLM's field: end-of-sequence ids do not end the request (benchmarks) */
   bool thinking;           /* chat: chat_template_kwargs.enable_thinking (vLLM's field; default false) */
   mj_arena mem;            /* the strings above */
 } oai_request;

@@ -346,6 +346,7 @@ static enum MHD_Result completion(srv_req *q) {
   int64_t mt = q->q.max_tokens > 0 ? q->q.max_tokens : q->q.kind == OAI_COMPLETION ? s->o.default_max_tokens : 0;
   rq.max_tokens = mt > INT32_MAX ? INT32_MAX : (int32_t)mt;
   rq.stop = q->q.n_stop ? q->q.stop : NULL, rq.n_stop = (size_t)q->q.n_stop;
+  rq.ignore_eos = q->q.ignore_eos;
   uint64_t id = 0;
   moejit_status ms = moejit_submit(s->engine, &rq, &id);
   free(msgs);

@@ -16,7 +16,7 @@ static void test_completion_fields(void) {
   T_EQ_INT(parse(OAI_COMPLETION,
                  "{\"model\":\"m\",\"prompt\":\"hi \\u00e9\",\"temperature\":0.5,\"top_p\":0.9,\"top_k\":40,"
                  "\"min_p\":0.1,\"max_tokens\":7,\"stop\":[\"a\",\"bc\"],\"seed\":-3,\"stream\":true,"
-                 "\"stream_options\":{\"include_usage\":true},\"n\":1,\"logit_bias\":{},\"user\":\"x\"}",
+                 "\"stream_options\":{\"include_usage\":true},\"n\":1,\"ignore_eos\":true,\"logit_bias\":{},\"user\":\"x\"}",
                  &r, &e),
            0);
   T_EQ_STR(r.model, "m");
@@ -30,7 +30,7 @@ static void test_completion_fields(void) {
   T_EQ_INT(r.n_stop, 2);
   T_EQ_STR(r.stop[1], "bc");
   T_CHECK(r.has_seed && r.seed == -3);
-  T_CHECK(r.stream && r.include_usage);
+  T_CHECK(r.stream && r.include_usage && r.ignore_eos);
   oai_request_free(&r);
   /* defaults: OpenAI's sampling, no limit given, one stop string */
   T_EQ_INT(parse(OAI_COMPLETION, "{\"prompt\":\"\",\"stop\":\"\\n\",\"top_k\":-1}", &r, &e), 0);
@@ -93,6 +93,7 @@ static void test_errors(void) {
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"top_k\":-2}", "top_k", "'top_k' must be 0 or -1 (off) or more");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"n\":2}", "n", "'n' must be 1");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stream\":1}", "stream", "'stream' must be a boolean, not number");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"ignore_eos\":\"yes\"}", "ignore_eos", "'ignore_eos' must be a boolean, not string");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", "'stop' holds at most 4 strings");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":[1]}", "stop", "'stop' must be a string or an array of strings, not number");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"seed\":\"1\"}", "seed", "'seed' must be an integer, not string");

@@ -54,7 +54,7 @@ def slow(port):
 
 def disconnect(port, key):
     s = connect(port)
-    body = json.dumps({"prompt": "a long answer", "max_tokens": 2000, "stream": True, "seed": 1}).encode()
+    body = json.dumps({"prompt": "a long answer", "max_tokens": 2000, "stream": True, "seed": 1, "ignore_eos": True}).encode()
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode() +
               b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     got = b""
