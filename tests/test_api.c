@@ -177,6 +177,11 @@ static void test_determinism(void) {
   T_CHECK(!memcmp(b.tok, c.tok, sizeof b.tok));
   T_CHECK(drain(m, x, &b));
   T_CHECK(!memcmp(b.tok, a.tok, sizeof b.tok));
+  /* max_tokens 0: until the context (64) is full */
+  T_CHECK(drain(m, submit_ids(m, &s7, 0, true), &b));
+  T_EQ_INT(b.last.completion_tokens, 64 - NPROMPT);
+  T_EQ_INT(b.last.finish, MOEJIT_FINISH_LENGTH);
+  T_CHECK(!memcmp(b.tok, a.tok, 12 * sizeof *a.tok));
   T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
 }
 
