@@ -31,6 +31,7 @@ trap cleanup EXIT
 start() {
   name=$1
   shift
+  : > "$tmp/$name.err"
   $MOEJIT serve --port 0 --backend cpu "$@" 2> "$tmp/$name.err" &
   pid=$!
   pids="$pids $pid"
