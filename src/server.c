@@ -98,6 +98,7 @@ struct srv {
   int in_flight;
   pthread_mutex_t parse_mu;
   atomic_bool draining;
+  bool cancelling;        /* under mu: srv_cancel_all has run */
   pthread_t watchdog;
   pthread_mutex_t wd_mu;
   pthread_cond_t wd_cv;
@@ -158,6 +159,8 @@ static void live_add(srv_req *q, uint64_t id) {
   if (s->live) s->live->prev = q;
   s->live = q;
   s->in_flight++;
+  /* Submitted while srv_cancel_all walked the list: cancel it here. */
+  if (s->cancelling) moejit_cancel(s->engine, id);
   pthread_mutex_unlock(&s->mu);
 }
 
@@ -348,7 +351,8 @@ static enum MHD_Result completion(srv_req *q) {
   rq.stop = q->q.n_stop ? q->q.stop : NULL, rq.n_stop = (size_t)q->q.n_stop;
   rq.ignore_eos = q->q.ignore_eos;
   uint64_t id = 0;
-  moejit_status ms = moejit_submit(s->engine, &rq, &id);
+  /* The body may have finished arriving after the drain began. */
+  moejit_status ms = s->draining ? MOEJIT_ECLOSED : moejit_submit(s->engine, &rq, &id);
   free(msgs);
   if (ms == MOEJIT_EQUEUE_FULL) {
     oai_fail(&e, 503, "server_error", NULL, "queue_full", "the server is busy (its wait queue is full); retry later");
@@ -693,6 +697,7 @@ int srv_in_flight(srv *s) {
 
 void srv_cancel_all(srv *s) {
   pthread_mutex_lock(&s->mu);
+  s->cancelling = true;
   for (srv_req *q = s->live; q; q = q->next) moejit_cancel(s->engine, q->id);
   pthread_mutex_unlock(&s->mu);
 }
