@@ -74,6 +74,12 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
     return mj_fail(err, MJ_EUSAGE, "moejit serve: --max-connections must be 1..65536, not %lld", (long long)max_conn);
   if (idle_s < 1 || idle_s > 86400 || request_s < 1 || request_s > 86400)
     return mj_fail(err, MJ_EUSAGE, "moejit serve: --idle-timeout and --request-timeout must be 1..86400 seconds");
+  srv_opts so;
+  srv_opts_init(&so);
+  so.host = host, so.port = (int)port, so.api_key = api_key;
+  so.max_body = (size_t)max_body, so.max_connections = (int)max_conn;
+  so.idle_timeout_s = (int)idle_s, so.request_timeout_s = (int)request_s;
+  if ((r = srv_check(&so, err))) return r; /* before the model is loaded */
   moejit_open_opts oo;
   moejit_open_opts_init(&oo);
   if (!strcmp(backend, "auto")) oo.backend = MOEJIT_BACKEND_AUTO;
@@ -97,11 +103,7 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
   if (st != MOEJIT_OK) return api_fail(err, st, "moejit serve");
   moejit_info info;
   moejit_get_info(m, &info);
-  srv_opts so;
-  srv_opts_init(&so);
-  so.host = host, so.port = (int)port, so.api_key = api_key, so.model_name = info.name;
-  so.max_body = (size_t)max_body, so.max_connections = (int)max_conn;
-  so.idle_timeout_s = (int)idle_s, so.request_timeout_s = (int)request_s;
+  so.model_name = info.name;
   srv *s = NULL;
   if ((r = srv_start(m, &so, &s, err))) {
     moejit_close(m, 0);

@@ -636,18 +636,37 @@ static void on_log(void *cls, const char *fmt, va_list ap) {
 }
 
 /* ---- start and stop ------------------------------------------------------------------------- */
-int srv_start(moejit *engine, const srv_opts *o, srv **out, mj_err *err) {
-  *out = NULL;
+/* The address to bind: o's host and port resolved (freeaddrinfo). */
+static int resolve(const srv_opts *o, struct addrinfo **ai, mj_err *err) {
   if (o->port < 0 || o->port > 65535) return mj_fail(err, MJ_EUSAGE, "moejit serve: --port must be 0..65535, not %d", o->port);
   if (o->max_connections < 1) return mj_fail(err, MJ_EUSAGE, "moejit serve: --max-connections must be 1 or more");
   if (o->max_body < 1) return mj_fail(err, MJ_EUSAGE, "moejit serve: --max-body must be 1 or more bytes");
   if (o->idle_timeout_s < 1 || o->request_timeout_s < 1)
     return mj_fail(err, MJ_EUSAGE, "moejit serve: --idle-timeout and --request-timeout must be 1 s or more");
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
   char port[16];
   snprintf(port, sizeof port, "%d", o->port);
-  int gr = getaddrinfo(o->host, port, &hints, &ai);
-  if (gr || !ai) return mj_fail(err, MJ_EUSAGE, "moejit serve: --host %s: %s", o->host, gai_strerror(gr));
+  *ai = NULL;
+  int gr = getaddrinfo(o->host, port, &hints, ai);
+  if (gr || !*ai) {
+    if (*ai) freeaddrinfo(*ai);
+    return mj_fail(err, MJ_EUSAGE, "moejit serve: --host %s: %s", o->host, gr ? gai_strerror(gr) : "no address");
+  }
+  return 0;
+}
+
+int srv_check(const srv_opts *o, mj_err *err) {
+  struct addrinfo *ai;
+  int r = resolve(o, &ai, err);
+  if (!r) freeaddrinfo(ai);
+  return r;
+}
+
+int srv_start(moejit *engine, const srv_opts *o, srv **out, mj_err *err) {
+  *out = NULL;
+  struct addrinfo *ai;
+  int r = resolve(o, &ai, err);
+  if (r) return r;
   srv *s = mj_xcalloc(1, sizeof *s);
   s->engine = engine, s->o = *o;
   s->model_name = mj_xstrdup(o->model_name ? o->model_name : "moejit");

@@ -37,6 +37,10 @@ void srv_opts_init(srv_opts *o);
 
 typedef struct srv srv;
 
+/* Check o (ranges; the host resolves) without listening, so a command can
+ * refuse a bad flag before it loads a model.  MJ_EUSAGE naming the flag. */
+int srv_check(const srv_opts *o, mj_err *err);
+
 /* Listen and serve on engine (which the caller opened and closes after
  * srv_destroy).  MJ_EUSAGE for a bad option, MJ_EIO when the address
  * cannot be bound. */

@@ -281,4 +281,12 @@ grep -q "^moejit: cancelling 2 requests" "$tmp/queue.err" && ok "shutdown cancel
 expect 1 "moejit: moejit serve: --port must be 0..65535, not 70000" $MOEJIT serve --port 70000
 expect 1 "moejit: moejit serve: --backend must be auto, cpu or cuda, not 'tpu'" $MOEJIT serve --backend tpu
 expect 1 "moejit: moejit serve: --max-body must be 1..1073741824 bytes, not 0" $MOEJIT serve --max-body 0
+# a host that does not resolve is refused before the model loads (no data folder is written)
+MOEJIT_DATA_DIR="$tmp/none" $MOEJIT serve --host 300.1.1.1 2> "$tmp/err"
+st=$?
+[ $st = 1 ] && [ "$(wc -l < "$tmp/err")" = 1 ] && grep -q "^moejit: moejit serve: --host 300.1.1.1: " "$tmp/err" && [ ! -e "$tmp/none" ] &&
+  ok "--host checked before the model loads: $(cat "$tmp/err")" || bad "bad --host: status $st: $(cat "$tmp/err")"
+start busy --parallel 1
+expect 2 "moejit: moejit serve: cannot listen on 127.0.0.1 port $port: Address already in use" $MOEJIT serve --port "$port" --backend cpu -q
+stop $pid > /dev/null
 exit $fail
