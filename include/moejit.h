@@ -291,7 +291,8 @@ moejit_status moejit_poll(moejit *m, uint64_t id, moejit_event *ev, int timeout_
 
 /* Forget a polled request whose events nobody will take (a client that went
  * away): cancel it if it has not finished and drop its queue now.  The id is
- * MOEJIT_ENOTFOUND afterwards. */
+ * MOEJIT_ENOTFOUND afterwards.  MOEJIT_EINVAL for a request with a callback
+ * (moejit_cancel it: its callback gets the last event and it is forgotten). */
 moejit_status moejit_release(moejit *m, uint64_t id);
 
 /* ---- counters (for metrics) ----------------------------------------------------------- */

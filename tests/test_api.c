@@ -576,16 +576,33 @@ static void count_cb(const moejit_event *ev, void *user) {
   pthread_mutex_unlock(&c->mu);
 }
 
-static void *open_later(void *g) {
-  struct timespec t = {0, 200 * 1000000L};
-  nanosleep(&t, NULL);
-  gate_open(g);
+/* Opens the gate once close has begun: when moejit_submit says
+ * MOEJIT_ECLOSED (close cannot free the handle while the engine waits in
+ * the gate).  What it submits before that waits and is cancelled too,
+ * counted apart. */
+typedef struct opener {
+  moejit *m;
+  gate *g;
+  counter extra;
+} opener;
+
+static void *open_when_closing(void *arg) {
+  opener *o = arg;
+  moejit_request r;
+  moejit_request_init(&r);
+  r.prompt_ids = prompt, r.n_prompt_ids = NPROMPT, r.max_tokens = 2;
+  r.on_event = count_cb, r.user = &o->extra;
+  uint64_t id;
+  struct timespec t = {0, 1000000L};
+  while (moejit_submit(o->m, &r, &id) != MOEJIT_ECLOSED) nanosleep(&t, NULL);
+  gate_open(o->g);
   return NULL;
 }
 
 /* Close with a polled request live and its events left untaken, and 5
  * requests with callbacks: with drain 0 the first of them holds the engine
- * in its callback until close has begun, so every other one is cancelled. */
+ * in its callback until close has begun, so every other one is cancelled
+ * unrun. */
 static void close_with(int drain_ms, counter *c, gate *g) {
   moejit *m = open_tiny(2, 16);
   memset(c, 0, sizeof *c);
@@ -601,9 +618,13 @@ static void close_with(int drain_ms, counter *c, gate *g) {
   uint64_t id;
   for (int i = 0; i < 4; i++) T_EQ_INT(moejit_submit(m, &r, &id), MOEJIT_OK);
   pthread_t th;
-  if (g) pthread_create(&th, NULL, open_later, g);
+  opener op = {.m = m, .g = g};
+  pthread_mutex_init(&op.extra.mu, NULL);
+  if (g) pthread_create(&th, NULL, open_when_closing, &op);
   T_EQ_INT(moejit_close(m, drain_ms), MOEJIT_OK);
   if (g) pthread_join(th, NULL);
+  T_EQ_INT(op.extra.events, op.extra.last[MOEJIT_FINISH_CANCELLED]); /* each ended at once, unrun */
+  pthread_mutex_destroy(&op.extra.mu);
   pthread_mutex_destroy(&c->mu);
 }
 
