@@ -1,5 +1,6 @@
 #!/bin/sh
 # serve-bench.sh [-m DIR] [--moejit PATH] [--streams "1 8 32"] [--requests R] [-n TOKENS] [--backend cuda]
+#                [--ctx N]
 #
 # The serving benchmark, for the GPU host: starts `moejit serve --backend cuda`
 # on a model (default: the built-in one), and at each concurrency C of
@@ -12,22 +13,28 @@
 # tokens/s beside the server's.
 #
 # The client is Python's standard library only (http.client, threads), so an
-# Ubuntu 24.04 host with python3 and no node runs it.  Sampling is the
+# Ubuntu 24.04 host with python3 and no node runs it.  On the GPU host:
+#   . scripts/gpu-env.sh && scripts/serve-bench.sh [-m /models/GLM-5-NVFP4]  Sampling is the
 # server's default (temperature 1, no filters), which the GPU draws on the
 # device, and generate gets the same (--temp 1 --top-p 1 --top-k 0
 # --min-p 0).  Each concurrency starts after a warm-up request, so kernel
 # compiles and graph captures are not timed (warm the cache first with
 # `moejit warmup -m DIR` to keep the warm-up short).  Every sequence may stop
 # early on an end-of-sequence id, on both sides; the token counts are what
-# was generated.
+# was generated.  --ctx N (default 1024) bounds each sequence's cache, so
+# the largest concurrency's slots fit beside a full-size model.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
+# MOEJIT, else the in-tree build, else moejit on PATH (gpu-env.sh puts the
+# portable build there on the GPU host).
 moejit=${MOEJIT:-$here/../moejit}
+[ -x "$moejit" ] || moejit=$(command -v moejit || echo "$here/../moejit")
 model=
 streams="1 8 32"
 requests=4
 ntok=128
 backend=cuda
+ctx=1024
 while [ $# -gt 0 ]; do
   case $1 in
     -m) model=$2; shift 2 ;;
@@ -36,7 +43,8 @@ while [ $# -gt 0 ]; do
     --requests) requests=$2; shift 2 ;;
     -n) ntok=$2; shift 2 ;;
     --backend) backend=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --ctx) ctx=$2; shift 2 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "serve-bench.sh: unknown argument '$1' (see --help)" >&2; exit 1 ;;
   esac
 done
@@ -62,7 +70,7 @@ for i in range(n):
 
 : > "$tmp/serve.err"
 # shellcheck disable=SC2086
-"$moejit" serve $margs --backend "$backend" --port 0 --parallel "$max" --max-queue 4096 -q 2> "$tmp/serve.err" &
+"$moejit" serve $margs --backend "$backend" --port 0 --parallel "$max" --max-queue 4096 --ctx "$ctx" -q 2> "$tmp/serve.err" &
 spid=$!
 port=
 for _ in $(seq 3000); do
@@ -155,7 +163,7 @@ for c in $streams; do
   head -n $((c * requests)) "$tmp/prompts.txt" > "$tmp/p.$c.txt"
   echo "serve-bench.sh: moejit generate --prompts ($((c * requests)) prompts) --parallel $c" >&2
   # shellcheck disable=SC2086
-  "$moejit" generate $margs --backend "$backend" --prompts "$tmp/p.$c.txt" --parallel "$c" -n "$ntok" \
+  "$moejit" generate $margs --backend "$backend" --prompts "$tmp/p.$c.txt" --parallel "$c" -n "$ntok" --ctx "$ctx" \
     --temp 1 --top-p 1 --top-k 0 --min-p 0 --json > "$tmp/gen.$c.jsonl" 2> "$tmp/gen.$c.err" ||
     { echo "serve-bench.sh: generate failed: $(tail -2 "$tmp/gen.$c.err")" >&2; }
 done
