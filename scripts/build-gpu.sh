@@ -14,8 +14,17 @@ cd "$top"
 git ls-files -co --exclude-standard | grep -v '^build-gpu/' | tar -cf - -T - | (cd "$work" && tar -xf -)
 cd "$work"
 [ -x configure ] && [ configure -nt configure.ac ] || autoreconf -fi >/dev/null 2>&1
-[ -f Makefile ] && [ Makefile -nt Makefile.am ] && [ config.status -nt configure ] || ./configure -q --enable-portable
+# libmicrohttpd without HTTPS, linked statically (scripts/mhd-notls.sh says why).
+mhd_pc=$("$top/scripts/mhd-notls.sh")
+[ -f Makefile ] && [ Makefile -nt Makefile.am ] && [ config.status -nt configure ] &&
+  grep -q "PKG_CONFIG_PATH=$mhd_pc" config.status ||
+  ./configure -q --enable-portable PKG_CONFIG_PATH="$mhd_pc"
 make -j2 >/dev/null
+# The GPU host (Ubuntu 24.04) has no libmicrohttpd and needs no GnuTLS.
+if ldd moejit | grep -E 'microhttpd|gnutls'; then
+  echo "build-gpu.sh: moejit needs the shared libraries above; the portable build must link them statically" >&2
+  exit 1
+fi
 make -j2 check TESTS= >/dev/null
 make -j2 bench/bench_cache >/dev/null
 # Both programs carry a static LLVM; gzip keeps the pair well under the

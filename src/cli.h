@@ -100,6 +100,26 @@
     "  --json       print one JSON record instead of streaming\n"             \
     "  --tp N --ep M  tensor / expert parallel over max(N, M) GPUs, one process each\n" \
     "               (each 1 or that number; docs/multigpu.md: not yet past the NCCL check)\n")           \
+  X(serve, "serve the model over HTTP: OpenAI's completion and chat API, metrics", \
+    "moejit serve [-m DIR] [--host 127.0.0.1] [--port 8000] [--parallel P] [--api-key KEY]\n" \
+    "             [--backend auto|cpu|cuda] [--max-queue N] [--max-body BYTES] [--ctx N]\n" \
+    "             [--shutdown-timeout S] [--max-connections N] [--idle-timeout S]\n" \
+    "             [--request-timeout S] [--threads T] [-q]\n" \
+    "  routes: POST /v1/completions, POST /v1/chat/completions (stream true: server-sent\n" \
+    "  events), GET /v1/models, GET /health, GET /metrics (Prometheus); docs/serve.md\n" \
+    "  -m DIR             a GLM-5 folder; without it, the built-in model (as moejit generate)\n" \
+    "  --port 0           an ephemeral port; the stderr line 'listening on http://HOST:PORT'\n" \
+    "                     names the one bound\n" \
+    "  --parallel P       sequences decoded at once, every client's batched together (default 4)\n" \
+    "  --api-key KEY      /v1/ routes want 'Authorization: Bearer KEY' (else 401)\n" \
+    "  --max-queue N      requests waiting for a slot (default 256); past it 503 + Retry-After\n" \
+    "  --max-body BYTES   a request body's limit (default 1048576); past it 413\n" \
+    "  --ctx N            tokens a sequence may hold (default: the model's, at most 4096)\n" \
+    "  --shutdown-timeout S  on SIGTERM/SIGINT: new requests 503, running ones get S s\n" \
+    "                     (default 10), the rest are cancelled; then exit 0\n" \
+    "  --max-connections N  open connections (default 128)\n" \
+    "  --idle-timeout S   close a connection silent for S s (default 60)\n" \
+    "  --request-timeout S  a request's headers and body must arrive within S s (default 30)\n") \
   X(warmup, "compile every kernel a deployment needs into the cache, ahead of serving", \
     "moejit warmup (-m DIR | --synthetic glm5 [--layers N] [--dense D]) [--batches 1,2,4,..]\n" \
     "              [--trace FILE.jsonl] [--arch sm_90a] [-j N] [--ctx N] [--no-graphs] [-q]\n" \

@@ -1,0 +1,194 @@
+#!/bin/sh
+# serve-bench.sh [-m DIR] [--moejit PATH] [--streams "1 8 32"] [--requests R] [-n TOKENS] [--backend cuda]
+#                [--ctx N]
+#
+# The serving benchmark, for the GPU host: starts `moejit serve --backend cuda`
+# on a model (default: the built-in one), and at each concurrency C of
+# --streams (default 1, 8 and 32) runs C client streams at once, each sending
+# R requests (default 4) one after another (POST /v1/completions, stream
+# true, -n tokens each, default 128); then the same prompts through
+# `moejit generate --prompts FILE --parallel C` (the engine without HTTP).
+# It prints a markdown table: requests/s, generated tokens/s, time to first
+# token (p50, p90) and the whole request's time (p50), and generate's
+# tokens/s beside the server's.
+#
+# The client is Python's standard library only (http.client, threads), so an
+# Ubuntu 24.04 host with python3 and no node runs it.  On the GPU host:
+#   . scripts/gpu-env.sh && scripts/serve-bench.sh [-m /models/GLM-5-NVFP4]  Sampling is the
+# server's default (temperature 1, no filters), which the GPU draws on the
+# device, and generate gets the same (--temp 1 --top-p 1 --top-k 0
+# --min-p 0).  Each concurrency starts after a warm-up request, so kernel
+# compiles and graph captures are not timed (warm the cache first with
+# `moejit warmup -m DIR` to keep the warm-up short).  Every sequence may stop
+# early on an end-of-sequence id, on both sides; the token counts are what
+# was generated.  --ctx N (default 1024) bounds each sequence's cache, so
+# the largest concurrency's slots fit beside a full-size model.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+# MOEJIT, else the in-tree build, else moejit on PATH (gpu-env.sh puts the
+# portable build there on the GPU host).
+moejit=${MOEJIT:-$here/../moejit}
+[ -x "$moejit" ] || moejit=$(command -v moejit || echo "$here/../moejit")
+model=
+streams="1 8 32"
+requests=4
+ntok=128
+backend=cuda
+ctx=1024
+while [ $# -gt 0 ]; do
+  case $1 in
+    -m) model=$2; shift 2 ;;
+    --moejit) moejit=$2; shift 2 ;;
+    --streams) streams=$2; shift 2 ;;
+    --requests) requests=$2; shift 2 ;;
+    -n) ntok=$2; shift 2 ;;
+    --backend) backend=$2; shift 2 ;;
+    --ctx) ctx=$2; shift 2 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    *) echo "serve-bench.sh: unknown argument '$1' (see --help)" >&2; exit 1 ;;
+  esac
+done
+command -v python3 > /dev/null || { echo "serve-bench.sh: python3 is needed (the client)" >&2; exit 1; }
+[ -x "$moejit" ] || { echo "serve-bench.sh: no moejit at $moejit (--moejit PATH)" >&2; exit 1; }
+max=0
+for c in $streams; do if [ "$c" -gt $max ]; then max=$c; fi; done
+tmp=$(mktemp -d)
+spid=
+trap 'if [ -n "$spid" ]; then kill -TERM $spid 2>/dev/null; fi; wait 2>/dev/null; rm -rf "$tmp"' EXIT
+margs=
+[ -n "$model" ] && margs="-m $model"
+
+# The prompts: C x R of them at the largest C, different so no cache of any
+# kind could answer twice.
+python3 -c '
+import sys
+topics = ["the sea", "a city at night", "mountains", "an old library", "trains", "rain", "a market", "the moon"]
+n = int(sys.argv[1])
+for i in range(n):
+    print("Write a short story about %s, part %d." % (topics[i % len(topics)], i))
+' $((max * requests)) > "$tmp/prompts.txt"
+
+: > "$tmp/serve.err"
+# shellcheck disable=SC2086
+"$moejit" serve $margs --backend "$backend" --port 0 --parallel "$max" --max-queue 4096 --ctx "$ctx" -q 2> "$tmp/serve.err" &
+spid=$!
+port=
+for _ in $(seq 3000); do
+  port=$(sed -n 's/^moejit: listening on http:\/\/127\.0\.0\.1:\([0-9][0-9]*\) .*/\1/p' "$tmp/serve.err")
+  if [ -n "$port" ]; then break; fi
+  kill -0 $spid 2> /dev/null || { echo "serve-bench.sh: moejit serve failed: $(cat "$tmp/serve.err")" >&2; exit 1; }
+  sleep 0.2
+done
+[ -n "$port" ] || { echo "serve-bench.sh: moejit serve did not start in 10 minutes" >&2; exit 1; }
+
+cat > "$tmp/client.py" << 'EOF'
+# client.py PORT STREAMS REQUESTS NTOK PROMPTS: STREAMS threads, each sending
+# REQUESTS streamed completions in turn; one JSON line of the results.
+import http.client, json, sys, threading, time
+port, C, R, N, path = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+prompts = open(path, encoding="utf-8").read().splitlines()
+results, errors = [], []
+lock = threading.Lock()
+
+def one(conn, prompt):
+    body = json.dumps({"prompt": prompt, "max_tokens": N, "stream": True, "stream_options": {"include_usage": True}})
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    if r.status != 200:
+        raise RuntimeError("status %d: %s" % (r.status, r.read()[:200]))
+    first, tokens = None, 0
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        if not line.startswith(b"data: "):
+            continue
+        data = line[6:].strip()
+        if data == b"[DONE]":
+            break
+        d = json.loads(data)
+        if d.get("usage"):
+            tokens = d["usage"]["completion_tokens"]
+        elif first is None:
+            first = time.perf_counter()
+    r.read()
+    t1 = time.perf_counter()
+    return {"ttft": (first or t1) - t0, "total": t1 - t0, "tokens": tokens}
+
+def stream(k):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+    for j in range(R):
+        try:
+            res = one(conn, prompts[(k * R + j) % len(prompts)])
+            with lock:
+                results.append(res)
+        except Exception as e:
+            with lock:
+                errors.append(str(e))
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+
+if C == 0:  # the warm-up
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+    one(conn, "warm up")
+    sys.exit(0)
+t0 = time.perf_counter()
+threads = [threading.Thread(target=stream, args=(k,)) for k in range(C)]
+for t in threads: t.start()
+for t in threads: t.join()
+wall = time.perf_counter() - t0
+def pct(v, p):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(p * len(v)))] if v else float("nan")
+toks = sum(r["tokens"] for r in results)
+print(json.dumps({"streams": C, "requests": len(results), "errors": len(errors), "first_error": errors[0] if errors else None,
+                  "wall_s": wall, "req_s": len(results) / wall, "tok_s": toks / wall, "tokens": toks,
+                  "ttft_p50_ms": 1000 * pct([r["ttft"] for r in results], 0.5),
+                  "ttft_p90_ms": 1000 * pct([r["ttft"] for r in results], 0.9),
+                  "total_p50_ms": 1000 * pct([r["total"] for r in results], 0.5)}))
+EOF
+
+echo "serve-bench.sh: moejit serve on port $port ($backend); warming up" >&2
+python3 "$tmp/client.py" "$port" 0 1 "$ntok" "$tmp/prompts.txt"
+for c in $streams; do
+  echo "serve-bench.sh: $c streams x $requests requests of $ntok tokens" >&2
+  python3 "$tmp/client.py" "$port" "$c" "$requests" "$ntok" "$tmp/prompts.txt" > "$tmp/serve.$c.json"
+done
+curl -s "http://127.0.0.1:$port/metrics" > "$tmp/metrics" 2> /dev/null || true
+kill -TERM $spid
+wait $spid || echo "serve-bench.sh: warning: moejit serve exited with $?" >&2
+spid=
+
+for c in $streams; do
+  head -n $((c * requests)) "$tmp/prompts.txt" > "$tmp/p.$c.txt"
+  echo "serve-bench.sh: moejit generate --prompts ($((c * requests)) prompts) --parallel $c" >&2
+  # shellcheck disable=SC2086
+  "$moejit" generate $margs --backend "$backend" --prompts "$tmp/p.$c.txt" --parallel "$c" -n "$ntok" --ctx "$ctx" \
+    --temp 1 --top-p 1 --top-k 0 --min-p 0 --json > "$tmp/gen.$c.jsonl" 2> "$tmp/gen.$c.err" ||
+    { echo "serve-bench.sh: generate failed: $(tail -2 "$tmp/gen.$c.err")" >&2; }
+done
+
+python3 - "$tmp" "$streams" "$requests" "$ntok" "$backend" "$model" << 'EOF'
+import json, re, sys
+tmp, streams, R, N, backend, model = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
+print("moejit serve, %s, model %s: streamed completions of %s tokens, %s requests a stream\n" % (backend, model or "(built-in)", N, R))
+print("| streams | requests | req/s | tok/s (serve) | TTFT p50 ms | TTFT p90 ms | request p50 ms | tok/s (generate --parallel) | errors |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for c in streams:
+    s = json.load(open("%s/serve.%s.json" % (tmp, c)))
+    g = "n/a"
+    try:
+        m = re.search(r"tokens in [0-9.]+ ms \(([0-9.]+) tok/s\)", open("%s/gen.%s.err" % (tmp, c)).read())
+        if m: g = m.group(1)
+    except OSError:
+        pass
+    print("| %s | %d | %.2f | %.1f | %.1f | %.1f | %.1f | %s | %d |" % (c, s["requests"], s["req_s"], s["tok_s"], s["ttft_p50_ms"],
+          s["ttft_p90_ms"], s["total_p50_ms"], g, s["errors"]))
+    if s["first_error"]: print("\nfirst error at %s streams: %s\n" % (c, s["first_error"]))
+try:
+    met = open(tmp + "/metrics").read()
+    keep = [l for l in met.splitlines() if re.match(r"moejit_(kernel_compiles_total|kernel_cache_hits_total|decode_step_seconds_(sum|count)|decode_rows_total) ", l)]
+    print("\nserver metrics at the end:\n\n    " + "\n    ".join(keep))
+except OSError:
+    pass
+EOF

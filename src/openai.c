@@ -1,0 +1,299 @@
+/* openai.c: reading OpenAI request bodies and writing OpenAI response
+ * bodies (openai.h).
+ *
+ * Each field is looked up once and checked for its type and range; the
+ * first wrong one is the error, named in `param`, as OpenAI's own servers
+ * report.  Strings the request keeps are copied into its arena and the JSON
+ * tree is freed at once, so what a queued request holds is bounded by its
+ * body, not by how many values its JSON has.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "json.h"
+#include "openai.h"
+
+int oai_fail(oai_error *e, int status, const char *type, const char *param, const char *code, const char *fmt, ...) {
+  e->status = status, e->type = type, e->param = param, e->code = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(e->message, sizeof e->message, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+#define BAD(e, param, ...) oai_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
+
+/* A number field in [lo, hi] (open at an end when lo_open / hi_open). */
+static int get_num(const json *o, const char *key, double lo, bool lo_open, double hi, bool hi_open, double *out,
+                   oai_error *e) {
+  const json *v = json_get(o, key);
+  if (!v || v->type == JSON_NULL) return 0;
+  if (v->type != JSON_NUM) return BAD(e, key, "'%s' must be a number, not %s", key, json_type_name(v->type));
+  if (v->num < lo || (lo_open && v->num == lo) || v->num > hi || (hi_open && v->num == hi))
+    return BAD(e, key, "'%s' must be in %c%g, %g%c, not %g", key, lo_open ? '(' : '[', lo, hi, hi_open ? ')' : ']',
+               v->num);
+  *out = v->num;
+  return 0;
+}
+
+/* An integer field; *present says whether it was given (not null). */
+static int get_int(const json *o, const char *key, int64_t *out, bool *present, oai_error *e) {
+  const json *v = json_get(o, key);
+  if (present) *present = false;
+  if (!v || v->type == JSON_NULL) return 0;
+  if (v->type != JSON_NUM || !v->is_int)
+    return BAD(e, key, "'%s' must be an integer, not %s", key, v->type == JSON_NUM ? "a fraction" : json_type_name(v->type));
+  *out = v->i;
+  if (present) *present = true;
+  return 0;
+}
+
+static int get_bool(const json *o, const char *key, bool *out, oai_error *e) {
+  const json *v = json_get(o, key);
+  if (!v || v->type == JSON_NULL) return 0;
+  if (v->type != JSON_BOOL) return BAD(e, key, "'%s' must be a boolean, not %s", key, json_type_name(v->type));
+  *out = v->b;
+  return 0;
+}
+
+static int add_stop(oai_request *r, const json *s, oai_error *e) {
+  if (s->type != JSON_STR) return BAD(e, "stop", "'stop' must be a string or an array of strings, not %s", json_type_name(s->type));
+  if (s->len == 0) return BAD(e, "stop", "'stop' strings must not be empty");
+  if (r->n_stop == OAI_MAX_STOP) return BAD(e, "stop", "'stop' holds at most %d strings", OAI_MAX_STOP);
+  r->stop[r->n_stop] = mj_arena_strndup(&r->mem, s->str, s->len);
+  r->stop_len[r->n_stop++] = s->len;
+  return 0;
+}
+
+/* A message's content: a string, or an array of {"type": "text", "text": ...}
+ * parts, joined. */
+static int get_content(oai_request *r, const json *c, size_t i, oai_message *m, oai_error *e) {
+  if (c && c->type == JSON_STR) {
+    m->content = mj_arena_strndup(&r->mem, c->str, c->len), m->len = c->len;
+    return 0;
+  }
+  if (!c || c->type != JSON_ARR)
+    return BAD(e, "messages", "messages[%zu].content must be a string or an array of text parts, not %s", i,
+               c ? json_type_name(c->type) : "absent");
+  mj_buf b = {0};
+  for (size_t k = 0; k < c->len; k++) {
+    const json *p = c->items[k], *t = json_get(p, "type"), *x = json_get(p, "text");
+    if (!t || t->type != JSON_STR || strcmp(t->str, "text") || !x || x->type != JSON_STR) {
+      mj_buf_free(&b);
+      return BAD(e, "messages", "messages[%zu].content[%zu] must be {\"type\": \"text\", \"text\": STRING} (moejit reads text only)",
+                 i, k);
+    }
+    mj_buf_put(&b, x->str, x->len);
+  }
+  m->content = mj_arena_strndup(&r->mem, b.data ? b.data : "", b.len), m->len = b.len;
+  mj_buf_free(&b);
+  return 0;
+}
+
+static int get_messages(oai_request *r, const json *o, oai_error *e) {
+  const json *ms = json_get(o, "messages");
+  if (!ms) return BAD(e, "messages", "'messages' is required");
+  if (ms->type != JSON_ARR) return BAD(e, "messages", "'messages' must be an array, not %s", json_type_name(ms->type));
+  if (ms->len == 0) return BAD(e, "messages", "'messages' must not be empty");
+  r->messages = mj_arena_alloc(&r->mem, ms->len * sizeof *r->messages);
+  for (size_t i = 0; i < ms->len; i++) {
+    const json *m = ms->items[i], *role = json_get(m, "role");
+    if (m->type != JSON_OBJ) return BAD(e, "messages", "messages[%zu] must be an object, not %s", i, json_type_name(m->type));
+    if (!role || role->type != JSON_STR) return BAD(e, "messages", "messages[%zu].role must be a string", i);
+    oai_message *out = &r->messages[i];
+    if (!strcmp(role->str, "system") || !strcmp(role->str, "developer")) out->role = OAI_SYSTEM;
+    else if (!strcmp(role->str, "user")) out->role = OAI_USER;
+    else if (!strcmp(role->str, "assistant")) out->role = OAI_ASSISTANT;
+    else
+      return BAD(e, "messages", "messages[%zu].role must be system, developer, user or assistant, not '%s'", i,
+                 role->str);
+    const json *c = json_get(m, "content");
+    if (out->role == OAI_ASSISTANT && (!c || c->type == JSON_NULL)) {
+      out->content = "", out->len = 0;
+    } else if (get_content(r, c, i, out, e)) {
+      return e->status;
+    }
+  }
+  r->n_messages = ms->len;
+  return 0;
+}
+
+static int parse_fields(oai_request *r, const json *o, oai_error *e) {
+  if (o->type != JSON_OBJ) return BAD(e, NULL, "the body must be a JSON object, not %s", json_type_name(o->type));
+  const json *v = json_get(o, "model");
+  if (v && v->type != JSON_NULL) {
+    if (v->type != JSON_STR) return BAD(e, "model", "'model' must be a string, not %s", json_type_name(v->type));
+    r->model = mj_arena_strndup(&r->mem, v->str, v->len);
+  }
+  if (r->kind == OAI_COMPLETION) {
+    v = json_get(o, "prompt");
+    if (!v) return BAD(e, "prompt", "'prompt' is required");
+    if (v->type == JSON_ARR)
+      return BAD(e, "prompt", "'prompt' as an array (a batch, or token ids) is not supported: send one string a request");
+    if (v->type != JSON_STR) return BAD(e, "prompt", "'prompt' must be a string, not %s", json_type_name(v->type));
+    r->prompt = mj_arena_strndup(&r->mem, v->str, v->len), r->prompt_len = v->len;
+  } else if (get_messages(r, o, e)) {
+    return e->status;
+  }
+  if (get_num(o, "temperature", 0, false, 2, false, &r->temperature, e) ||
+      get_num(o, "top_p", 0, true, 1, false, &r->top_p, e) || get_num(o, "min_p", 0, false, 1, true, &r->min_p, e))
+    return e->status;
+  if (get_int(o, "top_k", &r->top_k, NULL, e)) return e->status;
+  if (r->top_k == -1) r->top_k = 0;
+  if (r->top_k < 0) return BAD(e, "top_k", "'top_k' must be 0 or -1 (off) or more, not %lld", (long long)r->top_k);
+  /* Chat's newer name for the same limit wins when both are given. */
+  bool given;
+  if (get_int(o, "max_tokens", &r->max_tokens, &given, e)) return e->status;
+  if (given && r->max_tokens < 1)
+    return BAD(e, "max_tokens", "'max_tokens' must be 1 or more, not %lld", (long long)r->max_tokens);
+  if (r->kind == OAI_CHAT) {
+    int64_t mct = -1;
+    if (get_int(o, "max_completion_tokens", &mct, &given, e)) return e->status;
+    if (given && mct < 1)
+      return BAD(e, "max_completion_tokens", "'max_completion_tokens' must be 1 or more, not %lld", (long long)mct);
+    if (given) r->max_tokens = mct;
+  }
+  int64_t n = 1, seed = 0;
+  if (get_int(o, "n", &n, NULL, e)) return e->status;
+  if (n != 1) return BAD(e, "n", "'n' must be 1 (moejit returns one choice a request), not %lld", (long long)n);
+  if (get_int(o, "seed", &seed, &r->has_seed, e)) return e->status;
+  r->seed = seed;
+  if (get_bool(o, "stream", &r->stream, e) || get_bool(o, "ignore_eos", &r->ignore_eos, e)) return e->status;
+  v = json_get(o, "stop");
+  if (v && v->type == JSON_ARR) {
+    for (size_t i = 0; i < v->len; i++)
+      if (add_stop(r, v->items[i], e)) return e->status;
+  } else if (v && v->type != JSON_NULL && add_stop(r, v, e)) {
+    return e->status;
+  }
+  v = json_get(o, "chat_template_kwargs");
+  if (r->kind == OAI_CHAT && v && v->type != JSON_NULL) {
+    if (v->type != JSON_OBJ)
+      return BAD(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object, not %s", json_type_name(v->type));
+    const json *t = json_get(v, "enable_thinking");
+    if (t && t->type != JSON_NULL) {
+      if (t->type != JSON_BOOL)
+        return BAD(e, "chat_template_kwargs", "'chat_template_kwargs.enable_thinking' must be a boolean, not %s",
+                   json_type_name(t->type));
+      r->thinking = t->b;
+    }
+  }
+  v = json_get(o, "stream_options");
+  if (v && v->type != JSON_NULL) {
+    if (v->type != JSON_OBJ)
+      return BAD(e, "stream_options", "'stream_options' must be an object, not %s", json_type_name(v->type));
+    const json *u = json_get(v, "include_usage");
+    if (u && u->type != JSON_NULL) {
+      if (u->type != JSON_BOOL)
+        return BAD(e, "stream_options", "'stream_options.include_usage' must be a boolean, not %s", json_type_name(u->type));
+      r->include_usage = u->b;
+    }
+  }
+  return 0;
+}
+
+int oai_parse(oai_kind kind, const char *body, size_t len, oai_request *out, oai_error *e) {
+  memset(out, 0, sizeof *out);
+  out->kind = kind;
+  out->temperature = 1, out->top_p = 1, out->min_p = 0, out->top_k = 0, out->max_tokens = -1;
+  mj_arena_init(&out->mem, len + 4096 > 65536 ? 65536 : len + 4096);
+  mj_arena tree;
+  mj_arena_init(&tree, 65536);
+  mj_err jerr = {0};
+  json *root = NULL;
+  int r = 0;
+  if (json_parse(&tree, body, len, "body", &root, &jerr)) {
+    r = oai_fail(e, 400, "invalid_request_error", NULL, "invalid_json", "the body is not valid JSON: %s", jerr.msg);
+    mj_err_clear(&jerr);
+  } else {
+    r = parse_fields(out, root, e);
+  }
+  mj_arena_free(&tree);
+  if (r) oai_request_free(out);
+  return r;
+}
+
+void oai_request_free(oai_request *r) { mj_arena_free(&r->mem); }
+
+/* ---- writers ------------------------------------------------------------------------- */
+static void put_str(mj_buf *b, const char *s) {
+  if (s) json_write_str(b, s, strlen(s));
+  else mj_buf_puts(b, "null");
+}
+
+void oai_write_error(mj_buf *b, const oai_error *e) {
+  mj_buf_puts(b, "{\"error\":{\"message\":");
+  put_str(b, e->message);
+  mj_buf_puts(b, ",\"type\":");
+  put_str(b, e->type);
+  mj_buf_puts(b, ",\"param\":");
+  put_str(b, e->param);
+  mj_buf_puts(b, ",\"code\":");
+  put_str(b, e->code);
+  mj_buf_puts(b, "}}");
+}
+
+static void head(mj_buf *b, const char *object, const oai_result *r) {
+  mj_buf_puts(b, "{\"id\":");
+  put_str(b, r->id);
+  mj_buf_printf(b, ",\"object\":\"%s\",\"created\":%lld,\"model\":", object, (long long)r->created);
+  put_str(b, r->model);
+}
+
+static void usage(mj_buf *b, const oai_result *r) {
+  mj_buf_printf(b, "\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,\"total_tokens\":%lld}",
+                (long long)r->prompt_tokens, (long long)r->completion_tokens,
+                (long long)(r->prompt_tokens + r->completion_tokens));
+}
+
+void oai_write_response(mj_buf *b, oai_kind kind, const oai_result *r) {
+  head(b, kind == OAI_CHAT ? "chat.completion" : "text_completion", r);
+  mj_buf_puts(b, ",\"choices\":[{\"index\":0,");
+  if (kind == OAI_CHAT) {
+    mj_buf_puts(b, "\"message\":{\"role\":\"assistant\",\"content\":");
+    json_write_str(b, r->text ? r->text : "", r->text_len);
+    mj_buf_puts(b, "},\"logprobs\":null");
+  } else {
+    mj_buf_puts(b, "\"text\":");
+    json_write_str(b, r->text ? r->text : "", r->text_len);
+    mj_buf_puts(b, ",\"logprobs\":null");
+  }
+  mj_buf_puts(b, ",\"finish_reason\":");
+  put_str(b, r->finish_reason);
+  mj_buf_puts(b, "}],");
+  usage(b, r);
+  mj_buf_puts(b, "}");
+}
+
+void oai_write_chunk(mj_buf *b, oai_kind kind, const oai_result *r, bool role_first) {
+  head(b, kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion", r);
+  mj_buf_puts(b, ",\"choices\":[{\"index\":0,");
+  if (kind == OAI_CHAT) {
+    mj_buf_puts(b, "\"delta\":{");
+    if (role_first) mj_buf_puts(b, "\"role\":\"assistant\",");
+    mj_buf_puts(b, "\"content\":");
+    json_write_str(b, r->text ? r->text : "", r->text_len);
+    mj_buf_puts(b, "}");
+  } else {
+    mj_buf_puts(b, "\"text\":");
+    json_write_str(b, r->text ? r->text : "", r->text_len);
+  }
+  mj_buf_puts(b, ",\"logprobs\":null,\"finish_reason\":");
+  put_str(b, r->finish_reason);
+  mj_buf_puts(b, "}]}");
+}
+
+void oai_write_usage_chunk(mj_buf *b, oai_kind kind, const oai_result *r) {
+  head(b, kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion", r);
+  mj_buf_puts(b, ",\"choices\":[],");
+  usage(b, r);
+  mj_buf_puts(b, "}");
+}
+
+void oai_write_models(mj_buf *b, const char *model, int64_t created) {
+  mj_buf_puts(b, "{\"object\":\"list\",\"data\":[{\"id\":");
+  put_str(b, model);
+  mj_buf_printf(b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"moejit\"}]}", (long long)created);
+}

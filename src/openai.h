@@ -1,0 +1,106 @@
+/* openai.h: the OpenAI HTTP API's request and response bodies, as `moejit
+ * serve` speaks them (docs/serve.md).
+ *
+ * The server's routes (src/server.c) read a request body with oai_parse and
+ * write every body they send with the oai_write_* functions, so the JSON of
+ * the protocol lives in one file that a unit test drives without a socket.
+ * Requests are read with the project's strict JSON reader (json.h: invalid
+ * UTF-8, lone surrogates and malformed text are refused there) and checked
+ * field by field as OpenAI's servers do: a field of the wrong type or out of
+ * range is an error naming it (`param`), a field moejit does not know is
+ * ignored.  The parse tree lives in an arena freed before oai_parse returns;
+ * the request keeps only its strings, in its own arena, so a request holds
+ * at most about its body's size however its JSON is shaped.  Responses are
+ * written with json_write_str's escaping.  Prefix: oai_.
+ */
+#ifndef MOEJIT_OPENAI_H
+#define MOEJIT_OPENAI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "util.h"
+
+typedef enum oai_kind { OAI_COMPLETION, OAI_CHAT } oai_kind;
+
+/* The most stop strings a request may give (OpenAI's limit). */
+#define OAI_MAX_STOP 4
+
+typedef enum oai_role { OAI_SYSTEM, OAI_USER, OAI_ASSISTANT } oai_role;
+
+typedef struct oai_message {
+  oai_role role;
+  const char *content;
+  size_t len;
+} oai_message;
+
+/* A parsed request.  Absent fields hold the defaults oai_parse states. */
+typedef struct oai_request {
+  oai_kind kind;
+  const char *model;       /* NULL when absent */
+  const char *prompt;      /* OAI_COMPLETION */
+  size_t prompt_len;
+  oai_message *messages;   /* OAI_CHAT */
+  size_t n_messages;
+  double temperature;      /* default 1 (OpenAI's); 0 is greedy */
+  double top_p;            /* default 1 */
+  double min_p;            /* default 0 */
+  int64_t top_k;           /* default 0: off (-1 is read as off too, vLLM's way) */
+  int64_t max_tokens;      /* >= 1; -1 when absent (the server picks) */
+  const char *stop[OAI_MAX_STOP];
+  size_t stop_len[OAI_MAX_STOP];
+  int n_stop;
+  bool has_seed;
+  int64_t seed;            /* any int64, as OpenAI takes */
+  bool stream;
+  bool include_usage;      /* stream_options.include_usage */
+  bool ignore_eos;         /* vLLM's field: end-of-sequence ids do not end the request (benchmarks) */
+  bool thinking;           /* chat: chat_template_kwargs.enable_thinking (vLLM's field; default false) */
+  mj_arena mem;            /* the strings above */
+} oai_request;
+
+/* An error as OpenAI's servers send it: the HTTP status and the body's
+ * {"error": {"message", "type", "param", "code"}}. */
+typedef struct oai_error {
+  int status;
+  const char *type;  /* "invalid_request_error", "authentication_error", ... */
+  const char *param; /* the field, or NULL */
+  const char *code;  /* a short code, or NULL */
+  char message[512];
+} oai_error;
+
+/* Fill e and return e->status. */
+int oai_fail(oai_error *e, int status, const char *type, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/* Parse a request body of route kind.  0 on success (free with
+ * oai_request_free), else e->status (400) with e filled. */
+int oai_parse(oai_kind kind, const char *body, size_t len, oai_request *out, oai_error *e);
+void oai_request_free(oai_request *r);
+
+/* ---- writers: each appends one JSON value to b ------------------------------ */
+void oai_write_error(mj_buf *b, const oai_error *e);
+
+/* What a finished (or streaming) request reports. */
+typedef struct oai_result {
+  const char *id;        /* "cmpl-..." / "chatcmpl-..." */
+  int64_t created;       /* Unix seconds */
+  const char *model;
+  const char *text;
+  size_t text_len;
+  const char *finish_reason; /* "stop", "length", or NULL (a chunk mid-stream) */
+  int64_t prompt_tokens, completion_tokens;
+} oai_result;
+
+/* The whole response of a request with stream false. */
+void oai_write_response(mj_buf *b, oai_kind kind, const oai_result *r);
+/* One streamed chunk: text (r->text, maybe empty) and, on the last one,
+ * finish_reason; chat chunks carry choices[0].delta (with the role on the
+ * first chunk, role_first); completion chunks choices[0].text. */
+void oai_write_chunk(mj_buf *b, oai_kind kind, const oai_result *r, bool role_first);
+/* The usage chunk of stream_options.include_usage: empty choices, usage. */
+void oai_write_usage_chunk(mj_buf *b, oai_kind kind, const oai_result *r);
+/* GET /v1/models: the one model. */
+void oai_write_models(mj_buf *b, const char *model, int64_t created);
+
+#endif

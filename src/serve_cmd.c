@@ -1,0 +1,141 @@
+/* serve_cmd.c: `moejit serve`, an OpenAI-compatible HTTP server.
+ *
+ * The command opens the model with the public C API (moejit.h: one engine
+ * thread batching every request continuously), starts the HTTP server
+ * (server.c) on it, prints where it listens, and then only waits for a
+ * signal.  SIGTERM and SIGINT are blocked in every thread before any thread
+ * starts, so only this one takes them (sigtimedwait), never a libmicrohttpd
+ * or engine thread in the middle of its work.  Shutdown is in steps: new
+ * completion requests get 503, the running ones have --shutdown-timeout
+ * seconds to finish, what is left is cancelled (each client still gets an
+ * answer), then the connections close, the engine closes, and the command
+ * returns 0.  A second signal skips the wait.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "moejit.h"
+#include "server.h"
+
+/* The API's status as the CLI's error kinds (exit codes). */
+static int api_fail(mj_err *err, moejit_status st, const char *what) {
+  mj_code c = st == MOEJIT_EINVAL ? MJ_EUSAGE : st == MOEJIT_EMODEL ? MJ_EINPUT : st == MOEJIT_ENOBACKEND ? MJ_ENOGPU
+              : st == MOEJIT_ENOMEM ? MJ_ENOMEM : st == MOEJIT_EBACKEND ? MJ_ECUDA : MJ_EINTERNAL;
+  const char *m = moejit_last_error();
+  return mj_fail(err, c, "%s: %s", what, m && *m ? m : moejit_strerror(st));
+}
+
+/* Wait for SIGTERM or SIGINT up to ms milliseconds (< 0: without bound);
+ * the signal, or 0. */
+static int wait_signal(const sigset_t *set, int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  for (;;) {
+    int sig = ms < 0 ? sigwaitinfo(set, NULL) : sigtimedwait(set, NULL, &ts);
+    if (sig > 0) return sig;
+    if (errno == EAGAIN) return 0;
+    if (errno != EINTR) return 0;
+  }
+}
+
+int cmd_serve(int argc, char **argv, mj_err *err) {
+  const char *dir = NULL, *host = "127.0.0.1", *api_key = NULL, *backend = "auto";
+  int64_t port = 8000, parallel = 4, max_queue = 256, max_body = 1 << 20, ctx = 0, shutdown_s = 10, threads = 0,
+          max_conn = 128, idle_s = 60, request_s = 30;
+  bool quiet = false;
+  cli_opt opts[] = {
+      {"model", 'm', CLI_STR, &dir},          {"host", 0, CLI_STR, &host},
+      {"port", 0, CLI_INT, &port},            {"parallel", 0, CLI_INT, &parallel},
+      {"api-key", 0, CLI_STR, &api_key},      {"backend", 0, CLI_STR, &backend},
+      {"max-queue", 0, CLI_INT, &max_queue},  {"max-body", 0, CLI_INT, &max_body},
+      {"ctx", 'c', CLI_INT, &ctx},            {"shutdown-timeout", 0, CLI_INT, &shutdown_s},
+      {"threads", 't', CLI_INT, &threads},    {"max-connections", 0, CLI_INT, &max_conn},
+      {"idle-timeout", 0, CLI_INT, &idle_s},  {"request-timeout", 0, CLI_INT, &request_s},
+      {"quiet", 'q', CLI_FLAG, &quiet},
+  };
+  int r = cli_parse("serve", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
+  if (r) return r < 0 ? 0 : r;
+  if (port < 0 || port > 65535) return mj_fail(err, MJ_EUSAGE, "moejit serve: --port must be 0..65535, not %lld", (long long)port);
+  if (parallel < 1 || parallel > 1024)
+    return mj_fail(err, MJ_EUSAGE, "moejit serve: --parallel must be 1..1024, not %lld", (long long)parallel);
+  if (max_queue < 1 || max_queue > 1 << 20)
+    return mj_fail(err, MJ_EUSAGE, "moejit serve: --max-queue must be 1..1048576, not %lld", (long long)max_queue);
+  if (max_body < 1 || max_body > 1 << 30)
+    return mj_fail(err, MJ_EUSAGE, "moejit serve: --max-body must be 1..1073741824 bytes, not %lld", (long long)max_body);
+  if (ctx < 0 || ctx > INT32_MAX) return mj_fail(err, MJ_EUSAGE, "moejit serve: --ctx must be 0 (the model's) or more");
+  if (shutdown_s < 0 || shutdown_s > 86400)
+    return mj_fail(err, MJ_EUSAGE, "moejit serve: --shutdown-timeout must be 0..86400 seconds, not %lld", (long long)shutdown_s);
+  if (threads < 0 || threads > CLI_MAX_THREADS)
+    return mj_fail(err, MJ_EUSAGE, "moejit serve: --threads must be 0 (all cores) to %d", CLI_MAX_THREADS);
+  if (max_conn < 1 || max_conn > 65536)
+    return mj_fail(err, MJ_EUSAGE, "moejit serve: --max-connections must be 1..65536, not %lld", (long long)max_conn);
+  if (idle_s < 1 || idle_s > 86400 || request_s < 1 || request_s > 86400)
+    return mj_fail(err, MJ_EUSAGE, "moejit serve: --idle-timeout and --request-timeout must be 1..86400 seconds");
+  srv_opts so;
+  srv_opts_init(&so);
+  so.host = host, so.port = (int)port, so.api_key = api_key;
+  so.max_body = (size_t)max_body, so.max_connections = (int)max_conn;
+  so.idle_timeout_s = (int)idle_s, so.request_timeout_s = (int)request_s;
+  if ((r = srv_check(&so, err))) return r; /* before the model is loaded */
+  moejit_open_opts oo;
+  moejit_open_opts_init(&oo);
+  if (!strcmp(backend, "auto")) oo.backend = MOEJIT_BACKEND_AUTO;
+  else if (!strcmp(backend, "cpu")) oo.backend = MOEJIT_BACKEND_CPU;
+  else if (!strcmp(backend, "cuda")) oo.backend = MOEJIT_BACKEND_CUDA;
+  else return mj_fail(err, MJ_EUSAGE, "moejit serve: --backend must be auto, cpu or cuda, not '%s'", backend);
+  oo.max_parallel = (int32_t)parallel, oo.max_queue = (int32_t)max_queue, oo.context_length = (int32_t)ctx;
+  oo.threads = (int32_t)threads, oo.quiet = quiet;
+
+  /* Before any thread exists: the signals are this thread's alone, and a
+   * write to a closed socket is an error return, not a signal. */
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  moejit *m = NULL;
+  moejit_status st = moejit_open(dir, &oo, &m);
+  if (st != MOEJIT_OK) return api_fail(err, st, "moejit serve");
+  moejit_info info;
+  moejit_get_info(m, &info);
+  so.model_name = info.name;
+  srv *s = NULL;
+  if ((r = srv_start(m, &so, &s, err))) {
+    moejit_close(m, 0);
+    return r;
+  }
+  bool v6 = strchr(host, ':') != NULL;
+  fprintf(stderr, "moejit: listening on http://%s%s%s:%d (model %s, backend %s, %d sequences at once, context %d)\n",
+          v6 ? "[" : "", host, v6 ? "]" : "", srv_port(s), info.name, info.backend, info.max_parallel,
+          info.context_length);
+  fflush(stderr);
+
+  int sig = wait_signal(&set, -1);
+  int running = srv_in_flight(s);
+  srv_drain(s);
+  if (!quiet)
+    fprintf(stderr, "moejit: %s: no new requests; %d running, given up to %lld s\n", strsignal(sig), running,
+            (long long)shutdown_s);
+  double deadline = mj_now_ms() + (double)shutdown_s * 1000.0;
+  while (srv_in_flight(s) > 0 && mj_now_ms() < deadline)
+    if (wait_signal(&set, 100)) break; /* a second signal: stop waiting */
+  int left = srv_in_flight(s);
+  if (left) {
+    if (!quiet) fprintf(stderr, "moejit: cancelling %d requests\n", left);
+    srv_cancel_all(s);
+    /* Their clients get their answers; a stream's thread sees its last
+     * event within one poll. */
+    for (double t = mj_now_ms() + 2000; srv_in_flight(s) > 0 && mj_now_ms() < t;) wait_signal(&set, 50);
+  }
+  srv_destroy(s);
+  st = moejit_close(m, 0);
+  if (st != MOEJIT_OK && !quiet)
+    fprintf(stderr, "moejit: warning: the engine reported during its run: %s\n", moejit_last_error());
+  if (!quiet) fprintf(stderr, "moejit: stopped\n");
+  return 0;
+}

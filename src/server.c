@@ -1,0 +1,738 @@
+/* server.c: `moejit serve`'s HTTP server (server.h) on libmicrohttpd.
+ *
+ * Threads.  libmicrohttpd runs one thread per connection (bounded by
+ * max_connections); a completion request is submitted to the engine from its
+ * connection's thread and that thread then polls the request's events
+ * (moejit_poll) in slices of 100 ms, so blocking is where the work is and no
+ * callback ever runs on the engine thread.  Between slices the thread peeks
+ * at its socket: a client that has gone away (EOF or reset) has its request
+ * released at once (moejit_release cancels it and frees its slot) rather
+ * than when the next write fails.  A streamed response is a chunked body
+ * whose reader produces one server-sent event per engine event; when no
+ * token comes for a while it sends an SSE comment, so a slow first token
+ * never looks like an idle connection to libmicrohttpd's timeout.
+ *
+ * Slow clients.  libmicrohttpd's connection timeout closes a connection
+ * that is silent, but a client sending one byte a second is never silent;
+ * so each connection is registered (the connection-notify callback) with
+ * the time its current request began, and a watchdog thread shuts down the
+ * socket of any request whose headers and body have not all arrived within
+ * request_timeout_s.  The registry's lock is held across the shutdown and
+ * the entry is removed in the CLOSED notification, which libmicrohttpd
+ * makes before it closes the socket, so the watchdog never touches a
+ * reused descriptor.
+ *
+ * Memory.  A body is kept only up to max_body (a longer one is refused, 413,
+ * before it is read when Content-Length says so); bodies are parsed one at
+ * a time (parse_mu) and the parse tree freed at once (openai.c), so what a
+ * connection holds is about two bodies, and connections are bounded.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "openai.h"
+#include "server.h"
+
+/* Between polls of the engine (the disconnect check's period). */
+#define POLL_MS 100
+/* An SSE comment after this long without an event. */
+#define KEEPALIVE_MS 5000
+
+typedef enum { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_COMPLETIONS, R_CHAT } route;
+
+/* One connection of the registry. */
+typedef struct srv_conn {
+  int fd;
+  double t_begin;  /* when its current request began (ms) */
+  bool busy;       /* its request has fully arrived: the timeout no longer applies */
+  struct srv_conn *prev, *next;
+} srv_conn;
+
+/* One HTTP request (libmicrohttpd's per-request pointer). */
+typedef struct srv_req {
+  srv *s;
+  struct MHD_Connection *c;
+  srv_conn *conn;
+  route rt;
+  mj_buf body;
+  bool too_large;
+  /* the engine's request, while it runs */
+  oai_request q;
+  bool parsed;
+  uint64_t id;          /* 0: none live */
+  struct srv_req *prev, *next; /* s->live */
+  /* what is answered */
+  char rid[40];
+  int64_t created;
+  int64_t prompt_tokens, completion_tokens;
+  const char *finish;   /* "stop", "length"; NULL while running */
+  moejit_finish fin;
+  char error[512];      /* FINISH_ERROR's message */
+  mj_buf text;          /* stream false: the whole text */
+  /* stream true */
+  mj_buf out;
+  size_t out_off;
+  bool sent_first, stream_done;
+} srv_req;
+
+struct srv {
+  moejit *engine;
+  srv_opts o;
+  char *model_name, *api_key;
+  int64_t created;
+  int port;
+  struct MHD_Daemon *d;
+  pthread_mutex_t mu;     /* conns, live, in_flight */
+  srv_conn *conns;
+  srv_req *live;
+  int in_flight;
+  pthread_mutex_t parse_mu;
+  atomic_bool draining;
+  bool cancelling;        /* under mu: srv_cancel_all has run */
+  pthread_t watchdog;
+  pthread_mutex_t wd_mu;
+  pthread_cond_t wd_cv;
+  bool wd_stop, wd_started;
+  atomic_uint_fast64_t next_id;
+  /* counters of /metrics beside the engine's */
+  atomic_uint_fast64_t responses[600]; /* by status code */
+  atomic_uint_fast64_t disconnects, timeouts;
+};
+
+void srv_opts_init(srv_opts *o) {
+  *o = (srv_opts){.host = "127.0.0.1", .port = 8000, .model_name = "moejit", .max_body = 1 << 20,
+                  .max_connections = 128, .idle_timeout_s = 60, .request_timeout_s = 30, .default_max_tokens = 16};
+}
+
+/* ---- responses ------------------------------------------------------------------------ */
+static enum MHD_Result send_buf(srv *s, struct MHD_Connection *c, int status, const char *ctype, mj_buf *b,
+                                const char *hname, const char *hval) {
+  struct MHD_Response *r = MHD_create_response_from_buffer(b->len, b->len ? b->data : (void *)"",
+                                                           b->len ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+  if (!r) {
+    mj_buf_free(b);
+    return MHD_NO;
+  }
+  if (b->len) b->data = NULL, b->len = b->cap = 0; /* the response frees it */
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+  if (hname) MHD_add_response_header(r, hname, hval);
+  enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
+  MHD_destroy_response(r);
+  if (ok == MHD_YES && status >= 100 && status < 600) s->responses[status]++;
+  return ok;
+}
+
+static enum MHD_Result send_json(srv *s, struct MHD_Connection *c, int status, mj_buf *b) {
+  return send_buf(s, c, status, "application/json", b, NULL, NULL);
+}
+
+static enum MHD_Result send_error(srv *s, struct MHD_Connection *c, const oai_error *e, const char *hname,
+                                  const char *hval) {
+  mj_buf b = {0};
+  oai_write_error(&b, e);
+  return send_buf(s, c, e->status, "application/json", &b, hname, hval);
+}
+
+static enum MHD_Result fail(srv *s, struct MHD_Connection *c, int status, const char *type, const char *param,
+                            const char *code, const char *msg) {
+  oai_error e;
+  oai_fail(&e, status, type, param, code, "%s", msg);
+  return send_error(s, c, &e, NULL, NULL);
+}
+
+/* ---- the live requests ------------------------------------------------------------------- */
+static void live_add(srv_req *q, uint64_t id) {
+  srv *s = q->s;
+  pthread_mutex_lock(&s->mu);
+  q->id = id;
+  q->next = s->live, q->prev = NULL;
+  if (s->live) s->live->prev = q;
+  s->live = q;
+  s->in_flight++;
+  /* Submitted while srv_cancel_all walked the list: cancel it here. */
+  if (s->cancelling) moejit_cancel(s->engine, id);
+  pthread_mutex_unlock(&s->mu);
+}
+
+static void live_remove(srv_req *q) {
+  srv *s = q->s;
+  pthread_mutex_lock(&s->mu);
+  if (q->id) {
+    if (q->prev) q->prev->next = q->next;
+    else s->live = q->next;
+    if (q->next) q->next->prev = q->prev;
+    q->id = 0;
+    s->in_flight--;
+  }
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* The client went away: cancel its request and drop its events. */
+static void release(srv_req *q) {
+  if (!q->id) return;
+  uint64_t id = q->id;
+  live_remove(q);
+  moejit_release(q->s->engine, id);
+  q->s->disconnects++;
+}
+
+/* Has the peer closed its end (or reset)?  Data waiting (a pipelined
+ * request) is not a close. */
+static bool peer_gone(srv_req *q) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(q->c, MHD_CONNECTION_INFO_CONNECTION_FD);
+  if (!ci) return false;
+  char b;
+  ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* The next event of q's request into ev, waiting up to wait_ms: 1 with an
+ * event (text copied where it goes: q->text or the caller), 0 when none came,
+ * -1 when the client went away (released).  The last event removes q from
+ * the live list. */
+static int next_event(srv_req *q, moejit_event *ev, int wait_ms) {
+  for (int waited = 0;; waited += POLL_MS) {
+    moejit_status st = moejit_poll(q->s->engine, q->id, ev, POLL_MS);
+    if (st == MOEJIT_OK) break;
+    if (st != MOEJIT_ETIMEDOUT) { /* cannot happen while q->id is live; end it as an error */
+      snprintf(q->error, sizeof q->error, "the engine lost the request: %s", moejit_last_error());
+      live_remove(q);
+      q->fin = MOEJIT_FINISH_ERROR, q->finish = "error";
+      return 1;
+    }
+    if (peer_gone(q)) {
+      release(q);
+      return -1;
+    }
+    if (waited + POLL_MS >= wait_ms) return 0;
+  }
+  q->prompt_tokens = ev->prompt_tokens;
+  q->completion_tokens = ev->completion_tokens;
+  if (ev->finish != MOEJIT_FINISH_NONE) {
+    q->fin = ev->finish;
+    q->finish = ev->finish == MOEJIT_FINISH_LENGTH ? "length" : ev->finish == MOEJIT_FINISH_STOP ? "stop"
+                                                                                                  : moejit_finish_name(ev->finish);
+    if (ev->finish == MOEJIT_FINISH_ERROR) snprintf(q->error, sizeof q->error, "%s", ev->error ? ev->error : "");
+    live_remove(q);
+  }
+  return 1;
+}
+
+/* The error a request that did not finish answers with: cancelled (the
+ * server is shutting down) or the backend's failure. */
+static void end_error(const srv_req *q, oai_error *e) {
+  if (q->fin == MOEJIT_FINISH_CANCELLED)
+    oai_fail(e, 503, "server_error", NULL, "shutting_down", "the server is shutting down; the request was cancelled");
+  else
+    oai_fail(e, 500, "server_error", NULL, "engine_error", "the engine failed: %s", q->error);
+}
+
+static void result_of(const srv_req *q, oai_result *r, const char *text, size_t len) {
+  *r = (oai_result){.id = q->rid, .created = q->created, .model = q->s->model_name, .text = text, .text_len = len,
+                    .finish_reason = NULL, .prompt_tokens = q->prompt_tokens,
+                    .completion_tokens = q->completion_tokens};
+}
+
+/* ---- streaming ----------------------------------------------------------------------------- */
+static void sse(mj_buf *b, const mj_buf *json) {
+  mj_buf_puts(b, "data: ");
+  mj_buf_put(b, json->data, json->len);
+  mj_buf_puts(b, "\n\n");
+}
+
+/* Fill q->out with what comes next; false when the client went away. */
+static bool stream_more(srv_req *q) {
+  q->out.len = q->out_off = 0;
+  mj_buf j = {0};
+  oai_result r;
+  if (!q->finish) {
+    moejit_event ev;
+    int got = next_event(q, &ev, KEEPALIVE_MS);
+    if (got < 0) return false;
+    if (got == 0) {
+      mj_buf_puts(&q->out, ": keep-alive\n\n");
+      return true;
+    }
+    bool ended_ok = q->fin == MOEJIT_FINISH_NONE || q->fin == MOEJIT_FINISH_STOP || q->fin == MOEJIT_FINISH_LENGTH;
+    /* One chunk an event: a token's chunk even when its text is held back
+     * (""), as OpenAI's streams send one chunk a token. */
+    if (ended_ok) {
+      result_of(q, &r, ev.text, ev.text_len);
+      r.finish_reason = q->finish;
+      oai_write_chunk(&j, q->q.kind, &r, q->q.kind == OAI_CHAT && !q->sent_first);
+      sse(&q->out, &j);
+      q->sent_first = true;
+    }
+    if (!ended_ok) { /* OpenAI's streams carry an error as an event of its own */
+      oai_error e;
+      end_error(q, &e);
+      j.len = 0;
+      oai_write_error(&j, &e);
+      sse(&q->out, &j);
+    }
+    if (q->finish) {
+      if (q->q.include_usage) {
+        j.len = 0;
+        result_of(q, &r, "", 0);
+        oai_write_usage_chunk(&j, q->q.kind, &r);
+        sse(&q->out, &j);
+      }
+      mj_buf_puts(&q->out, "data: [DONE]\n\n");
+      q->stream_done = true;
+    }
+  }
+  mj_buf_free(&j);
+  return true;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+  srv_req *q = cls;
+  while (q->out_off >= q->out.len) {
+    if (q->stream_done) return MHD_CONTENT_READER_END_OF_STREAM;
+    if (!stream_more(q)) return MHD_CONTENT_READER_END_WITH_ERROR;
+  }
+  size_t n = q->out.len - q->out_off;
+  if (n > max) n = max;
+  memcpy(buf, q->out.data + q->out_off, n);
+  q->out_off += n;
+  return (ssize_t)n;
+}
+
+/* ---- completions ---------------------------------------------------------------------------- */
+static const char *role_name(oai_role r) { return r == OAI_SYSTEM ? "system" : r == OAI_USER ? "user" : "assistant"; }
+
+static enum MHD_Result completion(srv_req *q) {
+  srv *s = q->s;
+  oai_error e;
+  pthread_mutex_lock(&s->parse_mu);
+  int st = oai_parse(q->rt == R_CHAT ? OAI_CHAT : OAI_COMPLETION, q->body.data ? q->body.data : "", q->body.len, &q->q, &e);
+  pthread_mutex_unlock(&s->parse_mu);
+  mj_buf_free(&q->body);
+  if (st) return send_error(s, q->c, &e, NULL, NULL);
+  q->parsed = true;
+  if (q->q.model && strcmp(q->q.model, s->model_name) != 0) {
+    oai_fail(&e, 404, "invalid_request_error", "model", "model_not_found", "the model '%s' does not exist; this server serves '%s'",
+             q->q.model, s->model_name);
+    return send_error(s, q->c, &e, NULL, NULL);
+  }
+  moejit_sampling sp;
+  moejit_sampling_init(&sp);
+  sp.temperature = (float)q->q.temperature, sp.top_p = (float)q->q.top_p, sp.min_p = (float)q->q.min_p;
+  sp.top_k = q->q.top_k > INT32_MAX ? INT32_MAX : (int32_t)q->q.top_k;
+  sp.seed = q->q.has_seed ? q->q.seed & INT64_MAX : -1;
+  moejit_request rq;
+  moejit_request_init(&rq);
+  moejit_message *msgs = NULL;
+  if (q->q.kind == OAI_CHAT) {
+    msgs = mj_xcalloc(q->q.n_messages, sizeof *msgs);
+    for (size_t i = 0; i < q->q.n_messages; i++)
+      msgs[i] = (moejit_message){role_name(q->q.messages[i].role), q->q.messages[i].content};
+    rq.messages = msgs, rq.n_messages = q->q.n_messages, rq.thinking = q->q.thinking;
+  } else {
+    rq.prompt = q->q.prompt, rq.prompt_len = q->q.prompt_len;
+    if (q->q.prompt_len == 0) { /* the API reads 0 as "up to the NUL"; an empty prompt is refused either way */
+      free(msgs);
+      return fail(s, q->c, 400, "invalid_request_error", "prompt", NULL, "'prompt' must not be empty");
+    }
+  }
+  rq.sampling = &sp;
+  int64_t mt = q->q.max_tokens > 0 ? q->q.max_tokens : q->q.kind == OAI_COMPLETION ? s->o.default_max_tokens : 0;
+  rq.max_tokens = mt > INT32_MAX ? INT32_MAX : (int32_t)mt;
+  rq.stop = q->q.n_stop ? q->q.stop : NULL, rq.n_stop = (size_t)q->q.n_stop;
+  rq.ignore_eos = q->q.ignore_eos;
+  uint64_t id = 0;
+  /* The body may have finished arriving after the drain began. */
+  moejit_status ms = s->draining ? MOEJIT_ECLOSED : moejit_submit(s->engine, &rq, &id);
+  free(msgs);
+  if (ms == MOEJIT_EQUEUE_FULL) {
+    oai_fail(&e, 503, "server_error", NULL, "queue_full", "the server is busy (its wait queue is full); retry later");
+    return send_error(s, q->c, &e, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+  }
+  if (ms == MOEJIT_ECLOSED) return fail(s, q->c, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+  if (ms == MOEJIT_EINVAL) return fail(s, q->c, 400, "invalid_request_error", NULL, NULL, moejit_last_error());
+  if (ms != MOEJIT_OK) return fail(s, q->c, 500, "server_error", NULL, "engine_error", moejit_last_error());
+  live_add(q, id);
+  snprintf(q->rid, sizeof q->rid, "%s-%016llx", q->q.kind == OAI_CHAT ? "chatcmpl" : "cmpl",
+           (unsigned long long)(s->next_id++ * 0x9E3779B97F4A7C15ull ^ (uint64_t)s->created));
+  q->created = (int64_t)time(NULL);
+
+  if (q->q.stream) {
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, q, NULL);
+    if (!r) return MHD_NO; /* srv_completed releases the request */
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result ok = MHD_queue_response(q->c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    if (ok == MHD_YES) s->responses[200]++;
+    return ok;
+  }
+  moejit_event ev;
+  while (!q->finish) {
+    int got = next_event(q, &ev, 1 << 30);
+    if (got < 0) return MHD_NO; /* the client is gone: close */
+    if (got > 0 && q->fin != MOEJIT_FINISH_ERROR) mj_buf_put(&q->text, ev.text, ev.text_len);
+  }
+  if (q->fin != MOEJIT_FINISH_STOP && q->fin != MOEJIT_FINISH_LENGTH) {
+    end_error(q, &e);
+    return send_error(s, q->c, &e, NULL, NULL);
+  }
+  oai_result res;
+  result_of(q, &res, q->text.data ? q->text.data : "", q->text.len);
+  res.finish_reason = q->finish;
+  mj_buf b = {0};
+  oai_write_response(&b, q->q.kind, &res);
+  return send_json(s, q->c, 200, &b);
+}
+
+/* ---- metrics --------------------------------------------------------------------------------- */
+static void metric(mj_buf *b, const char *name, const char *type, const char *help, double v) {
+  mj_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+static enum MHD_Result metrics(srv *s, struct MHD_Connection *c) {
+  moejit_stats st;
+  if (moejit_get_stats(s->engine, &st) != MOEJIT_OK)
+    return fail(s, c, 500, "server_error", NULL, NULL, moejit_last_error());
+  mj_buf b = {0};
+  metric(&b, "moejit_requests_total", "counter", "Requests the engine accepted.", (double)st.requests_submitted);
+  metric(&b, "moejit_requests_finished_total", "counter", "Requests that ended, for any reason.", (double)st.requests_finished);
+  metric(&b, "moejit_requests_cancelled_total", "counter", "Requests cancelled (client gone, shutdown).",
+         (double)st.requests_cancelled);
+  metric(&b, "moejit_requests_failed_total", "counter", "Requests the backend failed.", (double)st.requests_failed);
+  metric(&b, "moejit_prompt_tokens_total", "counter", "Prompt tokens run.", (double)st.prompt_tokens);
+  metric(&b, "moejit_generation_tokens_total", "counter", "Tokens generated.", (double)st.generated_tokens);
+  metric(&b, "moejit_queue_depth", "gauge", "Requests waiting for a slot.", st.queue_depth);
+  metric(&b, "moejit_running_sequences", "gauge", "Sequences being decoded.", st.running);
+  metric(&b, "moejit_prompt_steps_total", "counter", "Engine steps that ran a prompt.", (double)st.prompt_steps);
+  metric(&b, "moejit_decode_rows_total", "counter", "Rows of decode steps (over steps: the mean batch).",
+         (double)st.decode_rows);
+  static const double le_ms[] = MOEJIT_STEP_BUCKETS_MS;
+  mj_buf_puts(&b, "# HELP moejit_decode_step_seconds Time of one decode step (a row of every live sequence).\n"
+                  "# TYPE moejit_decode_step_seconds histogram\n");
+  for (int i = 0; i < MOEJIT_STEP_BUCKETS; i++) {
+    if (i < MOEJIT_STEP_BUCKETS - 1)
+      mj_buf_printf(&b, "moejit_decode_step_seconds_bucket{le=\"%g\"} %llu\n", le_ms[i] / 1000.0,
+                    (unsigned long long)st.decode_step_le[i]);
+    else
+      mj_buf_printf(&b, "moejit_decode_step_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)st.decode_step_le[i]);
+  }
+  mj_buf_printf(&b, "moejit_decode_step_seconds_sum %.9g\nmoejit_decode_step_seconds_count %llu\n",
+                st.decode_step_ms_sum / 1000.0, (unsigned long long)st.decode_steps);
+  metric(&b, "moejit_kernel_cache_hits_total", "counter", "Kernels found in the memory table or the disk cache.",
+         (double)st.kernel_cache_hits);
+  metric(&b, "moejit_kernel_cache_misses_total", "counter", "Kernels not in any cache.", (double)st.kernel_cache_misses);
+  metric(&b, "moejit_kernel_compiles_total", "counter", "Kernels compiled.", (double)st.kernel_compiles);
+  pthread_mutex_lock(&s->mu);
+  int inflight = s->in_flight, conns = 0;
+  for (srv_conn *k = s->conns; k; k = k->next) conns++;
+  pthread_mutex_unlock(&s->mu);
+  metric(&b, "moejit_http_requests_in_flight", "gauge", "Completion requests the server is relaying.", inflight);
+  metric(&b, "moejit_http_connections", "gauge", "Open HTTP connections.", conns);
+  metric(&b, "moejit_http_client_disconnects_total", "counter", "Requests cancelled because their client went away.",
+         (double)s->disconnects);
+  metric(&b, "moejit_http_request_timeouts_total", "counter", "Connections closed because a request arrived too slowly.",
+         (double)s->timeouts);
+  mj_buf_puts(&b, "# HELP moejit_http_responses_total HTTP responses sent, by status code.\n"
+                  "# TYPE moejit_http_responses_total counter\n");
+  for (int code = 100; code < 600; code++)
+    if (s->responses[code])
+      mj_buf_printf(&b, "moejit_http_responses_total{code=\"%d\"} %llu\n", code, (unsigned long long)s->responses[code]);
+  metric(&b, "moejit_draining", "gauge", "1 while the server shuts down.", s->draining ? 1 : 0);
+  return send_buf(s, c, 200, "text/plain; version=0.0.4; charset=utf-8", &b, NULL, NULL);
+}
+
+/* ---- routing ------------------------------------------------------------------------------- */
+static route route_of(const char *url) {
+  static const struct { const char *path; route r; } t[] = {
+      {"/health", R_HEALTH}, {"/metrics", R_METRICS}, {"/v1/models", R_MODELS},
+      {"/v1/completions", R_COMPLETIONS}, {"/v1/chat/completions", R_CHAT}};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(t); i++)
+    if (strcmp(url, t[i].path) == 0) return t[i].r;
+  return R_NONE;
+}
+
+/* The key compared in time that does not depend on where it differs. */
+static bool key_ok(const srv *s, struct MHD_Connection *c) {
+  const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+  if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
+  h += 7;
+  size_t n = strlen(h), k = strlen(s->api_key);
+  unsigned char d = n != k;
+  for (size_t i = 0; i < n; i++) d |= (unsigned char)(h[i] ^ s->api_key[i % (k ? k : 1)]);
+  return d == 0;
+}
+
+static srv_conn *conn_of(struct MHD_Connection *c) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  return ci ? ci->socket_context : NULL;
+}
+
+/* The first call of a request: everything decided from its headers. */
+static enum MHD_Result first_call(srv *s, srv_req *q, const char *method) {
+  bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+  if (q->rt == R_NONE) return fail(s, q->c, 404, "invalid_request_error", NULL, "not_found", "no such route");
+  bool want_post = q->rt == R_COMPLETIONS || q->rt == R_CHAT;
+  if (want_post ? !post : !get) {
+    oai_error e;
+    oai_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s is not allowed here; use %s", method,
+             want_post ? "POST" : "GET");
+    return send_error(s, q->c, &e, MHD_HTTP_HEADER_ALLOW, want_post ? "POST" : "GET, HEAD");
+  }
+  if (s->api_key && q->rt != R_HEALTH && q->rt != R_METRICS && !key_ok(s, q->c)) {
+    oai_error e;
+    oai_fail(&e, 401, "authentication_error", NULL, "invalid_api_key",
+             "a missing or wrong API key: send the header Authorization: Bearer KEY");
+    return send_error(s, q->c, &e, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+  }
+  if (s->draining && want_post) return fail(s, q->c, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+  const char *cl = MHD_lookup_connection_value(q->c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+  if (cl) {
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(cl, &end, 10);
+    if (errno || end == cl || n > s->o.max_body) {
+      oai_error e;
+      oai_fail(&e, 413, "invalid_request_error", NULL, "body_too_large", "the body is %s bytes; this server takes at most %zu",
+               cl, s->o.max_body);
+      return send_error(s, q->c, &e, MHD_HTTP_HEADER_CONNECTION, "close");
+    }
+  }
+  return MHD_YES;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **ctx) {
+  srv *s = cls;
+  srv_req *q = *ctx;
+  if (!q) {
+    q = mj_xcalloc(1, sizeof *q);
+    q->s = s, q->c = c, q->rt = route_of(url), q->conn = conn_of(c);
+    *ctx = q;
+    return first_call(s, q, method);
+  }
+  if (*upload_size) { /* a piece of the body */
+    if (!q->too_large && q->body.len + *upload_size > s->o.max_body) q->too_large = true, mj_buf_free(&q->body);
+    if (!q->too_large) mj_buf_put(&q->body, upload, *upload_size);
+    *upload_size = 0;
+    return MHD_YES;
+  }
+  /* the whole request is in */
+  if (q->conn) {
+    pthread_mutex_lock(&s->mu);
+    q->conn->busy = true;
+    pthread_mutex_unlock(&s->mu);
+  }
+  if (q->too_large) {
+    oai_error e;
+    oai_fail(&e, 413, "invalid_request_error", NULL, "body_too_large", "the body is larger than %zu bytes", s->o.max_body);
+    return send_error(s, c, &e, NULL, NULL);
+  }
+  mj_buf b = {0};
+  switch (q->rt) {
+  case R_HEALTH:
+    mj_buf_puts(&b, s->draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}");
+    return send_json(s, c, s->draining ? 503 : 200, &b);
+  case R_MODELS:
+    oai_write_models(&b, s->model_name, s->created);
+    return send_json(s, c, 200, &b);
+  case R_METRICS:
+    return metrics(s, c);
+  case R_COMPLETIONS:
+  case R_CHAT:
+    return completion(q);
+  case R_NONE:
+    break;
+  }
+  return MHD_NO;
+}
+
+/* A request is over (answered, failed, timed out or its client gone). */
+static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum MHD_RequestTerminationCode toe) {
+  srv *s = cls;
+  srv_req *q = *ctx;
+  if (!q) return;
+  *ctx = NULL;
+  if (q->id) { /* still running: nobody will read it */
+    uint64_t id = q->id;
+    live_remove(q);
+    moejit_release(s->engine, id);
+    s->disconnects++;
+  }
+  if (q->conn) {
+    pthread_mutex_lock(&s->mu);
+    q->conn->busy = false, q->conn->t_begin = mj_now_ms();
+    pthread_mutex_unlock(&s->mu);
+  }
+  if (q->parsed) oai_request_free(&q->q);
+  mj_buf_free(&q->body), mj_buf_free(&q->text), mj_buf_free(&q->out);
+  free(q);
+}
+
+/* ---- the connection registry and its watchdog ----------------------------------------------- */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx, enum MHD_ConnectionNotificationCode code) {
+  srv *s = cls;
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    srv_conn *k = mj_xcalloc(1, sizeof *k);
+    k->fd = ci ? ci->connect_fd : -1, k->t_begin = mj_now_ms();
+    pthread_mutex_lock(&s->mu);
+    k->next = s->conns;
+    if (s->conns) s->conns->prev = k;
+    s->conns = k;
+    pthread_mutex_unlock(&s->mu);
+    *socket_ctx = k;
+  } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_ctx) {
+    srv_conn *k = *socket_ctx;
+    pthread_mutex_lock(&s->mu);
+    if (k->prev) k->prev->next = k->next;
+    else s->conns = k->next;
+    if (k->next) k->next->prev = k->prev;
+    pthread_mutex_unlock(&s->mu);
+    free(k);
+    *socket_ctx = NULL;
+  }
+}
+
+static void *watchdog(void *arg) {
+  srv *s = arg;
+  double limit = s->o.request_timeout_s * 1000.0;
+  pthread_mutex_lock(&s->wd_mu);
+  while (!s->wd_stop) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 250 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&s->wd_cv, &s->wd_mu, &ts);
+    double now = mj_now_ms();
+    pthread_mutex_lock(&s->mu);
+    for (srv_conn *k = s->conns; k; k = k->next)
+      if (!k->busy && k->fd >= 0 && now - k->t_begin > limit) {
+        shutdown(k->fd, SHUT_RDWR);
+        k->fd = -1; /* once */
+        s->timeouts++;
+      }
+    pthread_mutex_unlock(&s->mu);
+  }
+  pthread_mutex_unlock(&s->wd_mu);
+  return NULL;
+}
+
+/* libmicrohttpd's own messages (a peer that reset, a timeout) are the
+ * everyday weather of a server: shown at MOEJIT_LOG=2 and up. */
+static void on_log(void *cls, const char *fmt, va_list ap) {
+  if (mj_log_level() < 2) return;
+  fprintf(stderr, "moejit: http: ");
+  vfprintf(stderr, fmt, ap);
+}
+
+/* ---- start and stop ------------------------------------------------------------------------- */
+/* The address to bind: o's host and port resolved (freeaddrinfo). */
+static int resolve(const srv_opts *o, struct addrinfo **ai, mj_err *err) {
+  if (o->port < 0 || o->port > 65535) return mj_fail(err, MJ_EUSAGE, "moejit serve: --port must be 0..65535, not %d", o->port);
+  if (o->max_connections < 1) return mj_fail(err, MJ_EUSAGE, "moejit serve: --max-connections must be 1 or more");
+  if (o->max_body < 1) return mj_fail(err, MJ_EUSAGE, "moejit serve: --max-body must be 1 or more bytes");
+  if (o->idle_timeout_s < 1 || o->request_timeout_s < 1)
+    return mj_fail(err, MJ_EUSAGE, "moejit serve: --idle-timeout and --request-timeout must be 1 s or more");
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+  char port[16];
+  snprintf(port, sizeof port, "%d", o->port);
+  *ai = NULL;
+  int gr = getaddrinfo(o->host, port, &hints, ai);
+  if (gr || !*ai) {
+    if (*ai) freeaddrinfo(*ai);
+    return mj_fail(err, MJ_EUSAGE, "moejit serve: --host %s: %s", o->host, gr ? gai_strerror(gr) : "no address");
+  }
+  return 0;
+}
+
+int srv_check(const srv_opts *o, mj_err *err) {
+  struct addrinfo *ai;
+  int r = resolve(o, &ai, err);
+  if (!r) freeaddrinfo(ai);
+  return r;
+}
+
+int srv_start(moejit *engine, const srv_opts *o, srv **out, mj_err *err) {
+  *out = NULL;
+  struct addrinfo *ai;
+  int r = resolve(o, &ai, err);
+  if (r) return r;
+  srv *s = mj_xcalloc(1, sizeof *s);
+  s->engine = engine, s->o = *o;
+  s->model_name = mj_xstrdup(o->model_name ? o->model_name : "moejit");
+  s->api_key = o->api_key ? mj_xstrdup(o->api_key) : NULL;
+  s->created = (int64_t)time(NULL);
+  s->next_id = 1;
+  pthread_mutex_init(&s->mu, NULL), pthread_mutex_init(&s->parse_mu, NULL), pthread_mutex_init(&s->wd_mu, NULL);
+  pthread_cond_init(&s->wd_cv, NULL);
+  unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
+  if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+  s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
+                          MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
+                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->idle_timeout_s,
+                          MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                          MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                          MHD_OPTION_EXTERNAL_LOGGER, on_log, s,
+                          MHD_OPTION_END);
+  int e = errno;
+  freeaddrinfo(ai);
+  if (!s->d) {
+    srv_destroy(s);
+    return mj_fail(err, MJ_EIO, "moejit serve: cannot listen on %s port %d: %s", o->host, o->port,
+                   e ? strerror(e) : "libmicrohttpd refused to start");
+  }
+  const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+  s->port = di ? di->port : o->port;
+  if (pthread_create(&s->watchdog, NULL, watchdog, s) != 0) {
+    srv_destroy(s);
+    return mj_fail(err, MJ_ENOMEM, "moejit serve: cannot start the watchdog thread");
+  }
+  s->wd_started = true;
+  *out = s;
+  return 0;
+}
+
+int srv_port(const srv *s) { return s->port; }
+
+void srv_drain(srv *s) { s->draining = true; }
+
+int srv_in_flight(srv *s) {
+  pthread_mutex_lock(&s->mu);
+  int n = s->in_flight;
+  pthread_mutex_unlock(&s->mu);
+  return n;
+}
+
+void srv_cancel_all(srv *s) {
+  pthread_mutex_lock(&s->mu);
+  s->cancelling = true;
+  for (srv_req *q = s->live; q; q = q->next) moejit_cancel(s->engine, q->id);
+  pthread_mutex_unlock(&s->mu);
+}
+
+void srv_destroy(srv *s) {
+  if (!s) return;
+  if (s->d) MHD_stop_daemon(s->d);
+  if (s->wd_started) {
+    pthread_mutex_lock(&s->wd_mu);
+    s->wd_stop = true;
+    pthread_cond_signal(&s->wd_cv);
+    pthread_mutex_unlock(&s->wd_mu);
+    pthread_join(s->watchdog, NULL);
+  }
+  pthread_mutex_destroy(&s->mu), pthread_mutex_destroy(&s->parse_mu), pthread_mutex_destroy(&s->wd_mu);
+  pthread_cond_destroy(&s->wd_cv);
+  free(s->model_name), free(s->api_key);
+  free(s);
+}

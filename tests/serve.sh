@@ -1,0 +1,292 @@
+#!/bin/sh
+# serve.sh: `moejit serve` on the CPU backend with the built-in model, spoken
+# to by real clients.  curl (always) and the official `openai` npm client
+# (when npm can install it: tests/serve/package-lock.json) get the same text
+# as `moejit generate` for the same prompt, seed and sampling, whole and
+# streamed, completion and chat; 32 concurrent clients of 4 requests each
+# get each its own request's text and token count (the references: one
+# `generate --prompts` run, prompt k seeded 1000 + k); hostile clients
+# (a truncated body, 10 MB bodies, invalid UTF-8, wrong fields, one byte a
+# second, a stream dropped midway) each get their status while a
+# well-behaved client keeps being served and the RSS stays bounded; a full
+# queue is 503 with Retry-After; SIGTERM drains, cancels and exits 0.
+# Every server listens on 127.0.0.1 at --port 0 and says its port on stderr.
+. "$srcdir/tests/lib.sh"
+for p in curl python3; do
+  command -v $p > /dev/null 2>&1 || { echo "FAIL: $p not found (scripts/deps.sh installs it)"; exit 1; }
+done
+probe="python3 $srcdir/tests/serve/probe.py"
+export MOEJIT_DATA_DIR="$tmp/data"
+KEY=sekrit
+GEN_S="--temp 0.8 --top-p 0.9 --top-k 40 --min-p 0.05"
+REQ_S='"temperature":0.8,"top_p":0.9,"top_k":40,"min_p":0.05'
+pids=
+cleanup() {
+  for p in $pids; do kill -9 "$p" 2> /dev/null; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# start NAME ARGS...: a server; sets pid and port (60 s for the line).
+start() {
+  name=$1
+  shift
+  : > "$tmp/$name.err"
+  $MOEJIT serve --port 0 --backend cpu "$@" 2> "$tmp/$name.err" &
+  pid=$!
+  pids="$pids $pid"
+  port=
+  for _ in $(seq 600); do
+    port=$(sed -n 's/^moejit: listening on http:\/\/127\.0\.0\.1:\([0-9][0-9]*\) .*/\1/p' "$tmp/$name.err")
+    [ -n "$port" ] && return 0
+    kill -0 $pid 2> /dev/null || break
+    sleep 0.1
+  done
+  echo "FAIL: $name did not start: $(cat "$tmp/$name.err")"
+  exit 1
+}
+# post PATH BODY OUT [curl args]: the status code; the body in OUT.
+post() {
+  path=$1 body=$2 out=$3
+  shift 3
+  curl -s -o "$out" -w '%{http_code}' -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' \
+    --data-binary "$body" "$@" "http://127.0.0.1:$port$path"
+}
+# stop PID: SIGTERM, the exit status.
+stop() {
+  kill -TERM "$1"
+  wait "$1"
+}
+
+# ---- references: moejit generate (which also writes the built-in model) --------
+$MOEJIT generate -p "hello world" -n 12 --seed 7 $GEN_S --json --backend cpu > "$tmp/ref_c.json" 2> "$tmp/gen.err" ||
+  { echo "FAIL: generate: $(cat "$tmp/gen.err")"; exit 1; }
+$MOEJIT generate --chat --no-think -p "hello world" -n 12 --seed 7 $GEN_S --json --backend cpu > "$tmp/ref_chat.json"
+for i in $(seq 0 15); do echo "fox $((i * 7))"; done > "$tmp/prompts.txt"
+$MOEJIT generate --prompts "$tmp/prompts.txt" --parallel 8 -n 6 --seed 1000 $GEN_S --json --backend cpu > "$tmp/refs.jsonl" 2> /dev/null
+[ "$(wc -l < "$tmp/refs.jsonl")" -eq 16 ] || { echo "FAIL: generate --prompts: $(cat "$tmp/refs.jsonl")"; exit 1; }
+# The comparisons below mean something only if seeds change the text.
+python3 - "$tmp/refs.jsonl" << 'EOF' && ok "references: 16 prompts, texts differ" || bad "references are alike"
+import json, sys
+texts = [json.loads(l)["text"] for l in open(sys.argv[1], encoding="utf-8")]
+sys.exit(0 if len(set(texts)) >= 10 and sum(1 for t in texts if t) >= 12 else 1)
+EOF
+model=$(basename "$(sed -n 's/.*"model":"\([^"]*\)".*/\1/p' "$tmp/ref_c.json")")
+
+start main --parallel 8 --api-key $KEY --max-body 65536 --request-timeout 3
+main_pid=$pid
+
+# ---- curl: routes, keys, and generate's text -------------------------------------
+[ "$(curl -s "http://127.0.0.1:$port/health")" = '{"status":"ok"}' ] && ok "GET /health" || bad "GET /health"
+st=$(curl -s -o "$tmp/models" -w '%{http_code}' -H "Authorization: Bearer $KEY" "http://127.0.0.1:$port/v1/models")
+[ "$st" = 200 ] && [ "$($probe field "$tmp/models" data.0.id)" = "\"$model\"" ] && ok "GET /v1/models: $model" || bad "models: $st $(cat "$tmp/models")"
+st=$(curl -s -o "$tmp/o" -w '%{http_code}' "http://127.0.0.1:$port/v1/models")
+[ "$st" = 401 ] && [ "$($probe field "$tmp/o" error.code)" = '"invalid_api_key"' ] && ok "no key: 401" || bad "no key: $st $(cat "$tmp/o")"
+st=$(curl -s -o "$tmp/o" -w '%{http_code}' -H "Authorization: Bearer wrong" "http://127.0.0.1:$port/v1/models")
+[ "$st" = 401 ] && ok "wrong key: 401" || bad "wrong key: $st"
+st=$(curl -s -o "$tmp/o" -w '%{http_code}' -H "Authorization: Bearer $KEY" "http://127.0.0.1:$port/v1/nothing")
+[ "$st" = 404 ] && ok "unknown route: 404" || bad "unknown route: $st"
+st=$(curl -s -o "$tmp/o" -D "$tmp/h" -w '%{http_code}' -H "Authorization: Bearer $KEY" "http://127.0.0.1:$port/v1/completions")
+[ "$st" = 405 ] && grep -qi '^Allow: POST' "$tmp/h" && ok "GET /v1/completions: 405, Allow: POST" || bad "wrong method: $st"
+st=$(post /v1/completions "{\"model\":\"other\",\"prompt\":\"x\"}" "$tmp/o")
+[ "$st" = 404 ] && [ "$($probe field "$tmp/o" error.param)" = '"model"' ] && ok "another model: 404" || bad "another model: $st"
+
+ref_text=$($probe field "$tmp/ref_c.json" text)
+ref_n=$($probe field "$tmp/ref_c.json" generated_tokens)
+st=$(post /v1/completions "{\"model\":\"$model\",\"prompt\":\"hello world\",\"max_tokens\":12,\"seed\":7,$REQ_S}" "$tmp/c.json")
+[ "$st" = 200 ] && [ "$($probe field "$tmp/c.json" choices.0.text)" = "$ref_text" ] &&
+  [ "$($probe field "$tmp/c.json" usage.completion_tokens)" = "$ref_n" ] && [ "$($probe field "$tmp/c.json" object)" = '"text_completion"' ] &&
+  ok "curl completion = generate: $ref_text, $ref_n tokens" || bad "curl completion: $st $(cat "$tmp/c.json") / $ref_text"
+post /v1/completions "{\"prompt\":\"hello world\",\"max_tokens\":12,\"seed\":7,\"stream\":true,$REQ_S}" "$tmp/cs.sse" -N > /dev/null
+$probe sse "$tmp/cs.sse" > "$tmp/cs.json"
+[ "$($probe field "$tmp/cs.json" text)" = "$ref_text" ] && [ "$($probe field "$tmp/cs.json" done)" = true ] &&
+  [ "$($probe field "$tmp/cs.json" chunks)" = "$ref_n" ] && [ "$($probe field "$tmp/cs.json" finish)" = '"length"' ] &&
+  ok "curl completion stream = generate, one chunk a token, [DONE]" || bad "curl stream: $(cat "$tmp/cs.json")"
+ref_chat=$($probe field "$tmp/ref_chat.json" text)
+post /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"hello world\"}],\"max_tokens\":12,\"seed\":7,$REQ_S}" "$tmp/ch.json" > /dev/null
+[ "$($probe field "$tmp/ch.json" choices.0.message.content)" = "$ref_chat" ] && [ "$($probe field "$tmp/ch.json" object)" = '"chat.completion"' ] &&
+  ok "curl chat = generate --chat --no-think: $ref_chat" || bad "curl chat: $(cat "$tmp/ch.json") / $ref_chat"
+post /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"hello world\"}],\"max_tokens\":12,\"seed\":7,\"stream\":true,\"stream_options\":{\"include_usage\":true},$REQ_S}" "$tmp/chs.sse" -N > /dev/null
+$probe sse "$tmp/chs.sse" > "$tmp/chs.json"
+grep -q '"object":"chat.completion.chunk"' "$tmp/chs.sse" && [ "$($probe field "$tmp/chs.json" text)" = "$ref_chat" ] &&
+  [ "$($probe field "$tmp/chs.json" usage.completion_tokens)" = "$($probe field "$tmp/ref_chat.json" generated_tokens)" ] &&
+  ok "curl chat stream = generate, usage chunk" || bad "curl chat stream: $(cat "$tmp/chs.json")"
+
+# ---- the openai npm client ----------------------------------------------------------
+cdir=$srcdir/tests/serve
+if ! command -v npm > /dev/null 2>&1 || ! command -v node > /dev/null 2>&1; then
+  echo "SKIP openai client: npm or node not found (the curl checks above ran)"
+elif [ ! -f "$cdir/node_modules/.package-lock.json" ] && ! (cd "$cdir" && npm ci --no-audit --no-fund --loglevel=error > "$tmp/npm.log" 2>&1); then
+  echo "SKIP openai client: npm ci in $cdir failed (no registry?): $(tail -1 "$tmp/npm.log")"
+else
+  node "$cdir/client.mjs" "http://127.0.0.1:$port/v1" $KEY "$model" "hello world" 12 7 > "$tmp/js.json" 2> "$tmp/js.err" ||
+    bad "openai client: $(cat "$tmp/js.err")"
+  for way in completion completion_stream; do
+    [ "$($probe field "$tmp/js.json" $way.text)" = "$ref_text" ] && [ "$($probe field "$tmp/js.json" $way.finish)" = '"length"' ] &&
+      ok "openai client: $way = generate" || bad "openai client $way: $(cat "$tmp/js.json")"
+  done
+  for way in chat chat_stream; do
+    [ "$($probe field "$tmp/js.json" $way.text)" = "$ref_chat" ] && [ "$($probe field "$tmp/js.json" $way.tokens)" = 12 ] &&
+      ok "openai client: $way = generate --chat" || bad "openai client $way: $(cat "$tmp/js.json")"
+  done
+  [ "$($probe field "$tmp/js.json" bad.status)" = 400 ] && [ "$($probe field "$tmp/js.json" bad.param)" = '"max_tokens"' ] &&
+    ok "openai client: max_tokens -1 is its BadRequestError, param max_tokens" || bad "openai client bad: $(cat "$tmp/js.json")"
+fi
+
+# ---- load: 32 clients x 4 requests, streamed and whole, all at once ----------------
+rss0=$($probe rss $main_pid)
+t0=$(date +%s)
+for c in $(seq 0 31); do
+  (
+    for j in 0 1 2 3; do
+      k=$(((c * 4 + j) % 16))
+      prompt=$(sed -n "$((k + 1))p" "$tmp/prompts.txt")
+      stream=false
+      [ $((j % 2)) = 1 ] && stream=true
+      post /v1/completions "{\"prompt\":\"$prompt\",\"max_tokens\":6,\"seed\":$((1000 + k)),\"stream\":$stream,$REQ_S}" \
+        "$tmp/load.$c.$j" -N > "$tmp/load.$c.$j.status"
+    done
+  ) &
+  clients="${clients:-} $!"
+done
+wait $clients
+python3 - "$tmp" << 'EOF' && ok "load: 128 requests of 32 clients, each its own text and token count ($(($(date +%s) - t0)) s)" || bad "load"
+import json, sys
+tmp = sys.argv[1]
+refs = [json.loads(l) for l in open(tmp + "/refs.jsonl", encoding="utf-8")]
+bad = 0
+for c in range(32):
+    for j in range(4):
+        k = (c * 4 + j) % 16
+        f = "%s/load.%d.%d" % (tmp, c, j)
+        st = open(f + ".status").read().strip()
+        if j % 2:
+            text, finish, chunks, usage = "", None, 0, None
+            for line in open(f, encoding="utf-8"):
+                if line.startswith("data: ") and line[6:].strip() != "[DONE]":
+                    d = json.loads(line[6:])
+                    for ch in d["choices"]:
+                        chunks += 1
+                        text += ch["text"]
+                        finish = ch["finish_reason"] or finish
+            n = chunks if finish == "length" else chunks - 1
+            done = open(f, encoding="utf-8").read().endswith("data: [DONE]\n\n")
+        else:
+            d = json.load(open(f, encoding="utf-8"))
+            text, finish, n, done = d["choices"][0]["text"], d["choices"][0]["finish_reason"], d["usage"]["completion_tokens"], True
+        want_finish = "length" if refs[k]["stop"] == "length" else "stop"
+        if st != "200" or text != refs[k]["text"] or n != refs[k]["generated_tokens"] or finish != want_finish or not done or \
+           (finish == "length" and n != 6):
+            bad += 1
+            print("  client %d request %d (prompt %d): status %s, %r %d tokens %s; want %r %d tokens" %
+                  (c, j, k, st, text, n, finish, refs[k]["text"], refs[k]["generated_tokens"]))
+sys.exit(1 if bad else 0)
+EOF
+[ "$($probe metric "$port" moejit_requests_total)" -ge 128 ] && [ "$($probe metric "$port" moejit_running_sequences)" = 0 ] &&
+  ok "metrics after the load: $($probe metric "$port" moejit_requests_total) requests, $($probe metric "$port" moejit_generation_tokens_total) tokens out, 0 running" ||
+  bad "metrics after the load: $(curl -s "http://127.0.0.1:$port/metrics" | grep -v '^#' | head -20)"
+curl -s "http://127.0.0.1:$port/metrics" > "$tmp/m"
+grep -q '^moejit_decode_step_seconds_bucket{le="+Inf"} [1-9]' "$tmp/m" && grep -q '^# TYPE moejit_decode_step_seconds histogram' "$tmp/m" &&
+  grep -q '^moejit_kernel_compiles_total ' "$tmp/m" && grep -q '^moejit_queue_depth 0' "$tmp/m" &&
+  ok "metrics: step-time histogram, kernel cache, queue depth" || bad "metrics: $(cat "$tmp/m")"
+rss1=$($probe rss $main_pid)
+
+# ---- hostile clients, while a well-behaved one is served ------------------------------
+(
+  for j in 0 1 2 3 4 5; do
+    post /v1/completions "{\"prompt\":\"$(sed -n 1p "$tmp/prompts.txt")\",\"max_tokens\":6,\"seed\":1000,$REQ_S}" "$tmp/good.$j" > "$tmp/good.$j.status"
+  done
+) &
+good=$!
+$probe slow "$port" > "$tmp/slow" &
+slow=$!
+$probe truncated "$port" > /dev/null && ok "a truncated body, then close" || bad "truncated body"
+head -c 10485760 /dev/zero | tr '\0' 'a' > "$tmp/10mb"
+st=$(curl -s -o "$tmp/o" -w '%{http_code}' -H "Authorization: Bearer $KEY" --data-binary @"$tmp/10mb" "http://127.0.0.1:$port/v1/completions")
+[ "$st" = 413 ] && [ "$($probe field "$tmp/o" error.code)" = '"body_too_large"' ] && ok "10 MB body: 413" || bad "10 MB body: $st $(head -c 300 "$tmp/o")"
+st=$(curl -s -o "$tmp/o" -w '%{http_code}' -H "Authorization: Bearer $KEY" -H 'Transfer-Encoding: chunked' --data-binary @"$tmp/10mb" "http://127.0.0.1:$port/v1/completions")
+[ "$st" = 413 ] && ok "10 MB chunked body (no Content-Length): 413" || bad "10 MB chunked body: $st"
+printf '{"prompt":"bad \377\376 bytes","max_tokens":2}' > "$tmp/badutf8"
+st=$(curl -s -o "$tmp/o" -w '%{http_code}' -H "Authorization: Bearer $KEY" --data-binary @"$tmp/badutf8" "http://127.0.0.1:$port/v1/completions")
+[ "$st" = 400 ] && grep -q 'invalid UTF-8' "$tmp/o" && [ "$($probe field "$tmp/o" error.type)" = '"invalid_request_error"' ] &&
+  ok "invalid UTF-8: 400, $($probe field "$tmp/o" error.message)" || bad "invalid UTF-8: $st $(cat "$tmp/o")"
+# expect400 BODY PARAM: 400 naming PARAM
+expect400() {
+  st=$(post /v1/completions "$1" "$tmp/o")
+  if [ "$st" = 400 ] && [ "$($probe field "$tmp/o" error.param)" = "$2" ]; then ok "400 $2: $($probe field "$tmp/o" error.message)"
+  else bad "$1: $st $(cat "$tmp/o")"; fi
+}
+expect400 '{"prompt":"x","max_tokens":-5}' '"max_tokens"'
+expect400 '{"prompt":"x","temperature":"hot"}' '"temperature"'
+expect400 '{"prompt":{"a":1}}' '"prompt"'
+expect400 '{"prompt":["a","b"]}' '"prompt"'
+expect400 '{"prompt":"x","n":3}' '"n"'
+expect400 '{"prompt":"x","stop":[1,2]}' '"stop"'
+expect400 '{"prompt":"x"' 'null'
+expect400 '{"prompt":""}' '"prompt"'
+$probe disconnect "$port" $KEY > "$tmp/disc" && ok "a stream dropped after its first event: $(cat "$tmp/disc")" || bad "disconnect: $(cat "$tmp/disc")"
+running=1
+for _ in $(seq 50); do
+  running=$($probe metric "$port" moejit_running_sequences)
+  [ "$running" = 0 ] && break
+  sleep 0.1
+done
+[ "$running" = 0 ] && [ "$($probe metric "$port" moejit_http_client_disconnects_total)" -ge 1 ] &&
+  [ "$($probe metric "$port" moejit_requests_cancelled_total)" -ge 1 ] &&
+  ok "the dropped stream's slot is freed: running sequences 0, its request cancelled" || bad "after the disconnect: running $running"
+wait $slow
+grep -q "^closed after [3-6] s" "$tmp/slow" && [ "$($probe metric "$port" moejit_http_request_timeouts_total)" -ge 1 ] &&
+  ok "one byte a second: $(cat "$tmp/slow") (--request-timeout 3)" || bad "slow client: $(cat "$tmp/slow")"
+wait $good
+want=$(sed -n 1p "$tmp/refs.jsonl" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["text"]))')
+goods=0
+for j in 0 1 2 3 4 5; do
+  [ "$(cat "$tmp/good.$j.status")" = 200 ] && [ "$($probe field "$tmp/good.$j" choices.0.text)" = "$want" ] && goods=$((goods + 1))
+done
+[ $goods = 6 ] && ok "meanwhile a well-behaved client: 6 of 6 answered, each the right text" || bad "well-behaved client: $goods of 6"
+rss2=$($probe rss $main_pid)
+[ $((rss2 - rss1)) -lt 65536 ] && [ $((rss1 - rss0)) -lt 131072 ] &&
+  ok "RSS: $rss0 KiB, $rss1 after the load, $rss2 after the hostile clients" || bad "RSS grew: $rss0, $rss1, $rss2 KiB"
+stop $main_pid
+st=$?
+[ $st = 0 ] && grep -q "^moejit: stopped" "$tmp/main.err" && ok "SIGTERM, idle: exit 0" || bad "SIGTERM: status $st: $(tail -3 "$tmp/main.err")"
+
+# ---- a full queue, and SIGTERM with requests running ------------------------------------
+start queue --parallel 1 --max-queue 1 --shutdown-timeout 2 --api-key $KEY
+qpid=$pid
+post /v1/completions "{\"prompt\":\"a\",\"max_tokens\":3000,\"stream\":true,\"ignore_eos\":true}" "$tmp/q1.sse" -N > /dev/null &
+for _ in $(seq 100); do [ "$($probe metric "$port" moejit_running_sequences)" = 1 ] && break; sleep 0.1; done
+post /v1/completions "{\"prompt\":\"b\",\"max_tokens\":3000,\"ignore_eos\":true}" "$tmp/q2" > "$tmp/q2.status" &
+for _ in $(seq 100); do [ "$($probe metric "$port" moejit_queue_depth)" = 1 ] && break; sleep 0.1; done
+st=$(post /v1/completions '{"prompt":"c","max_tokens":2}' "$tmp/o" -D "$tmp/h")
+[ "$st" = 503 ] && grep -qi '^Retry-After: 1' "$tmp/h" && [ "$($probe field "$tmp/o" error.code)" = '"queue_full"' ] &&
+  ok "queue full (--parallel 1 --max-queue 1): 503, Retry-After" || bad "queue full: $st $(cat "$tmp/o")"
+t0=$(date +%s)
+kill -TERM $qpid
+sleep 0.5
+st=$(post /v1/completions '{"prompt":"d","max_tokens":2}' "$tmp/o")
+[ "$st" = 503 ] && [ "$($probe field "$tmp/o" error.code)" = '"shutting_down"' ] && ok "draining: a new request is 503" || bad "draining: $st $(cat "$tmp/o")"
+wait $qpid
+st=$?
+took=$(($(date +%s) - t0))
+[ $st = 0 ] && [ $took -le 6 ] && ok "SIGTERM with 2 requests: exit 0 in $took s (--shutdown-timeout 2)" || bad "SIGTERM busy: status $st in $took s: $(cat "$tmp/queue.err")"
+wait
+$probe sse "$tmp/q1.sse" > "$tmp/q1.json"
+[ "$($probe field "$tmp/q1.json" error.code)" = '"shutting_down"' ] && [ "$($probe field "$tmp/q1.json" done)" = true ] &&
+  ok "the running stream ends with an error event and [DONE]" || bad "running stream at shutdown: $(tail -c 400 "$tmp/q1.sse")"
+[ "$(cat "$tmp/q2.status")" = 503 ] && ok "the queued request is answered 503" || bad "queued request at shutdown: $(cat "$tmp/q2.status") $(cat "$tmp/q2")"
+grep -q "^moejit: cancelling 2 requests" "$tmp/queue.err" && ok "shutdown cancelled the 2 left" || bad "shutdown: $(cat "$tmp/queue.err")"
+
+# ---- the command line ------------------------------------------------------------------
+expect 1 "moejit: moejit serve: --port must be 0..65535, not 70000" $MOEJIT serve --port 70000
+expect 1 "moejit: moejit serve: --backend must be auto, cpu or cuda, not 'tpu'" $MOEJIT serve --backend tpu
+expect 1 "moejit: moejit serve: --max-body must be 1..1073741824 bytes, not 0" $MOEJIT serve --max-body 0
+# a host that does not resolve is refused before the model loads (no data folder is written)
+MOEJIT_DATA_DIR="$tmp/none" $MOEJIT serve --host 300.1.1.1 2> "$tmp/err"
+st=$?
+[ $st = 1 ] && [ "$(wc -l < "$tmp/err")" = 1 ] && grep -q "^moejit: moejit serve: --host 300.1.1.1: " "$tmp/err" && [ ! -e "$tmp/none" ] &&
+  ok "--host checked before the model loads: $(cat "$tmp/err")" || bad "bad --host: status $st: $(cat "$tmp/err")"
+start busy --parallel 1
+expect 2 "moejit: moejit serve: cannot listen on 127.0.0.1 port $port: Address already in use" $MOEJIT serve --port "$port" --backend cpu -q
+stop $pid > /dev/null
+exit $fail

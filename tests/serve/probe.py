@@ -1,0 +1,119 @@
+"""probe.py: the clients of tests/serve.sh that curl cannot be, on raw sockets,
+and the readers of what the clients got.
+
+    probe.py truncated PORT            a body shorter than its Content-Length, then close
+    probe.py slow PORT                 one byte a second; says when the server closed
+    probe.py disconnect PORT KEY       a stream read for one event, then closed
+    probe.py sse FILE                  a saved SSE body: {"text", "finish", "chunks", "done", "usage", "error"}
+    probe.py field FILE PATH           a JSON file's value at a.b.0.c (JSON-encoded)
+    probe.py metric PORT NAME          a /metrics sample's value
+    probe.py rss PID                   VmRSS in KiB
+"""
+import json
+import socket
+import sys
+import time
+import urllib.request
+
+
+def connect(port):
+    return socket.create_connection(("127.0.0.1", int(port)), timeout=30)
+
+
+def truncated(port):
+    s = connect(port)
+    body = b'{"prompt":"x",'
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 100\r\n\r\n" + body)
+    time.sleep(0.2)
+    s.close()
+    print("sent %d of 100 bytes, closed" % len(body))
+
+
+def slow(port):
+    s = connect(port)
+    s.settimeout(1.0)
+    req = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n" + b"x" * 20
+    t0 = time.time()
+    for i, b in enumerate(req):
+        try:
+            s.send(bytes([b]))
+            got = s.recv(4096)
+            if not got:
+                print("closed after %.0f s, %d bytes sent" % (time.time() - t0, i + 1))
+                return
+            print("answered after %.0f s: %r" % (time.time() - t0, got[:40]))
+            return
+        except socket.timeout:
+            pass
+        except (ConnectionResetError, BrokenPipeError):
+            print("closed after %.0f s, %d bytes sent" % (time.time() - t0, i + 1))
+            return
+    print("open after %.0f s: all %d bytes sent" % (time.time() - t0, len(req)))
+
+
+def disconnect(port, key):
+    s = connect(port)
+    body = json.dumps({"prompt": "a long answer", "max_tokens": 2000, "stream": True, "seed": 1, "ignore_eos": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode() +
+              b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    got = b""
+    while b"data: " not in got:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    s.close()
+    print("read %d bytes (%s), closed" % (len(got), got.split(b"\r\n")[0].decode()))
+
+
+def sse(path):
+    text, finish, chunks, done, usage, error = "", None, 0, False, None, None
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                done = True
+                continue
+            d = json.loads(data)
+            if "error" in d:
+                error = d["error"]
+                continue
+            if d.get("usage"):
+                usage = d["usage"]
+            for c in d["choices"]:
+                chunks += 1
+                text += c["delta"].get("content", "") if "delta" in c else c["text"]
+                finish = c["finish_reason"] or finish
+    print(json.dumps({"text": text, "finish": finish, "chunks": chunks, "done": done, "usage": usage, "error": error}))
+
+
+def field(path, at):
+    with open(path, encoding="utf-8") as f:
+        v = json.load(f)
+    for k in at.split("."):
+        v = v[int(k)] if isinstance(v, list) else v[k]
+    print(json.dumps(v))
+
+
+def metric(port, name):
+    with urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port, timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.split(" ")[0] == name:
+                print(line.split(" ")[1])
+                return
+    print("absent")
+
+
+def rss(pid):
+    with open("/proc/%s/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                print(line.split()[1])
+
+
+{"truncated": truncated, "slow": slow, "disconnect": disconnect, "sse": sse, "field": field,
+ "metric": metric, "rss": rss}[sys.argv[1]](*sys.argv[2:])

@@ -1,0 +1,171 @@
+/* test_openai.c: OpenAI request bodies read by oai_parse (fields, defaults,
+ * the error of each wrong field, with its status and param) and the
+ * response bodies the writers produce, read back with the JSON reader. */
+#include "json.h"
+#include "openai.h"
+#include "t.h"
+
+static int parse(oai_kind k, const char *body, oai_request *r, oai_error *e) {
+  memset(e, 0, sizeof *e);
+  return oai_parse(k, body, strlen(body), r, e);
+}
+
+static void test_completion_fields(void) {
+  oai_request r;
+  oai_error e;
+  T_EQ_INT(parse(OAI_COMPLETION,
+                 "{\"model\":\"m\",\"prompt\":\"hi \\u00e9\",\"temperature\":0.5,\"top_p\":0.9,\"top_k\":40,"
+                 "\"min_p\":0.1,\"max_tokens\":7,\"stop\":[\"a\",\"bc\"],\"seed\":-3,\"stream\":true,"
+                 "\"stream_options\":{\"include_usage\":true},\"n\":1,\"ignore_eos\":true,\"logit_bias\":{},\"user\":\"x\"}",
+                 &r, &e),
+           0);
+  T_EQ_STR(r.model, "m");
+  T_EQ_STR(r.prompt, "hi \xc3\xa9");
+  T_EQ_INT(r.prompt_len, 5);
+  T_NEAR(r.temperature, 0.5, 0);
+  T_NEAR(r.top_p, 0.9, 0);
+  T_NEAR(r.min_p, 0.1, 0);
+  T_EQ_INT(r.top_k, 40);
+  T_EQ_INT(r.max_tokens, 7);
+  T_EQ_INT(r.n_stop, 2);
+  T_EQ_STR(r.stop[1], "bc");
+  T_CHECK(r.has_seed && r.seed == -3);
+  T_CHECK(r.stream && r.include_usage && r.ignore_eos);
+  oai_request_free(&r);
+  /* defaults: OpenAI's sampling, no limit given, one stop string */
+  T_EQ_INT(parse(OAI_COMPLETION, "{\"prompt\":\"\",\"stop\":\"\\n\",\"top_k\":-1}", &r, &e), 0);
+  T_CHECK(r.model == NULL && r.temperature == 1 && r.top_p == 1 && r.min_p == 0 && r.top_k == 0);
+  T_EQ_INT(r.max_tokens, -1);
+  T_CHECK(r.n_stop == 1 && r.stop_len[0] == 1 && !r.has_seed && !r.stream);
+  oai_request_free(&r);
+}
+
+static void test_chat_fields(void) {
+  oai_request r;
+  oai_error e;
+  T_EQ_INT(parse(OAI_CHAT,
+                 "{\"messages\":[{\"role\":\"developer\",\"content\":\"be brief\"},"
+                 "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]},"
+                 "{\"role\":\"assistant\",\"content\":null}],\"max_tokens\":3,\"max_completion_tokens\":5,"
+                 "\"chat_template_kwargs\":{\"enable_thinking\":true}}",
+                 &r, &e),
+           0);
+  T_EQ_INT(r.n_messages, 3);
+  T_CHECK(r.messages[0].role == OAI_SYSTEM && r.messages[1].role == OAI_USER && r.messages[2].role == OAI_ASSISTANT);
+  T_EQ_STR(r.messages[1].content, "ab");
+  T_EQ_INT(r.messages[2].len, 0);
+  T_EQ_INT(r.max_tokens, 5);
+  T_CHECK(r.thinking);
+  oai_request_free(&r);
+}
+
+/* body -> status 400, the param named and the message's start */
+static void bad(oai_kind k, const char *body, const char *param, const char *msg) {
+  oai_request r;
+  oai_error e;
+  int st = parse(k, body, &r, &e);
+  T_EQ_INT(st, 400);
+  if (st != 400) {
+    oai_request_free(&r);
+    return;
+  }
+  T_EQ_STR(e.type, "invalid_request_error");
+  if (param) T_EQ_STR(e.param, param);
+  else T_CHECK(e.param == NULL);
+  if (strncmp(e.message, msg, strlen(msg)) != 0) T_EQ_STR(e.message, msg);
+}
+
+static void test_errors(void) {
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\"", NULL, "the body is not valid JSON: body:1:14: bad JSON: unterminated object");
+  bad(OAI_COMPLETION, "{\"prompt\":\"\xff\"}", NULL, "the body is not valid JSON: body:1:12: bad JSON: invalid UTF-8 in string");
+  bad(OAI_COMPLETION, "{\"prompt\":\"\\ud800\"}", NULL, "the body is not valid JSON");
+  bad(OAI_COMPLETION, "[1]", NULL, "the body must be a JSON object, not array");
+  bad(OAI_COMPLETION, "{}", "prompt", "'prompt' is required");
+  bad(OAI_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", "prompt", "'prompt' as an array");
+  bad(OAI_COMPLETION, "{\"prompt\":5}", "prompt", "'prompt' must be a string, not number");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"max_tokens\":-1}", "max_tokens", "'max_tokens' must be 1 or more, not -1");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens", "'max_tokens' must be 1 or more, not 0");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"max_tokens\":\"8\"}", "max_tokens", "'max_tokens' must be an integer, not string");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"max_tokens\":1.5}", "max_tokens", "'max_tokens' must be an integer, not a fraction");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"temperature\":\"hot\"}", "temperature", "'temperature' must be a number, not string");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"temperature\":3}", "temperature", "'temperature' must be in [0, 2], not 3");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"top_p\":0}", "top_p", "'top_p' must be in (0, 1], not 0");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"top_k\":-2}", "top_k", "'top_k' must be 0 or -1 (off) or more");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"n\":2}", "n", "'n' must be 1");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stream\":1}", "stream", "'stream' must be a boolean, not number");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"ignore_eos\":\"yes\"}", "ignore_eos", "'ignore_eos' must be a boolean, not string");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", "'stop' holds at most 4 strings");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":[1]}", "stop", "'stop' must be a string or an array of strings, not number");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"seed\":\"1\"}", "seed", "'seed' must be an integer, not string");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":\"yes\"}}", "stream_options",
+      "'stream_options.include_usage' must be a boolean");
+  bad(OAI_CHAT, "{\"prompt\":\"x\"}", "messages", "'messages' is required");
+  bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"enable_thinking\":1}}",
+      "chat_template_kwargs", "'chat_template_kwargs.enable_thinking' must be a boolean, not number");
+  bad(OAI_CHAT, "{\"messages\":[]}", "messages", "'messages' must not be empty");
+  bad(OAI_CHAT, "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "messages",
+      "messages[0].role must be system, developer, user or assistant, not 'tool'");
+  bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":7}]}", "messages", "messages[0].content must be a string");
+  bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", "messages",
+      "messages[0].content[0] must be {\"type\": \"text\"");
+}
+
+/* A written body parses back, with the fields as given. */
+static void test_writers(void) {
+  mj_arena a;
+  mj_arena_init(&a, 0);
+  mj_err err = {0};
+  json *v;
+  mj_buf b = {0};
+  oai_result r = {.id = "chatcmpl-1", .created = 1700000000, .model = "m\"x", .text = "a\nb\x01\"", .text_len = 5,
+                  .finish_reason = "length", .prompt_tokens = 4, .completion_tokens = 2};
+  oai_write_response(&b, OAI_CHAT, &r);
+  T_EQ_INT(json_parse(&a, b.data, b.len, "resp", &v, &err), 0);
+  T_EQ_STR(json_get(v, "object")->str, "chat.completion");
+  T_EQ_STR(json_get(v, "model")->str, "m\"x");
+  json *c0 = json_at(json_get(v, "choices"), 0);
+  T_EQ_STR(json_get(json_get(c0, "message"), "content")->str, "a\nb\x01\"");
+  T_EQ_STR(json_get(c0, "finish_reason")->str, "length");
+  T_EQ_INT(json_get(json_get(v, "usage"), "total_tokens")->i, 6);
+  b.len = 0;
+  r.finish_reason = NULL;
+  oai_write_chunk(&b, OAI_CHAT, &r, true);
+  T_EQ_INT(json_parse(&a, b.data, b.len, "chunk", &v, &err), 0);
+  c0 = json_at(json_get(v, "choices"), 0);
+  T_EQ_STR(json_get(v, "object")->str, "chat.completion.chunk");
+  T_EQ_STR(json_get(json_get(c0, "delta"), "role")->str, "assistant");
+  T_CHECK(json_get(c0, "finish_reason")->type == JSON_NULL);
+  b.len = 0;
+  oai_write_chunk(&b, OAI_COMPLETION, &r, false);
+  T_EQ_INT(json_parse(&a, b.data, b.len, "chunk", &v, &err), 0);
+  T_EQ_STR(json_get(v, "object")->str, "text_completion");
+  T_EQ_STR(json_get(json_at(json_get(v, "choices"), 0), "text")->str, "a\nb\x01\"");
+  b.len = 0;
+  oai_write_usage_chunk(&b, OAI_COMPLETION, &r);
+  T_EQ_INT(json_parse(&a, b.data, b.len, "usage", &v, &err), 0);
+  T_EQ_INT(json_get(v, "choices")->len, 0);
+  T_EQ_INT(json_get(json_get(v, "usage"), "completion_tokens")->i, 2);
+  b.len = 0;
+  oai_error e;
+  oai_fail(&e, 413, "invalid_request_error", NULL, "body_too_large", "the body is %d bytes", 9);
+  oai_write_error(&b, &e);
+  T_EQ_INT(json_parse(&a, b.data, b.len, "error", &v, &err), 0);
+  json *eo = json_get(v, "error");
+  T_EQ_STR(json_get(eo, "message")->str, "the body is 9 bytes");
+  T_CHECK(json_get(eo, "param")->type == JSON_NULL);
+  T_EQ_STR(json_get(eo, "code")->str, "body_too_large");
+  b.len = 0;
+  oai_write_models(&b, "glm", 5);
+  T_EQ_INT(json_parse(&a, b.data, b.len, "models", &v, &err), 0);
+  T_EQ_STR(json_get(json_at(json_get(v, "data"), 0), "id")->str, "glm");
+  mj_buf_free(&b);
+  mj_arena_free(&a);
+}
+
+int main(void) {
+  T_RUN(test_completion_fields);
+  T_RUN(test_chat_fields);
+  T_RUN(test_errors);
+  T_RUN(test_writers);
+  return t_status();
+}
