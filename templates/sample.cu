@@ -17,18 +17,20 @@
 //          e = exp(z - zmax) over the top-k survivors (the whole row
 //          without top-k), reaches top_p of the whole;
 //   min-p: e >= min_p (per token: e is already relative to the largest).
-// The compact path: the tokens with key >= the cutoff (top-k's, or for
-// top-p alone the 1024th largest: its candidates) are gathered into
-// shared memory, at most 2048 of them, and sorted (key down, id up: the
-// reference's order); top-p's crossing is found there by a block scan of
-// their masses, and the race below runs over them.  Five passes over the
-// row instead of some twenty of the search it replaced (4-bit candidates
-// counted per pass: 974 us a row at GLM-5's vocabulary on the H200,
-// bench/results/2026-12-03-perf.md).  When the cutoff ties more than 2048
-// tokens, or top-p alone needs more than its candidates' mass, the row
-// falls back to passes over the whole row: top-p's threshold by a
-// most-significant-first search, 4 bits a pass (15 candidate thresholds
-// counted at once, one block reduction, 8 passes).
+// The compact path (top-k): the tokens with key >= its cutoff are
+// gathered into shared memory, at most 2048 of them, and sorted (key down,
+// id up: the reference's order); top-p's crossing is found there by a
+// block scan of their masses, and the race below runs over them.  Five
+// passes over the row instead of the twenty of the search it replaced
+// (4-bit candidates counted per pass: 974 us a row at GLM-5's vocabulary on
+// the H200, bench/results/2026-12-03-perf.md; 396 us now,
+// 2026-12-03-batch-perf.md).  Without top-k, or when its cutoff ties more
+// than 2048 tokens, the row takes passes over the whole row: top-p's
+// threshold by a most-significant-first search, 4 bits a pass (15
+// candidate thresholds counted at once, one block reduction, 8 passes).
+// Top-p alone could take the compact path too (its cutoff among the most
+// likely 1024, when they hold top_p of the mass: LLM rows are sharp); that
+// was written but not run on a GPU, so it is not here.
 // Ties at a cutoff are kept (all tokens with the cutoff's key), so the
 // kept set can exceed top_k by the number of tokens tied with the k-th;
 // sample.c breaks such ties by the lower id.  NaN logits count as -inf.
@@ -154,10 +156,9 @@ __device__ unsigned smp_threshold(const float *l, int V, float inv_t, float zmax
   return t;
 }
 
-// The compact path's size: at most CAP tokens (key >= a cutoff) held in
-// shared memory, sorted; and the candidate count of top-p without top-k.
+// The compact path's size: at most CAP tokens (key >= top-k's cutoff)
+// held in shared memory, sorted.
 #define SMP_CAP 2048
-#define SMP_CAND 1024
 
 // Key back to z (smp_key is a bijection on the values it is given).
 __device__ __forceinline__ float smp_unkey(unsigned k) {
@@ -279,8 +280,7 @@ sample_rows(const float *__restrict__ logits, int V, float temperature, int top_
   const bool greedy = temperature <= 0.0f || top_k == 1 || V == 1;
   const float inv_t = greedy ? 1.0f : 1.0f / temperature;
   const bool by_k = top_k > 0 && top_k < V;
-  // Top-p without top-k looks first among the SMP_CAND most likely tokens.
-  const int kk = by_k ? top_k : (top_p < 1.0f && V > SMP_CAND) ? SMP_CAND : 0;
+  const int kk = by_k ? top_k : 0;
 
   // The argmax of the raw logits: the answer when greedy, the largest z
   // otherwise, and the fallback should nothing survive the filters.  When a
@@ -303,8 +303,7 @@ sample_rows(const float *__restrict__ logits, int V, float temperature, int top_
   const float zmax = __fmul_rn(mv, inv_t); // scaling by a positive number keeps the order
 
   // The kk-th largest key, 8 bits a pass (kk counted exactly, as the
-  // reference's sort), and n = count(key >= it): the cutoff of top-k, or
-  // top-p's candidates.
+  // reference's sort), and n = count(key >= it): the cutoff of top-k.
   unsigned cut = 0, n = (unsigned)V;
   if (kk > 0) {
     unsigned above = 0;
@@ -323,24 +322,9 @@ sample_rows(const float *__restrict__ logits, int V, float temperature, int top_
 
   // The compact path: the n tokens with key >= cut, sorted (key down, id
   // up, the reference's order) in shared memory; top-p, min-p and the race
-  // run there.  Too many (ties at the cutoff) or, for top-p alone, too
-  // little mass among the candidates: the passes over the whole row below.
-  bool compact = (kk > 0 || (top_p < 1.0f && V <= SMP_CAND)) && n <= SMP_CAP;
-  float mass_all = 0.0f;
-  if (compact && !by_k) {
-    // Top-p alone: its mass is the whole row's.  When the candidates hold
-    // less than top_p of it (flat rows), go to the passes over the whole
-    // row now, before gathering and sorting them.
-    float m[2] = {0.0f, 0.0f};
-    for (int i = threadIdx.x; i < V; i += BLOCK) {
-      const float z = smp_scaled(l, i, inv_t), e = expf(z - zmax);
-      m[0] += e;
-      m[1] += smp_key(z) >= cut ? e : 0.0f;
-    }
-    smp_block_sums<BLOCK, 2>(m, red);
-    mass_all = m[0];
-    if (m[1] < top_p * m[0]) compact = false;
-  }
+  // run there.  No top-k, or more than SMP_CAP tokens at its cutoff (ties):
+  // the passes over the whole row below.
+  const bool compact = by_k && n <= SMP_CAP;
   if (compact) {
     if (threadIdx.x == 0) sel[2] = 0u;
     unsigned np = 1;
@@ -387,7 +371,7 @@ sample_rows(const float *__restrict__ logits, int V, float temperature, int top_
         own += e[q];
       }
       float acc = smp_block_scan<BLOCK>(own, &total, &red[0][0]);
-      const float target = top_p * (by_k ? total : mass_all);
+      const float target = top_p * total;
       if (threadIdx.x == 0) sel[3] = 0xffffffffu;
       __syncthreads();
       for (int q = 0; q < per; q++) {
@@ -399,11 +383,7 @@ sample_rows(const float *__restrict__ logits, int V, float temperature, int top_
       }
       __syncthreads();
       const unsigned jp = sel[3];
-      if (jp != 0xffffffffu) {
-        if (ckey[jp] > thr) thr = ckey[jp];
-      } else if (!by_k) {
-        compact = false; // the candidates hold too little mass
-      }
+      if (jp != 0xffffffffu && ckey[jp] > thr) thr = ckey[jp];
     }
   }
 

@@ -456,11 +456,10 @@ static void test_sample_filtered(void) {
   float *l = mj_xmalloc((size_t)B * V * 4);
   uint8_t *keep = mj_xmalloc(V);
   int32_t out[B], again[B], want[B], slot[B], pos[B];
-  /* The kernel's paths: the compact set (top-k, or top-p's 1024
-   * candidates when they hold the mass: the sharp rows of T 0.02), and the
-   * passes over the whole row (no cutoff; top-p over flat rows; a cutoff
-   * past 2048 tokens, by k or by ties: logits rounded to integers tie
-   * ~9700 tokens a value). */
+  /* The kernel's paths: the compact set (top-k, with or without top-p and
+   * min-p), and the passes over the whole row (no top-k: flat rows of T 1
+   * and sharp ones of T 0.02; a top-k cutoff past 2048 tokens, by k or by
+   * ties: logits rounded to integers tie ~9700 tokens a value). */
   const struct {
     sample_params sp;
     bool ties;
@@ -577,9 +576,8 @@ static void test_sample_speed(void) {
   const sample_params all = sample_filters(0.7f, 40, 0.95f, 0.05f, 1);
   sample_speed(1, &greedy);
   sample_speed(1, &plain);
-  /* top-p alone: on these rows (logits uniform in +-8) T 1 is flat, so its
-   * 1024 candidates hold too little mass (the passes over the whole row),
-   * T 0.02 sharp (the compact path) */
+  /* top-p alone (the passes over the whole row): flat rows (logits
+   * uniform in +-8 at T 1) and sharp ones (T 0.02) */
   const sample_params flat_p = sample_filters(1.0f, 0, 0.95f, 0.0f, 1), sharp_p = sample_filters(0.02f, 0, 0.95f, 0.0f, 1);
   sample_speed(1, &all);
   sample_speed(64, &all);
