@@ -1,5 +1,5 @@
 #!/bin/sh
-# serve-bench.sh [-m DIR] [--moejit PATH] [--streams "1 8 32"] [--requests R] [-n TOKENS] [--backend cuda]
+# serve-bench.sh [-m DIR] [--moejit PATH] [--streams "1 8 32"] [--requests R] [-n TOKENS] [--backend cuda] [--no-stream]
 #                [--ctx N]
 #
 # The serving benchmark, for the GPU host: starts `moejit serve --backend cuda`
@@ -10,7 +10,10 @@
 # `moejit generate --prompts FILE --parallel C` (the engine without HTTP).
 # It prints a markdown table: requests/s, generated tokens/s, time to first
 # token (p50, p90) and the whole request's time (p50), and generate's
-# tokens/s beside the server's.
+# tokens/s beside the server's.  --no-stream asks for whole responses
+# (stream false: one JSON body a request, no time to first token), which
+# takes the client's per-token work (a Python thread parsing each event,
+# under one interpreter lock) out of the measurement.
 #
 # The client is Python's standard library only (http.client, threads), so an
 # Ubuntu 24.04 host with python3 and no node runs it.  On the GPU host:
@@ -35,6 +38,7 @@ requests=4
 ntok=128
 backend=cuda
 ctx=1024
+stream=1
 while [ $# -gt 0 ]; do
   case $1 in
     -m) model=$2; shift 2 ;;
@@ -44,6 +48,7 @@ while [ $# -gt 0 ]; do
     -n) ntok=$2; shift 2 ;;
     --backend) backend=$2; shift 2 ;;
     --ctx) ctx=$2; shift 2 ;;
+    --no-stream) stream=0; shift ;;
     -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "serve-bench.sh: unknown argument '$1' (see --help)" >&2; exit 1 ;;
   esac
@@ -86,17 +91,24 @@ cat > "$tmp/client.py" << 'EOF'
 # REQUESTS streamed completions in turn; one JSON line of the results.
 import http.client, json, sys, threading, time
 port, C, R, N, path = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+STREAM = sys.argv[6] == "1"
 prompts = open(path, encoding="utf-8").read().splitlines()
 results, errors = [], []
 lock = threading.Lock()
 
 def one(conn, prompt):
-    body = json.dumps({"prompt": prompt, "max_tokens": N, "stream": True, "stream_options": {"include_usage": True}})
+    body = {"prompt": prompt, "max_tokens": N, "stream": STREAM}
+    if STREAM:
+        body["stream_options"] = {"include_usage": True}
     t0 = time.perf_counter()
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     r = conn.getresponse()
     if r.status != 200:
         raise RuntimeError("status %d: %s" % (r.status, r.read()[:200]))
+    if not STREAM:
+        tokens = json.loads(r.read())["usage"]["completion_tokens"]
+        t1 = time.perf_counter()
+        return {"ttft": float("nan"), "total": t1 - t0, "tokens": tokens}
     first, tokens = None, 0
     while True:
         line = r.readline()
@@ -149,10 +161,10 @@ print(json.dumps({"streams": C, "requests": len(results), "errors": len(errors),
 EOF
 
 echo "serve-bench.sh: moejit serve on port $port ($backend); warming up" >&2
-python3 "$tmp/client.py" "$port" 0 1 "$ntok" "$tmp/prompts.txt"
+python3 "$tmp/client.py" "$port" 0 1 "$ntok" "$tmp/prompts.txt" "$stream"
 for c in $streams; do
   echo "serve-bench.sh: $c streams x $requests requests of $ntok tokens" >&2
-  python3 "$tmp/client.py" "$port" "$c" "$requests" "$ntok" "$tmp/prompts.txt" > "$tmp/serve.$c.json"
+  python3 "$tmp/client.py" "$port" "$c" "$requests" "$ntok" "$tmp/prompts.txt" "$stream" > "$tmp/serve.$c.json"
 done
 curl -s "http://127.0.0.1:$port/metrics" > "$tmp/metrics" 2> /dev/null || true
 kill -TERM $spid
@@ -168,10 +180,11 @@ for c in $streams; do
     { echo "serve-bench.sh: generate failed: $(tail -2 "$tmp/gen.$c.err")" >&2; }
 done
 
-python3 - "$tmp" "$streams" "$requests" "$ntok" "$backend" "$model" << 'EOF'
+python3 - "$tmp" "$streams" "$requests" "$ntok" "$backend" "$model" "$stream" << 'EOF'
 import json, re, sys
 tmp, streams, R, N, backend, model = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
-print("moejit serve, %s, model %s: streamed completions of %s tokens, %s requests a stream\n" % (backend, model or "(built-in)", N, R))
+kind = "streamed" if sys.argv[7] == "1" else "whole (stream false)"
+print("moejit serve, %s, model %s: %s completions of %s tokens, %s requests a stream\n" % (backend, model or "(built-in)", kind, N, R))
 print("| streams | requests | req/s | tok/s (serve) | TTFT p50 ms | TTFT p90 ms | request p50 ms | tok/s (generate --parallel) | errors |")
 print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for c in streams:
