@@ -114,7 +114,7 @@ static int cache_cmd_entries(const char *dir, bool verify, mj_err *err) {
   cache_item *items = NULL;
   int n = cache_scan(dir, &items, err);
   if (n < 0) return MJ_EIO;
-  qsort(items, (size_t)n, sizeof *items, by_time); /* most recently used first */
+  if (n > 1) qsort(items, (size_t)n, sizeof *items, by_time); /* most recently used first */
   int bad = 0;
   if (!verify && n) printf("%-32s %9s %6s %-8s %s\n", "key", "size", "used", "arch", "kernel");
   for (int i = 0; i < n; i++) {
