@@ -12,10 +12,12 @@
 # token (p50, p90) and the whole request's time (p50), and generate's
 # tokens/s beside the server's.  --no-stream asks for whole responses
 # (stream false: one JSON body a request, no time to first token), which
-# takes the client's per-token work (a Python thread parsing each event,
-# under one interpreter lock) out of the measurement.
+# takes the client's per-token work out of the measurement.  Each stream is
+# a process of its own, so the client's parsing is not serialised by one
+# interpreter lock (the first GPU run, bench/results/2026-12-03-serve.md,
+# used threads).
 #
-# The client is Python's standard library only (http.client, threads), so an
+# The client is Python's standard library only (http.client, multiprocessing), so an
 # Ubuntu 24.04 host with python3 and no node runs it.  On the GPU host:
 #   . scripts/gpu-env.sh && scripts/serve-bench.sh [-m /models/GLM-5-NVFP4]  Sampling is the
 # server's default (temperature 1, no filters), which the GPU draws on the
@@ -87,14 +89,14 @@ done
 [ -n "$port" ] || { echo "serve-bench.sh: moejit serve did not start in 10 minutes" >&2; exit 1; }
 
 cat > "$tmp/client.py" << 'EOF'
-# client.py PORT STREAMS REQUESTS NTOK PROMPTS: STREAMS threads, each sending
-# REQUESTS streamed completions in turn; one JSON line of the results.
-import http.client, json, sys, threading, time
+# client.py PORT STREAMS REQUESTS NTOK PROMPTS STREAM: STREAMS processes
+# (not threads: one interpreter lock would serialise their parsing of the
+# events), each sending REQUESTS completions in turn; one JSON line of the
+# results.
+import http.client, json, multiprocessing, sys, time
 port, C, R, N, path = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 STREAM = sys.argv[6] == "1"
 prompts = open(path, encoding="utf-8").read().splitlines()
-results, errors = [], []
-lock = threading.Lock()
 
 def one(conn, prompt):
     body = {"prompt": prompt, "max_tokens": N, "stream": STREAM}
@@ -128,27 +130,34 @@ def one(conn, prompt):
     t1 = time.perf_counter()
     return {"ttft": (first or t1) - t0, "total": t1 - t0, "tokens": tokens}
 
-def stream(k):
+def stream(k, go, out):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+    res, err = [], []
+    go.wait()
     for j in range(R):
         try:
-            res = one(conn, prompts[(k * R + j) % len(prompts)])
-            with lock:
-                results.append(res)
+            res.append(one(conn, prompts[(k * R + j) % len(prompts)]))
         except Exception as e:
-            with lock:
-                errors.append(str(e))
+            err.append(str(e))
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+    out.put((res, err))
 
 if C == 0:  # the warm-up
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
     one(conn, "warm up")
     sys.exit(0)
+go, out = multiprocessing.Event(), multiprocessing.Queue()
+procs = [multiprocessing.Process(target=stream, args=(k, go, out)) for k in range(C)]
+for p in procs: p.start()
 t0 = time.perf_counter()
-threads = [threading.Thread(target=stream, args=(k,)) for k in range(C)]
-for t in threads: t.start()
-for t in threads: t.join()
+go.set()  # every process started: all streams begin together
+results, errors = [], []
+for _ in procs:
+    res, err = out.get()
+    results += res
+    errors += err
 wall = time.perf_counter() - t0
+for p in procs: p.join()
 def pct(v, p):
     v = sorted(v)
     return v[min(len(v) - 1, int(p * len(v)))] if v else float("nan")
