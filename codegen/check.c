@@ -744,6 +744,8 @@ static int check_asm(checker *K, dsl_node *n) {
     }
     if (o->expr->type->kind == TY_ARRAY || o->expr->type->kind == TY_VEC)
       return dsl_error(K->c, o->expr->loc, "an asm operand is a scalar or pointer, not %s", tstr(o->expr->type, a));
+    if (o->constraint[0] == 'n' && !(o->expr->is_const && dsl_is_int(o->expr->type)))
+      return dsl_error(K->c, o->expr->loc, "an \"n\" operand is an integer known at compile time (it is written into the PTX)");
   }
   n->type = dsl_type_scalar(T_VOID);
   return 0;

@@ -607,7 +607,7 @@ static void lower_asm(lw *L, dsl_node *n) {
     const char *c = n->ins[i].constraint;
     LLVMTypeRef at = asm_type(L, c[0]);
     args[nargs++] = to_asm(L, ex(L, n->ins[i].expr), n->ins[i].expr->type, at);
-    mj_buf_printf(&cons, "%s%c", cons.len ? "," : "", c[0] == 'n' ? 'r' : c[0]);
+    mj_buf_printf(&cons, "%s%c", cons.len ? "," : "", c[0]);
   }
   if (n->asm_volatile) mj_buf_printf(&cons, "%s~{memory}", cons.len ? "," : "");
   LLVMTypeRef ret = n->nouts == 0 ? LLVMVoidTypeInContext(L->ctx)

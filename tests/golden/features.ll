@@ -96,6 +96,7 @@ if.then26:                                        ; preds = %if.end
 
 if.end27:                                         ; preds = %if.then26, %if.end
   tail call void @llvm.nvvm.barrier0()
+  tail call void asm sideeffect "bar.warp.sync $0;", "n,~{memory}"(i32 -1) #4
   %72 = icmp eq i32 %2, 0
   br i1 %72, label %if.then29, label %if.end30
 
