@@ -206,6 +206,8 @@ static void plan_defs(const moe_plan *p, defs d[MOE_NK]) {
     if (t->prefetch) def_i(r, "PREFETCH", 1);
     if (t->minb > 1) def_i(r, "MINB", t->minb);
     if (t->mma > 0) def_i(r, "MMA", 1), def_i(r, "KJ", t->mma);
+    if (t->pipe) def_i(r, "PIPE", 1);
+    if (t->stages) def_i(r, "STAGES", t->stages);
   }
   r = &d[MOE_K_combine];
   def_i(r, "N", c->hidden), def_i(r, "TOPK", c->topk);
