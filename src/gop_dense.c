@@ -220,6 +220,6 @@ int gop_sample(CUdeviceptr logits, int B, int V, const sample_params *sp, gop_ro
   float temperature = sp->temperature, top_p = sp->top_p, min_p = sp->min_p;
   int top_k = sp->top_k;
   unsigned long long seed = sp->seed;
-  void *args[] = {&logits, &V, &temperature, &top_k, &top_p, &min_p, &seed, &rows.slot, &rows.pos, &out};
+  void *args[] = {&logits, &V, &temperature, &top_k, &top_p, &min_p, &seed, &rows.slot, &rows.pos, &rows.seed, &out};
   return cu_launch(f->fn, (unsigned)B, 512, 0, cx->s, args, err);
 }

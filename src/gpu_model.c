@@ -63,9 +63,11 @@ struct gpu_model {
   CUdeviceptr embed, lm_head, norm, inv_freq;
   /* activations, rows of bmax */
   int bmax, pw_max, nq_max;
-  CUdeviceptr rows_dev; /* i32 [3][bmax]: token, slot, pos */
+  CUdeviceptr rows_dev; /* i32 [3][bmax]: token, slot, pos; then u64 [bmax]: the row's sampling seed */
   gop_rows rows;
-  int32_t *hrows;       /* pinned [3][bmax], then [bmax] sampled ids */
+  int32_t *hrows;       /* pinned [3][bmax], then [bmax] sampled ids, then u64 [bmax] seeds (hseed) */
+  uint64_t *hseed;
+  uint64_t *slot_seed;  /* [slots + 1]: each slot's sequence seed for the device draw (gpu_set_seed) */
   CUdeviceptr x, y, xn, P, qa, iw, Q, qlat, iq, sel, olat, o_attn, gu, h, logits, tok_out, attn_scr, dsa_scr,
       stash, sel_stash; /* with trace: routing [layer][bmax][topk], DSA selections [layer][bmax][idx_topk] */
   /* a rank: its plan, lm_head rows, and the logits before the all-gather */
@@ -150,8 +152,9 @@ static size_t ikey_token_bytes(const gop_dims *d, const gpu_layer *l) { return l
 static size_t carve_acts(gpu_model *g, CUdeviceptr base) {
   const gop_dims *d = &g->d;
   size_t off = 0, B = (size_t)g->bmax, H = (size_t)d->hidden, S = (size_t)g->o.slots + 1, T = (size_t)d->max_ctx;
-  g->rows_dev = take(base, &off, 3 * B * 4);
-  g->rows = (gop_rows){g->rows_dev, g->rows_dev + B * 4, g->rows_dev + 2 * B * 4};
+  g->rows_dev = take(base, &off, 3 * B * 4 + 4 + B * 8);
+  size_t seeds = (3 * B * 4 + 7) & ~(size_t)7;
+  g->rows = (gop_rows){g->rows_dev, g->rows_dev + B * 4, g->rows_dev + 2 * B * 4, g->rows_dev + seeds};
   g->x = take(base, &off, B * H * 4);
   g->y = take(base, &off, B * H * 4);
   g->xn = take(base, &off, B * H * 2);
@@ -296,7 +299,12 @@ static int setup(gpu_model *g, const model_config *c, int sh_inter, const gpu_op
   CU_CHECK(err, cu.cuStreamCreate(&g->s, CU_STREAM_NON_BLOCKING));
   int rc = moe_side_create(&g->side, err);
   if (rc) return rc;
-  CU_CHECK(err, cu.cuMemAllocHost((void **)&g->hrows, (size_t)g->bmax * 4 * 4));
+  CU_CHECK(err, cu.cuMemAllocHost((void **)&g->hrows, (size_t)g->bmax * (4 * 4 + 8)));
+  g->hseed = (uint64_t *)(g->hrows + 4 * (size_t)g->bmax);
+  /* Until a sequence's own seed is set: the session's seed, a different
+   * stream for each slot (the spare slot too). */
+  g->slot_seed = mj_xmalloc((size_t)(o->slots + 1) * sizeof *g->slot_seed);
+  for (int i = 0; i <= o->slots; i++) g->slot_seed[i] = o->sampling.seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(i + 1));
   g->wbytes = carve_weights(g, 0);
   rc = cu_alloc(&g->wbase, g->wbytes, "model weights", err);
   if (rc) return rc;
@@ -593,6 +601,7 @@ void gpu_model_destroy(gpu_model *g) {
   if (g->wbase) cu.cuMemFree(g->wbase);
   if (g->abase) cu.cuMemFree(g->abase);
   if (g->hrows) cu.cuMemFreeHost(g->hrows);
+  free(g->slot_seed);
   moe_side_destroy(&g->side);
   if (g->s) cu.cuStreamDestroy(g->s);
   free(g->L);
@@ -865,8 +874,10 @@ static int set_rows(gpu_model *g, const int32_t *token, const int32_t *slot, con
     g->hrows[i] = real ? token[i] : 0;
     g->hrows[B + i] = real ? slot[i] : g->o.slots; /* the spare slot */
     g->hrows[2 * B + i] = real ? pos[i] : 0;
+    g->hseed[i] = g->slot_seed[real ? slot[i] : g->o.slots];
   }
   CU_CHECK(err, cu.cuMemcpyHtoDAsync(g->rows_dev, g->hrows, (size_t)3 * B * 4, g->s));
+  CU_CHECK(err, cu.cuMemcpyHtoDAsync(g->rows.seed, g->hseed, (size_t)B * 8, g->s));
   return 0;
 }
 
@@ -950,6 +961,10 @@ int gpu_force_choices(gpu_model *g, const int32_t *routing, const int32_t *sels,
   return 0;
 }
 int gpu_layers(const gpu_model *g) { return g->n_layers; }
+
+void gpu_set_seed(gpu_model *g, int slot, uint64_t seed) {
+  if (slot >= 0 && slot < g->o.slots) g->slot_seed[slot] = seed;
+}
 
 /* ---- warming the cache ------------------------------------------------------------ */
 /* A model of c's widths with its dimensions and nothing else (no memory,

@@ -96,6 +96,12 @@ void gpu_model_destroy(gpu_model *g);
  * and tools, outside the graph).  Rows of one slot must be at consecutive
  * positions, and a slot's positions must follow the tokens it already
  * holds (the cache is causal). */
+/* The seed of the sequence in a slot, for the device's draw (gop_sample's
+ * rows.seed): its draws then depend on this seed and its positions, not on
+ * the slot.  Read at each step's start; until set, a slot draws from the
+ * session's seed (gpu_opts.sampling.seed) mixed with the slot number. */
+void gpu_set_seed(gpu_model *g, int slot, uint64_t seed);
+
 int gpu_step(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, int32_t *out,
              float *logits, mj_err *err);
 

@@ -69,6 +69,7 @@ typedef struct gop_rows {
   CUdeviceptr token; /* input token id */
   CUdeviceptr slot;  /* the sequence's cache slot */
   CUdeviceptr pos;   /* the token's position: it is written to the cache at pos and attends to 0..pos */
+  CUdeviceptr seed;  /* u64: the sampler's seed for the row's draw, or 0 (see gop_sample) */
 } gop_rows;
 
 /* One layer's caches (see the layout above). */
@@ -124,8 +125,10 @@ int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, const gop_ctx *cx,
  * top-k, top-p, min-p, then a draw; temperature <= 0 is greedy, lowest id
  * on ties).  No repetition penalty (sp's penalty fields are not read: a
  * caller that needs one samples on the host).  The draw's random number
- * comes from a counter-based hash of (seed, the row's slot, the row's pos),
- * so a replay of the same step draws the same token. */
+ * comes from a counter-based hash of (sp->seed, the row's slot, the row's
+ * pos), or with rows.seed of (rows.seed[b], 0, the row's pos): the
+ * sequence's own seed, so its draws do not depend on the slot it was given.
+ * Either way a replay of the same step draws the same token. */
 /* out[b] = the token drawn from logits f32 [B][V]. */
 int gop_sample(CUdeviceptr logits, int B, int V, const sample_params *sp, gop_rows rows, CUdeviceptr out,
                const gop_ctx *cx, mj_err *err);

@@ -179,6 +179,9 @@ int sess_admit(session *s, const sample_params *sp, int *slot, mj_err *err) {
   q->live = true;
   q->len = 0;
   q->dev_sample = s->g && sp->repeat_penalty == 1.0f && same_filters(sp, &s->o.gpu.sampling);
+  /* The device's draw is keyed by the sequence's own seed, as the host's
+   * sampler is: the same seed draws the same tokens in any slot. */
+  if (q->dev_sample) gpu_set_seed(s->g, i, sp->seed);
   q->smp = sample_create(sp, (int32_t)s->vocab);
   *slot = i;
   return 0;

@@ -42,7 +42,9 @@
 // kept token with the least E_i / e_i wins, which picks token i with
 // probability e_i / sum(e) over the kept set, in one pass and one block
 // reduction (no prefix sums).  The same (seed, slot, pos) draws the same
-// token, so replaying a captured step is deterministic.
+// token, so replaying a captured step is deterministic.  With rowseed (the
+// decode engine's: each sequence's own seed) the hash is of (rowseed[b], 0,
+// pos), so a sequence's draws do not depend on its slot.
 //
 // Specialisation: sample_rows<BLOCK>; V and the parameters are arguments.
 //
@@ -265,7 +267,7 @@ template <int BLOCK>
 __global__ void __launch_bounds__(BLOCK)
 sample_rows(const float *__restrict__ logits, int V, float temperature, int top_k, float top_p, float min_p,
             unsigned long long seed, const int *__restrict__ slot, const int *__restrict__ pos,
-            int *__restrict__ out) {
+            const unsigned long long *__restrict__ rowseed, int *__restrict__ out) {
   static_assert(BLOCK % 32 == 0 && BLOCK >= 256 && BLOCK <= 1024, "BLOCK must be whole warps, 256 to 1024");
   static_assert(SMP_CAP % BLOCK == 0, "the compact set splits evenly over the threads");
   __shared__ float red[15][32];
@@ -387,7 +389,9 @@ sample_rows(const float *__restrict__ logits, int V, float temperature, int top_
     }
   }
 
-  const unsigned long long row = smp_row_hash(seed, slot[b], pos[b]);
+  // rowseed: each row's sequence seed, the slot left out of the hash, so a
+  // sequence draws the same tokens in whichever slot it runs.
+  const unsigned long long row = rowseed ? smp_row_hash(rowseed[b], 0, pos[b]) : smp_row_hash(seed, slot[b], pos[b]);
   float sv = smp_inf();
   int si = 0x7fffffff;
   if (compact) {

@@ -501,6 +501,53 @@ out:
   gpu_model_destroy(g);
 }
 
+/* The device's draw is keyed by each sequence's own seed, not its slot:
+ * two sessions run the same rows with the sequences' slots swapped, and
+ * every sequence draws the same tokens in both; another seed draws others. */
+static int seeded_run(int first_seed, int second_seed, bool swap, int32_t *got, mj_err *err) {
+  sess_opts so;
+  sess_opts_default(&so);
+  so.backend = SESS_CUDA, so.slots = 2, so.max_ctx = 64, so.model_name = "medium";
+  so.gpu.quiet = true, so.gpu.max_rows = 16;
+  so.gpu.sampling = sample_filters(0.9f, 0, 0.95f, 0.0f, 1); /* the device draws requests with these */
+  session *S = NULL;
+  int rc = sess_create(M, &so, &S, err);
+  if (rc) return rc;
+  sample_params p = so.gpu.sampling, f = so.gpu.sampling;
+  p.seed = (uint64_t)first_seed, f.seed = (uint64_t)second_seed;
+  int sp, sf;
+  /* swap: the filler takes slot 0 and the sequence slot 1 */
+  rc = swap ? sess_admit(S, &f, &sf, err) || sess_admit(S, &p, &sp, err)
+            : sess_admit(S, &p, &sp, err) || sess_admit(S, &f, &sf, err);
+  enum { NP = 6, STEPS = 10 };
+  int32_t tok[2 * NP], sl[2 * NP], ids[2 * NP];
+  for (int i = 0; i < NP && !rc; i++) tok[i] = (i * 37 + 5) % V, sl[i] = sp, tok[NP + i] = (i * 53 + 11) % V, sl[NP + i] = sf;
+  if (!rc) rc = sess_step(S, tok, sl, 2 * NP, ids, NULL, err);
+  int32_t a = ids[NP - 1], b = ids[2 * NP - 1];
+  for (int st = 0; st < STEPS && !rc; st++) {
+    got[st] = a;
+    tok[0] = a, sl[0] = sp, tok[1] = b, sl[1] = sf;
+    rc = sess_step(S, tok, sl, 2, ids, NULL, err);
+    a = ids[0], b = ids[1];
+  }
+  sess_destroy(S);
+  return rc;
+}
+
+static void test_session_seed(void) {
+  mj_err err = {0};
+  int32_t x[10], y[10], z[10];
+  T_EQ_INT(seeded_run(5, 9, false, x, &err), 0);
+  T_EQ_INT(seeded_run(5, 9, true, y, &err), 0);
+  T_EQ_INT(seeded_run(6, 9, false, z, &err), 0);
+  if (err.code) mj_err_print(&err, stderr);
+  int same = 0, other = 0;
+  for (int i = 0; i < 10; i++) same += x[i] == y[i], other += x[i] == z[i];
+  printf("session seed: slot 0 and slot 1 draw %d of 10 tokens alike; seed 6 draws %d of 10 as seed 5\n", same, other);
+  T_EQ_INT(same, 10);
+  T_CHECK(other < 10);
+}
+
 /* A cache too large for the device: one clear MJ_ENOMEM line with the
  * bytes needed and free (issue 8's GPU allocation failure), nothing
  * left allocated. */
@@ -553,6 +600,7 @@ int gpu_test_decode(int argc, char **argv) {
   T_RUN(test_single_dsa);
   T_RUN(test_batched);
   T_RUN(test_session);
+  T_RUN(test_session_seed);
   /* Every choice of the GPU's own that differs from the CPU's own must be a
    * near tie in the CPU's scores (choice_gaps). */
   printf("choices that differ from the CPU's own: %d expert sets, worst gap %.3g in router choice values (bound "
