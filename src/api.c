@@ -430,8 +430,9 @@ int api_start(moejit *a, const api_start_opts *x, mj_err *err) {
   a->max_queue = x->max_queue > 0 ? x->max_queue : a->o.max_queue > 0 ? a->o.max_queue : 256;
   a->paused = x->paused;
   a->owner = mj_xcalloc((size_t)a->slots, sizeof *a->owner);
-  if (pthread_create(&a->thread, NULL, engine_main, a) != 0)
-    return mj_fail(err, MJ_EINTERNAL, "moejit: cannot start the engine thread: %s", strerror(errno));
+  /* pthread_create returns its error; errno is not set. */
+  int pe = pthread_create(&a->thread, NULL, engine_main, a);
+  if (pe) return mj_fail(err, MJ_EINTERNAL, "moejit: cannot start the engine thread: %s", strerror(pe));
   pthread_mutex_lock(&a->lock);
   while (!a->ready) pthread_cond_wait(&a->work, &a->lock);
   int rc = a->start_rc;
@@ -825,7 +826,7 @@ static void run_prompt(moejit *a, api_req *q) {
   int32_t *slot = mj_xmalloc(n * sizeof *slot), *ids = mj_xmalloc(n * sizeof *ids);
   for (size_t i = 0; i < n; i++) slot[i] = q->slot;
   int rc = sess_step(a->S, q->prompt.v, slot, (int)n, ids, NULL, &e);
-  int32_t id = ids[n - 1];
+  int32_t id = rc ? -1 : ids[n - 1]; /* a failed step wrote no ids */
   free(slot), free(ids);
   pthread_mutex_lock(&a->lock);
   a->st.prompt_steps++;
@@ -888,8 +889,8 @@ static api_req *take_cancelled(moejit *a) {
 }
 
 static void engine_loop(moejit *a) {
-  int32_t *tk = mj_xmalloc((size_t)a->slots * 4), *sl = mj_xmalloc((size_t)a->slots * 4);
-  int32_t *ids = mj_xmalloc((size_t)a->slots * 4);
+  int32_t *tk = mj_xmalloc((size_t)a->slots * sizeof *tk), *sl = mj_xmalloc((size_t)a->slots * sizeof *sl);
+  int32_t *ids = mj_xmalloc((size_t)a->slots * sizeof *ids);
   api_req **who = mj_xmalloc((size_t)a->slots * sizeof *who);
   pthread_mutex_lock(&a->lock);
   for (;;) {

@@ -694,9 +694,10 @@ int srv_start(moejit *engine, const srv_opts *o, srv **out, mj_err *err) {
   }
   const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
   s->port = di ? di->port : o->port;
-  if (pthread_create(&s->watchdog, NULL, watchdog, s) != 0) {
+  int pe = pthread_create(&s->watchdog, NULL, watchdog, s);
+  if (pe) {
     srv_destroy(s);
-    return mj_fail(err, MJ_ENOMEM, "moejit serve: cannot start the watchdog thread");
+    return mj_fail(err, MJ_ENOMEM, "moejit serve: cannot start the watchdog thread: %s", strerror(pe));
   }
   s->wd_started = true;
   *out = s;

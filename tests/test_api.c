@@ -11,9 +11,11 @@
  * it runs; a full wait queue refuses with MOEJIT_EQUEUE_FULL; bad arguments
  * give their status and a message; 8 threads submitting and polling at once
  * get exactly the tokens they asked for; close with requests running
- * (cancelled, or drained to their end).  A callback that blocks holds the
+ * (cancelled, or drained to their end); an engine thread that cannot start
+ * reports pthread_create's own error.  A callback that blocks holds the
  * engine still, which is how the queue and timeout cases get a fixed state.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -502,6 +504,29 @@ static void test_bad_arguments(void) {
   T_EQ_INT(moejit_api_version(), MOEJIT_API_VERSION);
 }
 
+/* The engine thread cannot start (its stack cannot be had): the message is
+ * pthread_create's own error, which it returns (errno says nothing). */
+static void test_thread_start_error(void) {
+  pthread_attr_t def, huge;
+  T_EQ_INT(pthread_getattr_default_np(&def), 0);
+  pthread_attr_init(&huge);
+  pthread_attr_setstacksize(&huge, (size_t)1 << 62); /* past any address space: no mapping holds it */
+  T_EQ_INT(pthread_setattr_default_np(&huge), 0);
+  moejit_open_opts o;
+  moejit_open_opts_init(&o);
+  o.backend = MOEJIT_BACKEND_CPU, o.quiet = true;
+  moejit *m = NULL;
+  moejit_status st = moejit_open(dir, &o, &m);
+  T_EQ_INT(pthread_setattr_default_np(&def), 0);
+  pthread_attr_destroy(&huge), pthread_attr_destroy(&def);
+  T_EQ_INT(st, MOEJIT_EINTERNAL);
+  T_CHECK(m == NULL);
+  char want[256];
+  snprintf(want, sizeof want, "moejit: cannot start the engine thread: %s", strerror(EAGAIN));
+  T_EQ_STR(moejit_last_error(), want);
+  if (st == MOEJIT_OK) moejit_close(m, 0);
+}
+
 /* ---- 8 threads at once ------------------------------------------------------------------ */
 typedef struct worker {
   moejit *m;
@@ -661,6 +686,7 @@ int main(void) {
   T_RUN(test_queue_full_and_timeout);
   T_RUN(test_cancel);
   T_RUN(test_bad_arguments);
+  T_RUN(test_thread_start_error);
   T_RUN(test_threads);
   T_RUN(test_close_running);
   return t_scratch_done(t_status());
