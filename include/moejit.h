@@ -209,8 +209,8 @@ const char *moejit_finish_name(moejit_finish f);
 /* One event of a request: a generated token with the text it completed,
  * and on the last event of the request the finish reason.  Pointers are
  * valid during the callback; for an event taken by moejit_poll, until the
- * same thread's next moejit_poll or moejit_release (of any request), or
- * moejit_close. */
+ * same thread's next moejit_poll or moejit_release on the same handle (of
+ * any request), its moejit_close of the handle, or its exit. */
 typedef struct moejit_event {
   uint64_t id;             /* the request */
   int32_t token;           /* the token drawn; -1 on a last event that carries none (an end-of-

@@ -18,11 +18,14 @@
  * string, so a stop string split over several tokens is found whole and
  * never returned.  Events go to the request's callback (on the engine
  * thread, without the lock held, so a callback may submit or cancel) or to
- * its queue, which moejit_poll drains; a taken event is parked per polling
- * thread until that thread's next call, which is how its text outlives the
- * request it belonged to.  Prompts are encoded on the submitting thread,
- * under a lock of their own (the tokenizer's word cache is not thread-safe),
- * so a long prompt never stalls the engine.
+ * its queue, which moejit_poll drains; a taken event is parked with the
+ * polling thread until that thread's next call on the handle, which is how
+ * its text outlives the request it belonged to.  The parking place is the
+ * thread's own (a pthread key: no lock, nothing to search, and a thread
+ * that exits frees what it parked), so threads that come and go, as a
+ * server's connections do, leave nothing behind.  Prompts are encoded on
+ * the submitting thread, under a lock of their own (the tokenizer's word
+ * cache is not thread-safe), so a long prompt never stalls the engine.
  *
  * Errors: the library's mj_err (util.h) inside, folded into the public
  * status table at the boundary, with the message kept per thread.
@@ -33,6 +36,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -142,7 +146,7 @@ const char *moejit_finish_name(moejit_finish f) {
 typedef struct api_ev {
   struct api_ev *next;
   moejit_event ev;
-  pthread_t owner; /* parked: the thread that took it */
+  const moejit *handle; /* parked: the handle it was taken from */
 } api_ev;
 
 typedef enum { REQ_WAITING, REQ_RUNNING, REQ_DONE } req_state;
@@ -208,7 +212,6 @@ struct moejit {
   int nwait, nrun, pollers;
   uint64_t next_id;
   bool paused, closing, cancel_all;
-  api_ev *parked;
   moejit_stats st;
 };
 
@@ -235,6 +238,50 @@ static void unlink_req(moejit *a, api_req *q) {
   else a->all = q->next;
   if (q->next) q->next->prev = q->prev;
   q->prev = q->next = NULL;
+}
+
+/* ---- parked events -------------------------------------------------------------------- */
+/* A thread's parked events: a list under the thread's own key, one event a
+ * handle at most (a thread that polls two engines keeps one of each), so
+ * only its own thread ever touches it.  The key's destructor frees the list
+ * when the thread exits.  An event holds no pointer into its handle: one
+ * left by a thread whose handle another thread closed waits harmlessly for
+ * that thread's exit. */
+static pthread_key_t park_key;
+static pthread_once_t park_once = PTHREAD_ONCE_INIT;
+static int park_key_err;        /* pthread_key_create's error, checked at open */
+static atomic_size_t n_parked;  /* in the whole process (api_parked_events) */
+
+static void park_free(void *list) {
+  for (api_ev *e = list, *n; e; e = n) n = e->next, free(e), atomic_fetch_sub(&n_parked, 1);
+}
+
+static void park_key_init(void) { park_key_err = pthread_key_create(&park_key, park_free); }
+
+size_t api_parked_events(void) { return atomic_load(&n_parked); }
+
+/* Free the event this thread took from a before (its text was valid until
+ * now). */
+static void unpark(const moejit *a) {
+  api_ev *head = pthread_getspecific(park_key), **p = &head;
+  while (*p && (*p)->handle != a) p = &(*p)->next;
+  if (!*p) return;
+  api_ev *e = *p;
+  *p = e->next;
+  free(e);
+  atomic_fetch_sub(&n_parked, 1);
+  pthread_setspecific(park_key, head); /* a value already set: cannot fail */
+}
+
+/* Keep e, just taken from a, until this thread's next call on a (unpark(a)
+ * has run). */
+static void park(const moejit *a, api_ev *e) {
+  e->handle = a;
+  e->next = pthread_getspecific(park_key);
+  /* It fails only when glibc cannot allocate a key block, which moejit, as
+   * for any small host allocation, treats as fatal. */
+  MJ_ASSERT(pthread_setspecific(park_key, e) == 0);
+  atomic_fetch_add(&n_parked, 1);
 }
 
 /* ---- the built-in model --------------------------------------------------------------- */
@@ -358,6 +405,9 @@ static int load(const char *dir, const moejit_open_opts *o, moejit **out, moejit
   if (!o) moejit_open_opts_init(&dflt), o = &dflt;
   int rc = check_open_opts(o, err);
   if (rc) return rc;
+  pthread_once(&park_once, park_key_init);
+  if (park_key_err)
+    return mj_fail(err, MJ_EINTERNAL, "moejit: cannot create the key of polled events: %s", strerror(park_key_err));
   if (o->kernel_cache_dir && *o->kernel_cache_dir) setenv("MOEJIT_CACHE_DIR", o->kernel_cache_dir, 1);
   char defdir[4096];
   *st = MOEJIT_EMODEL;
@@ -973,17 +1023,6 @@ static void *engine_main(void *arg) {
 }
 
 /* ---- polling ------------------------------------------------------------------------------ */
-/* Under the lock: free the events this thread took before (their text was
- * valid until now). */
-static void unpark(moejit *a) {
-  pthread_t self = pthread_self();
-  for (api_ev **p = &a->parked; *p;) {
-    api_ev *e = *p;
-    if (pthread_equal(e->owner, self)) *p = e->next, free(e);
-    else p = &e->next;
-  }
-}
-
 moejit_status moejit_poll(moejit *a, uint64_t id, moejit_event *ev, int timeout_ms) {
   if (!a || !ev) return failf(MOEJIT_EINVAL, "moejit_poll: NULL argument");
   struct timespec until;
@@ -994,9 +1033,10 @@ moejit_status moejit_poll(moejit *a, uint64_t id, moejit_event *ev, int timeout_
     if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
   }
   moejit_status st = MOEJIT_OK;
+  unpark(a);
+  api_ev *e = NULL;
   pthread_mutex_lock(&a->lock);
   a->pollers++;
-  unpark(a);
   api_req *q = find(a, id);
   if (!q) st = failf(MOEJIT_ENOTFOUND, "moejit_poll: no request %llu", (unsigned long long)id);
   else if (q->fn) st = failf(MOEJIT_EINVAL, "moejit_poll: request %llu has a callback", (unsigned long long)id);
@@ -1009,24 +1049,22 @@ moejit_status moejit_poll(moejit *a, uint64_t id, moejit_event *ev, int timeout_
     }
   }
   if (!st) {
-    api_ev *e = q->qhead;
+    e = q->qhead;
     if (!(q->qhead = e->next)) q->qtail = NULL;
-    e->owner = pthread_self();
-    e->next = a->parked;
-    a->parked = e;
     *ev = e->ev;
     if (ev->finish != MOEJIT_FINISH_NONE) unlink_req(a, q), req_free(q);
   }
   a->pollers--;
   if (a->closing) pthread_cond_broadcast(&a->polled);
   pthread_mutex_unlock(&a->lock);
+  if (e) park(a, e);
   return st;
 }
 
 moejit_status moejit_release(moejit *a, uint64_t id) {
   if (!a) return failf(MOEJIT_EINVAL, "moejit_release: NULL handle");
-  pthread_mutex_lock(&a->lock);
   unpark(a);
+  pthread_mutex_lock(&a->lock);
   api_req *q = find(a, id);
   moejit_status st = MOEJIT_OK;
   if (!q) st = failf(MOEJIT_ENOTFOUND, "moejit_release: no request %llu", (unsigned long long)id);
@@ -1102,7 +1140,9 @@ int api_close(moejit *a, int drain_ms, mj_err *err) {
   mj_err_clear(&a->start_err);
   mj_err_clear(&a->chat_err);
   for (api_req *q = a->all, *n; q; q = n) n = q->next, req_free(q);
-  for (api_ev *e = a->parked, *n; e; e = n) n = e->next, free(e);
+  /* The events other threads parked from a go at their next poll or exit;
+   * they hold no pointer into a. */
+  unpark(a);
   sess_destroy(a->S); /* only when the engine never ran */
   if (a->tok) tok_destroy(a->tok);
   if (a->m) model_free(a->m);

@@ -10,7 +10,8 @@
  * every rank schedules them alike).  So opening is split here in two:
  * api_load (model, tokenizer, backend choice: enough to tokenize) and
  * api_start (the session and the engine thread).  moejit_open is the two
- * in a row.  Prefix: api_.
+ * in a row.  The tests read one count besides (api_parked_events).
+ * Prefix: api_.
  */
 #ifndef MOEJIT_API_H
 #define MOEJIT_API_H
@@ -46,5 +47,10 @@ int api_close(moejit *m, int drain_ms, mj_err *err);
 /* The library's code of this thread's last failed public call (the public
  * status folds several into one). */
 mj_code api_last_code(void);
+
+/* Events taken by moejit_poll and parked (kept for their text) in the
+ * whole process, every thread and handle: what tests read to see that
+ * threads which poll and exit leave none behind. */
+size_t api_parked_events(void);
 
 #endif

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "api.h"
 #include "mkmodel.h"
 #include "model.h"
 #include "moejit.h"
@@ -587,6 +588,49 @@ static void test_threads(void) {
   T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
 }
 
+/* ---- parked events ------------------------------------------------------------------------ */
+static void *drain_one(void *arg) {
+  moejit *m = arg;
+  moejit_sampling s = seeded(3);
+  result r;
+  bool *ok = mj_xmalloc(sizeof *ok);
+  *ok = drain(m, submit_ids(m, &s, 2, true), &r);
+  return ok;
+}
+
+/* A polled event's text lives until the same thread's next poll or release
+ * on the same handle, or the close of that handle, or the thread's exit:
+ * threads that poll and go (a server's connections) leave nothing parked,
+ * and one thread polling two handles keeps an event of each. */
+static void test_parked(void) {
+  size_t base = api_parked_events();
+  moejit *m1 = open_tiny(2, 64), *m2 = open_tiny(1, 4);
+  pthread_t th[16];
+  for (int t = 0; t < 16; t++) pthread_create(&th[t], NULL, drain_one, m1);
+  for (int t = 0; t < 16; t++) {
+    void *ok;
+    pthread_join(th[t], &ok);
+    T_CHECK(*(bool *)ok);
+    free(ok);
+  }
+  T_EQ_INT(api_parked_events(), base); /* each thread's last event went with it */
+  moejit_event ev1;
+  uint64_t c = submit_ids(m1, NULL, 1, true), b = submit_ids(m2, NULL, 3, true);
+  T_EQ_INT(moejit_poll(m1, c, &ev1, 10000), MOEJIT_OK); /* c's last event: its text parked */
+  T_EQ_INT(ev1.finish, MOEJIT_FINISH_LENGTH);
+  char keep[256];
+  snprintf(keep, sizeof keep, "%.*s", (int)ev1.text_len, ev1.text);
+  T_EQ_INT(api_parked_events(), base + 1);
+  result rb;
+  T_CHECK(drain(m2, b, &rb)); /* another handle's polls leave m1's event alone */
+  T_EQ_INT(api_parked_events(), base + 2);
+  T_CHECK(strlen(ev1.text) == ev1.text_len && !strcmp(ev1.text, keep));
+  T_EQ_INT(moejit_close(m1, 0), MOEJIT_OK); /* frees this thread's event of m1 */
+  T_EQ_INT(api_parked_events(), base + 1);
+  T_EQ_INT(moejit_close(m2, 0), MOEJIT_OK);
+  T_EQ_INT(api_parked_events(), base);
+}
+
 /* ---- closing with requests running --------------------------------------------------------- */
 typedef struct counter {
   pthread_mutex_t mu;
@@ -688,6 +732,7 @@ int main(void) {
   T_RUN(test_bad_arguments);
   T_RUN(test_thread_start_error);
   T_RUN(test_threads);
+  T_RUN(test_parked);
   T_RUN(test_close_running);
   return t_scratch_done(t_status());
 }
