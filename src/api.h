@@ -10,7 +10,8 @@
  * every rank schedules them alike).  So opening is split here in two:
  * api_load (model, tokenizer, backend choice: enough to tokenize) and
  * api_start (the session and the engine thread).  moejit_open is the two
- * in a row.  The tests read one count besides (api_parked_events).
+ * in a row.  The tests read two counts besides (api_parked_events,
+ * api_idle_wakeups).
  * Prefix: api_.
  */
 #ifndef MOEJIT_API_H
@@ -52,5 +53,9 @@ mj_code api_last_code(void);
  * whole process, every thread and handle: what tests read to see that
  * threads which poll and exit leave none behind. */
 size_t api_parked_events(void);
+
+/* The times a moejit_poll of m woke and found no event of its request (nor
+ * its timeout): with one condition variable a request, next to none. */
+uint64_t api_idle_wakeups(moejit *m);
 
 #endif

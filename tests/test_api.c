@@ -10,7 +10,9 @@
  * request frees its slot for the next, and of a waiting one ends it before
  * it runs; a full wait queue refuses with MOEJIT_EQUEUE_FULL; bad arguments
  * give their status and a message; 8 threads submitting and polling at once
- * get exactly the tokens they asked for; close with requests running
+ * get exactly the tokens they asked for, each poller woken by its own
+ * request's events only; 300 requests known at once are each found by id;
+ * threads that poll and exit leave no event parked; close with requests running
  * (cancelled, or drained to their end); an engine thread that cannot start
  * reports pthread_create's own error.  A callback that blocks holds the
  * engine still, which is how the queue and timeout cases get a fixed state.
@@ -585,6 +587,12 @@ static void test_threads(void) {
   T_EQ_INT(st.decode_rows, want - 32); /* the first token of each comes from its prompt's step */
   T_EQ_INT(st.decode_step_le[MOEJIT_STEP_BUCKETS - 1], st.decode_steps);
   T_CHECK(st.decode_steps < st.decode_rows); /* steps carried several sequences */
+  /* A token wakes its own poller only: the 8 pollers' waits ended by an
+   * event of another request were most of them when all shared one
+   * condition variable (a broadcast a token). */
+  uint64_t idle = api_idle_wakeups(m);
+  if (idle > 8) fprintf(stderr, "  %llu wakeups without an event\n", (unsigned long long)idle);
+  T_CHECK(idle <= 8);
   T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
 }
 
@@ -629,6 +637,38 @@ static void test_parked(void) {
   T_EQ_INT(api_parked_events(), base + 1);
   T_EQ_INT(moejit_close(m2, 0), MOEJIT_OK);
   T_EQ_INT(api_parked_events(), base);
+}
+
+/* Many requests known at once (the table of ids grows past its first
+ * size): each found by poll, cancel and release, in any order. */
+static void test_many_known(void) {
+  moejit *m = open_tiny(4, 1024);
+  gate g;
+  gate_init(&g);
+  submit_gated(m, &g, 1);
+  gate_wait_entered(&g); /* nothing runs until the gate opens */
+  enum { N = 300 };
+  uint64_t id[N];
+  for (int i = 0; i < N; i++) id[i] = submit_ids(m, NULL, 1, true);
+  for (int i = 0; i < N; i += 3) T_EQ_INT(moejit_cancel(m, id[i]), MOEJIT_OK);
+  for (int i = 1; i < N; i += 3) T_EQ_INT(moejit_release(m, id[i]), MOEJIT_OK);
+  gate_open(&g);
+  int ok = 0;
+  for (int i = N - 1; i >= 0; i--) {
+    if (i % 3 == 1) {
+      moejit_event ev;
+      ok += moejit_poll(m, id[i], &ev, 0) == MOEJIT_ENOTFOUND;
+      continue;
+    }
+    result r;
+    ok += drain(m, id[i], &r) && r.last.finish == (i % 3 == 0 ? MOEJIT_FINISH_CANCELLED : MOEJIT_FINISH_LENGTH);
+  }
+  T_EQ_INT(ok, N);
+  moejit_stats st;
+  moejit_get_stats(m, &st);
+  T_EQ_INT(st.requests_finished, N + 1);
+  T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
+  gate_free(&g);
 }
 
 /* ---- closing with requests running --------------------------------------------------------- */
@@ -733,6 +773,7 @@ int main(void) {
   T_RUN(test_thread_start_error);
   T_RUN(test_threads);
   T_RUN(test_parked);
+  T_RUN(test_many_known);
   T_RUN(test_close_running);
   return t_scratch_done(t_status());
 }
