@@ -2,7 +2,8 @@
  * program itself, and never installs.
  *
  * `moejit generate` runs on the public API (moejit_submit, events), but it
- * needs three things an embedding program does not: the original error
+ * needs three things an embedding program does not (`moejit serve` needs
+ * the first, so that its errors are generate's): the original error
  * record (its exit status and a compile log's detail lines), the context
  * sized from prompts it can only encode once the tokenizer is loaded, and
  * the options of a GPU run that are the command line's business (a shape
@@ -11,8 +12,7 @@
  * api_load (model, tokenizer, backend choice: enough to tokenize) and
  * api_start (the session and the engine thread).  moejit_open is the two
  * in a row.  The tests read two counts besides (api_parked_events,
- * api_idle_wakeups).
- * Prefix: api_.
+ * api_idle_wakeups).  Prefix: api_.
  */
 #ifndef MOEJIT_API_H
 #define MOEJIT_API_H

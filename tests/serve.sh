@@ -9,7 +9,8 @@
 # (a truncated body, 10 MB bodies, invalid UTF-8, wrong fields, one byte a
 # second, a stream dropped midway) each get their status while a
 # well-behaved client keeps being served and the RSS stays bounded; a full
-# queue is 503 with Retry-After; SIGTERM drains, cancels and exits 0.
+# queue is 503 with Retry-After; SIGTERM drains, cancels and exits 0; a
+# model folder that does not load is generate's message and exit status.
 # Every server listens on 127.0.0.1 at --port 0 and says its port on stderr.
 . "$srcdir/tests/lib.sh"
 for p in curl python3; do
@@ -290,6 +291,20 @@ MOEJIT_DATA_DIR="$tmp/none" $MOEJIT serve --host 300.1.1.1 2> "$tmp/err"
 st=$?
 [ $st = 1 ] && [ "$(wc -l < "$tmp/err")" = 1 ] && grep -q "^moejit: moejit serve: --host 300.1.1.1: " "$tmp/err" && [ ! -e "$tmp/none" ] &&
   ok "--host checked before the model loads: $(cat "$tmp/err")" || bad "bad --host: status $st: $(cat "$tmp/err")"
+# A model folder that does not load: serve says what generate says, in one
+# line naming the file, and exits with generate's status (a config.json that
+# is a folder cannot be read: 2, an I/O error; a folder without one: 1).
+mkdir -p "$tmp/unreadable/config.json" "$tmp/empty"
+for case in unreadable:2 empty:1; do
+  m=${case%:*} want=${case#*:}
+  $MOEJIT generate -m "$tmp/$m" -p hi > /dev/null 2> "$tmp/gen_$m.err"
+  gst=$?
+  $MOEJIT serve -m "$tmp/$m" --port 0 --backend cpu 2> "$tmp/serve_$m.err"
+  sst=$?
+  [ $sst = "$want" ] && [ $gst = "$want" ] && [ "$(wc -l < "$tmp/serve_$m.err")" = 1 ] && grep -q "$tmp/$m" "$tmp/serve_$m.err" &&
+    cmp -s "$tmp/gen_$m.err" "$tmp/serve_$m.err" && ok "-m a folder that does not load ($m): exit $sst, as generate: $(cat "$tmp/serve_$m.err")" ||
+    bad "-m $m folder: serve $sst: $(cat "$tmp/serve_$m.err"); generate $gst: $(cat "$tmp/gen_$m.err") (want $want)"
+done
 start busy --parallel 1
 expect 2 "moejit: moejit serve: cannot listen on 127.0.0.1 port $port: Address already in use" $MOEJIT serve --port "$port" --backend cpu -q
 stop $pid > /dev/null
