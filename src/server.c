@@ -15,12 +15,19 @@
  * Slow clients.  libmicrohttpd's connection timeout closes a connection
  * that is silent, but a client sending one byte a second is never silent;
  * so each connection is registered (the connection-notify callback) with
- * the time its current request began, and a watchdog thread shuts down the
- * socket of any request whose headers and body have not all arrived within
- * request_timeout_s.  The registry's lock is held across the shutdown and
- * the entry is removed in the CLOSED notification, which libmicrohttpd
- * makes before it closes the socket, so the watchdog never touches a
- * reused descriptor.
+ * the deadline of its current request's arrival, and a watchdog thread
+ * shuts down the socket of any request whose headers and body have not
+ * all arrived by then: request_timeout_s after the request began.  A
+ * connection's first request begins when it opens; a later one on a
+ * kept-alive connection when its request line arrives (the URI-log
+ * callback, libmicrohttpd's first word of a request), so an idle
+ * keep-alive connection is left to the idle timeout, which is what it is
+ * for.  Between requests the deadline is idle_timeout_s + request_timeout_s
+ * after the last answer: a silent connection is closed by libmicrohttpd
+ * before that, so only a request line trickling in meets it.  The
+ * registry's lock is held across the shutdown and the entry is removed in
+ * the CLOSED notification, which libmicrohttpd makes before it closes the
+ * socket, so the watchdog never touches a reused descriptor.
  *
  * Memory.  A body is kept only up to max_body (a longer one is refused, 413,
  * before it is read when Content-Length says so); bodies are parsed one at
@@ -50,11 +57,10 @@
 
 typedef enum { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_COMPLETIONS, R_CHAT } route;
 
-/* One connection of the registry. */
+/* One connection of the registry (under the server's mu). */
 typedef struct srv_conn {
   int fd;
-  double t_begin;  /* when its current request began (ms) */
-  bool busy;       /* its request has fully arrived: the timeout no longer applies */
+  double deadline; /* ms: its current request must have arrived by then; 0: it has (no deadline) */
   struct srv_conn *prev, *next;
 } srv_conn;
 
@@ -529,7 +535,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   /* the whole request is in */
   if (q->conn) {
     pthread_mutex_lock(&s->mu);
-    q->conn->busy = true;
+    q->conn->deadline = 0;
     pthread_mutex_unlock(&s->mu);
   }
   if (q->too_large) {
@@ -568,9 +574,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum M
     moejit_release(s->engine, id);
     s->disconnects++;
   }
-  if (q->conn) {
+  if (q->conn) { /* the next request's line: within the idle timeout, then its own time */
     pthread_mutex_lock(&s->mu);
-    q->conn->busy = false, q->conn->t_begin = mj_now_ms();
+    q->conn->deadline = mj_now_ms() + (s->o.idle_timeout_s + s->o.request_timeout_s) * 1000.0;
     pthread_mutex_unlock(&s->mu);
   }
   if (q->parsed) oai_request_free(&q->q);
@@ -579,12 +585,27 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum M
 }
 
 /* ---- the connection registry and its watchdog ----------------------------------------------- */
+/* A request begins: its request line has arrived (libmicrohttpd calls this
+ * once a request, before it reads the headers).  The first request of a
+ * connection began when the connection opened, and keeps that deadline. */
+static void *on_request_line(void *cls, const char *uri, struct MHD_Connection *c) {
+  srv *s = cls;
+  srv_conn *k = conn_of(c);
+  if (k) {
+    double d = mj_now_ms() + s->o.request_timeout_s * 1000.0;
+    pthread_mutex_lock(&s->mu);
+    if (k->deadline == 0 || d < k->deadline) k->deadline = d;
+    pthread_mutex_unlock(&s->mu);
+  }
+  return NULL; /* on_request's first call still sees *ctx NULL */
+}
+
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx, enum MHD_ConnectionNotificationCode code) {
   srv *s = cls;
   if (code == MHD_CONNECTION_NOTIFY_STARTED) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     srv_conn *k = mj_xcalloc(1, sizeof *k);
-    k->fd = ci ? ci->connect_fd : -1, k->t_begin = mj_now_ms();
+    k->fd = ci ? ci->connect_fd : -1, k->deadline = mj_now_ms() + s->o.request_timeout_s * 1000.0;
     pthread_mutex_lock(&s->mu);
     k->next = s->conns;
     if (s->conns) s->conns->prev = k;
@@ -605,7 +626,6 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx
 
 static void *watchdog(void *arg) {
   srv *s = arg;
-  double limit = s->o.request_timeout_s * 1000.0;
   pthread_mutex_lock(&s->wd_mu);
   while (!s->wd_stop) {
     struct timespec ts;
@@ -616,7 +636,7 @@ static void *watchdog(void *arg) {
     double now = mj_now_ms();
     pthread_mutex_lock(&s->mu);
     for (srv_conn *k = s->conns; k; k = k->next)
-      if (!k->busy && k->fd >= 0 && now - k->t_begin > limit) {
+      if (k->deadline > 0 && k->fd >= 0 && now > k->deadline) {
         shutdown(k->fd, SHUT_RDWR);
         k->fd = -1; /* once */
         s->timeouts++;
@@ -683,6 +703,7 @@ int srv_start(moejit *engine, const srv_opts *o, srv **out, mj_err *err) {
                           MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->idle_timeout_s,
                           MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                           MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                          MHD_OPTION_URI_LOG_CALLBACK, on_request_line, s,
                           MHD_OPTION_EXTERNAL_LOGGER, on_log, s,
                           MHD_OPTION_END);
   int e = errno;

@@ -8,8 +8,9 @@
 # `generate --prompts` run, prompt k seeded 1000 + k); hostile clients
 # (a truncated body, 10 MB bodies, invalid UTF-8, wrong fields, one byte a
 # second, a stream dropped midway) each get their status while a
-# well-behaved client keeps being served and the RSS stays bounded; a full
-# queue is 503 with Retry-After; SIGTERM drains, cancels and exits 0; a
+# well-behaved client keeps being served and the RSS stays bounded; a
+# kept-alive connection silent between requests is the idle timeout's, not
+# the request timeout's; a full queue is 503 with Retry-After; SIGTERM drains, cancels and exits 0; a
 # model folder that does not load is generate's message and exit status.
 # Every server listens on 127.0.0.1 at --port 0 and says its port on stderr.
 . "$srcdir/tests/lib.sh"
@@ -205,6 +206,8 @@ rss1=$($probe rss $main_pid)
 good=$!
 $probe slow "$port" > "$tmp/slow" &
 slow=$!
+$probe keepalive "$port" 5 > "$tmp/keepalive" &
+keepalive=$!
 $probe truncated "$port" > /dev/null && ok "a truncated body, then close" || bad "truncated body"
 head -c 10485760 /dev/zero | tr '\0' 'a' > "$tmp/10mb"
 st=$(curl -s -o "$tmp/o" -w '%{http_code}' -H "Authorization: Bearer $KEY" --data-binary @"$tmp/10mb" "http://127.0.0.1:$port/v1/completions")
@@ -242,6 +245,12 @@ done
 wait $slow
 grep -q "^closed after [3-6] s" "$tmp/slow" && [ "$($probe metric "$port" moejit_http_request_timeouts_total)" -ge 1 ] &&
   ok "one byte a second: $(cat "$tmp/slow") (--request-timeout 3)" || bad "slow client: $(cat "$tmp/slow")"
+# The request timeout runs while a request arrives, not while a kept-alive
+# connection waits silent for the next (that is --idle-timeout's, 60 s here).
+wait $keepalive
+grep -q "^answered again after 5 s silent: HTTP/1.1 200" "$tmp/keepalive" &&
+  ok "a keep-alive connection silent 5 s (> --request-timeout 3), then a request: $(cat "$tmp/keepalive")" ||
+  bad "keep-alive: $(cat "$tmp/keepalive")"
 wait $good
 want=$(sed -n 1p "$tmp/refs.jsonl" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["text"]))')
 goods=0
@@ -305,7 +314,19 @@ for case in unreadable:2 empty:1; do
     cmp -s "$tmp/gen_$m.err" "$tmp/serve_$m.err" && ok "-m a folder that does not load ($m): exit $sst, as generate: $(cat "$tmp/serve_$m.err")" ||
     bad "-m $m folder: serve $sst: $(cat "$tmp/serve_$m.err"); generate $gst: $(cat "$tmp/gen_$m.err") (want $want)"
 done
-start busy --parallel 1
+# Between requests: a connection silent past --idle-timeout is libmicrohttpd's
+# to close (no request timeout counted); the next request's line trickled in
+# is cut by --idle-timeout + --request-timeout after the last answer.
+start busy --parallel 1 --idle-timeout 3 --request-timeout 2
+$probe keepalive "$port" 6 > "$tmp/idle" &
+idle=$!
+$probe slow_next "$port" > "$tmp/slow_next"
+wait $idle
+grep -q "^closed by the server after [3-4] s silent" "$tmp/idle" &&
+  ok "a keep-alive connection silent past --idle-timeout 3: $(cat "$tmp/idle")" || bad "idle keep-alive: $(cat "$tmp/idle")"
+grep -q "^closed after [5-7] s" "$tmp/slow_next" && [ "$($probe metric "$port" moejit_http_request_timeouts_total)" = 1 ] &&
+  ok "the next request one byte a second: $(cat "$tmp/slow_next") (3 + 2 s), the one request timeout counted" ||
+  bad "slow next request: $(cat "$tmp/slow_next"), $($probe metric "$port" moejit_http_request_timeouts_total) timeouts"
 expect 2 "moejit: moejit serve: cannot listen on 127.0.0.1 port $port: Address already in use" $MOEJIT serve --port "$port" --backend cpu -q
 stop $pid > /dev/null
 exit $fail
