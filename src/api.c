@@ -651,7 +651,7 @@ static int chat_ids(moejit *a, const moejit_message *msgs, size_t n, bool gen, b
     else if (role_of(msgs[i].role, &cm[i].role))
       rc = mj_fail(err, MJ_EUSAGE, "chat: message %zu has role '%s' (system, user, assistant, observation or tool)", i,
                    msgs[i].role);
-    else cm[i].text = msgs[i].content, cm[i].len = strlen(msgs[i].content);
+    else cm[i].text = msgs[i].content, cm[i].len = msgs[i].content_len ? msgs[i].content_len : strlen(msgs[i].content);
   }
   if (!rc) {
     pthread_mutex_lock(&a->tok_lock);

@@ -342,7 +342,7 @@ static enum MHD_Result completion(srv_req *q) {
   if (q->q.kind == OAI_CHAT) {
     msgs = mj_xcalloc(q->q.n_messages, sizeof *msgs);
     for (size_t i = 0; i < q->q.n_messages; i++)
-      msgs[i] = (moejit_message){role_name(q->q.messages[i].role), q->q.messages[i].content};
+      msgs[i] = (moejit_message){role_name(q->q.messages[i].role), q->q.messages[i].content, q->q.messages[i].len};
     rq.messages = msgs, rq.n_messages = q->q.n_messages, rq.thinking = q->q.thinking;
   } else {
     rq.prompt = q->q.prompt, rq.prompt_len = q->q.prompt_len;

@@ -117,6 +117,13 @@ $probe sse "$tmp/chs.sse" > "$tmp/chs.json"
 grep -q '"object":"chat.completion.chunk"' "$tmp/chs.sse" && [ "$($probe field "$tmp/chs.json" text)" = "$ref_chat" ] &&
   [ "$($probe field "$tmp/chs.json" usage.completion_tokens)" = "$($probe field "$tmp/ref_chat.json" generated_tokens)" ] &&
   ok "curl chat stream = generate, usage chunk" || bad "curl chat stream: $(cat "$tmp/chs.json")"
+# "\u0000" inside a message is a character of its text, not its end
+post /v1/chat/completions '{"messages":[{"role":"user","content":"hello"}],"max_tokens":1}' "$tmp/nul0.json" > /dev/null
+st=$(post /v1/chat/completions '{"messages":[{"role":"user","content":"hello\u0000world"}],"max_tokens":1}' "$tmp/nul1.json")
+n0=$($probe field "$tmp/nul0.json" usage.prompt_tokens)
+n1=$($probe field "$tmp/nul1.json" usage.prompt_tokens)
+[ "$st" = 200 ] && [ "$n1" -gt "$n0" ] && ok "chat content \"hello\\u0000world\": $n1 prompt tokens (\"hello\": $n0)" ||
+  bad "NUL in chat content: $st $(cat "$tmp/nul1.json"), $n1 prompt tokens vs $n0"
 
 # ---- the openai npm client ----------------------------------------------------------
 cdir=$srcdir/tests/serve

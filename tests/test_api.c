@@ -147,6 +147,17 @@ static void test_info_and_text(void) {
   T_EQ_INT(moejit_chat_template(m, msgs, 2, true, false, &ids, &n), MOEJIT_OK);
   T_CHECK(n >= 6); /* [gMASK]<sop><|system|>..<|user|>..<|assistant|></think> */
   moejit_free(ids);
+  /* content holding NUL: content_len bytes reach the tokenizer (0 would stop at the NUL) */
+  moejit_message nul[] = {{"user", "hi\0there", 8}}, cut[] = {{"user", "hi\0there", 0}};
+  int32_t *with, *plain, *body;
+  size_t nwith, nplain, nbody;
+  T_EQ_INT(moejit_chat_template(m, nul, 1, true, false, &with, &nwith), MOEJIT_OK);
+  T_EQ_INT(moejit_chat_template(m, cut, 1, true, false, &plain, &nplain), MOEJIT_OK);
+  T_EQ_INT(moejit_tokenize(m, "hi\0there", 8, false, &body, &nbody), MOEJIT_OK);
+  T_EQ_INT(nwith, 5 + nbody); /* [gMASK]<sop><|user|> the text <|assistant|></think> */
+  T_CHECK(nwith == 5 + nbody && !memcmp(with + 3, body, nbody * sizeof *body));
+  T_CHECK(nplain < nwith);
+  moejit_free(with), moejit_free(plain), moejit_free(body);
   /* a chat request: its prompt is the template's */
   moejit_request r;
   moejit_request_init(&r);

@@ -57,6 +57,15 @@ static void test_chat_fields(void) {
   T_EQ_INT(r.max_tokens, 5);
   T_CHECK(r.thinking);
   oai_request_free(&r);
+  /* "\u0000" in content is a character: kept, with the length that says so */
+  T_EQ_INT(parse(OAI_CHAT,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"},"
+                 "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"c\\u0000\"},{\"type\":\"text\",\"text\":\"d\"}]}]}",
+                 &r, &e),
+           0);
+  T_CHECK(r.messages[0].len == 3 && !memcmp(r.messages[0].content, "a\0b", 3));
+  T_CHECK(r.messages[1].len == 3 && !memcmp(r.messages[1].content, "c\0d", 3));
+  oai_request_free(&r);
 }
 
 /* body -> status 400, the param named and the message's start */
