@@ -171,10 +171,51 @@ static void test_writers(void) {
   mj_arena_free(&a);
 }
 
+/* The bodies byte for byte: whole and chunk, chat and completion, share
+ * one writer of the choice, and clients parse exactly this. */
+static void test_writers_exact(void) {
+  oai_result r = {.id = "x-1", .created = 7, .model = "m", .text = "a\"\n", .text_len = 3, .finish_reason = "stop",
+                  .prompt_tokens = 2, .completion_tokens = 1};
+  static const struct {
+    int what; /* 0 response, 1 chunk, 2 chunk with the role */
+    oai_kind kind;
+    bool fin;
+    const char *want;
+  } t[] = {
+      {0, OAI_CHAT, true,
+       "{\"id\":\"x-1\",\"object\":\"chat.completion\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,"
+       "\"message\":{\"role\":\"assistant\",\"content\":\"a\\\"\\n\"},\"logprobs\":null,\"finish_reason\":\"stop\"}],"
+       "\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":1,\"total_tokens\":3}}"},
+      {0, OAI_COMPLETION, true,
+       "{\"id\":\"x-1\",\"object\":\"text_completion\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,"
+       "\"text\":\"a\\\"\\n\",\"logprobs\":null,\"finish_reason\":\"stop\"}],"
+       "\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":1,\"total_tokens\":3}}"},
+      {2, OAI_CHAT, false,
+       "{\"id\":\"x-1\",\"object\":\"chat.completion.chunk\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,"
+       "\"delta\":{\"role\":\"assistant\",\"content\":\"a\\\"\\n\"},\"logprobs\":null,\"finish_reason\":null}]}"},
+      {1, OAI_CHAT, true,
+       "{\"id\":\"x-1\",\"object\":\"chat.completion.chunk\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,"
+       "\"delta\":{\"content\":\"a\\\"\\n\"},\"logprobs\":null,\"finish_reason\":\"stop\"}]}"},
+      {1, OAI_COMPLETION, false,
+       "{\"id\":\"x-1\",\"object\":\"text_completion\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,"
+       "\"text\":\"a\\\"\\n\",\"logprobs\":null,\"finish_reason\":null}]}"},
+  };
+  for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+    mj_buf b = {0};
+    r.finish_reason = t[i].fin ? "stop" : NULL;
+    if (t[i].what == 0) oai_write_response(&b, t[i].kind, &r);
+    else oai_write_chunk(&b, t[i].kind, &r, t[i].what == 2);
+    mj_buf_putc(&b, 0);
+    T_EQ_STR(b.data, t[i].want);
+    mj_buf_free(&b);
+  }
+}
+
 int main(void) {
   T_RUN(test_completion_fields);
   T_RUN(test_chat_fields);
   T_RUN(test_errors);
   T_RUN(test_writers);
+  T_RUN(test_writers_exact);
   return t_status();
 }
