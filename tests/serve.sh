@@ -237,6 +237,7 @@ expect400 '{"prompt":{"a":1}}' '"prompt"'
 expect400 '{"prompt":["a","b"]}' '"prompt"'
 expect400 '{"prompt":"x","n":3}' '"n"'
 expect400 '{"prompt":"x","stop":[1,2]}' '"stop"'
+expect400 '{"prompt":"x","stop":"a\u0000b"}' '"stop"'
 expect400 '{"prompt":"x"' 'null'
 expect400 '{"prompt":""}' '"prompt"'
 $probe disconnect "$port" $KEY > "$tmp/disc" && ok "a stream dropped after its first event: $(cat "$tmp/disc")" || bad "disconnect: $(cat "$tmp/disc")"

@@ -36,7 +36,7 @@ static void test_completion_fields(void) {
   T_EQ_INT(parse(OAI_COMPLETION, "{\"prompt\":\"\",\"stop\":\"\\n\",\"top_k\":-1}", &r, &e), 0);
   T_CHECK(r.model == NULL && r.temperature == 1 && r.top_p == 1 && r.min_p == 0 && r.top_k == 0);
   T_EQ_INT(r.max_tokens, -1);
-  T_CHECK(r.n_stop == 1 && r.stop_len[0] == 1 && !r.has_seed && !r.stream);
+  T_CHECK(r.n_stop == 1 && !strcmp(r.stop[0], "\n") && !r.has_seed && !r.stream);
   oai_request_free(&r);
 }
 
@@ -105,6 +105,7 @@ static void test_errors(void) {
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"ignore_eos\":\"yes\"}", "ignore_eos", "'ignore_eos' must be a boolean, not string");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", "'stop' holds at most 4 strings");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":[1]}", "stop", "'stop' must be a string or an array of strings, not number");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\\u0000c\"]}", "stop", "'stop' strings must not hold NUL (\\u0000)");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"seed\":\"1\"}", "seed", "'seed' must be an integer, not string");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":\"yes\"}}", "stream_options",
       "'stream_options.include_usage' must be a boolean");
