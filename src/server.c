@@ -81,12 +81,11 @@ typedef struct srv_req {
   char rid[40];
   int64_t created;
   int64_t prompt_tokens, completion_tokens;
-  const char *finish;   /* "stop", "length"; NULL while running */
-  moejit_finish fin;
+  moejit_finish fin;    /* how it ended; MOEJIT_FINISH_NONE while it runs */
   char error[512];      /* FINISH_ERROR's message */
   mj_buf text;          /* stream false: the whole text */
-  /* stream true */
-  mj_buf out;
+  /* stream true: the bytes the reader hands out next, and a chunk's JSON (both reused) */
+  mj_buf out, json;
   size_t out_off;
   bool sent_first, stream_done;
 } srv_req;
@@ -213,7 +212,7 @@ static int next_event(srv_req *q, moejit_event *ev, int wait_ms) {
     if (st != MOEJIT_ETIMEDOUT) { /* cannot happen while q->id is live; end it as an error */
       snprintf(q->error, sizeof q->error, "the engine lost the request: %s", moejit_last_error());
       live_remove(q);
-      q->fin = MOEJIT_FINISH_ERROR, q->finish = "error";
+      q->fin = MOEJIT_FINISH_ERROR;
       return 1;
     }
     if (peer_gone(q)) {
@@ -226,16 +225,17 @@ static int next_event(srv_req *q, moejit_event *ev, int wait_ms) {
   q->completion_tokens = ev->completion_tokens;
   if (ev->finish != MOEJIT_FINISH_NONE) {
     q->fin = ev->finish;
-    q->finish = ev->finish == MOEJIT_FINISH_LENGTH ? "length" : ev->finish == MOEJIT_FINISH_STOP ? "stop"
-                                                                                                  : moejit_finish_name(ev->finish);
     if (ev->finish == MOEJIT_FINISH_ERROR) snprintf(q->error, sizeof q->error, "%s", ev->error ? ev->error : "");
     live_remove(q);
   }
   return 1;
 }
 
-/* The error a request that did not finish answers with: cancelled (the
- * server is shutting down) or the backend's failure. */
+/* Ended without its answer: cancelled (the server is shutting down) or
+ * failed. */
+static bool ended_badly(const srv_req *q) { return q->fin == MOEJIT_FINISH_CANCELLED || q->fin == MOEJIT_FINISH_ERROR; }
+
+/* The error a request that ended badly answers with. */
 static void end_error(const srv_req *q, oai_error *e) {
   if (q->fin == MOEJIT_FINISH_CANCELLED)
     oai_fail(e, 503, "server_error", NULL, "shutting_down", "the server is shutting down; the request was cancelled");
@@ -243,61 +243,56 @@ static void end_error(const srv_req *q, oai_error *e) {
     oai_fail(e, 500, "server_error", NULL, "engine_error", "the engine failed: %s", q->error);
 }
 
+/* What q reports, text aside; finish_reason is "stop" or "length" once it
+ * ended well, NULL while it runs. */
 static void result_of(const srv_req *q, oai_result *r, const char *text, size_t len) {
   *r = (oai_result){.id = q->rid, .created = q->created, .model = q->s->model_name, .text = text, .text_len = len,
-                    .finish_reason = NULL, .prompt_tokens = q->prompt_tokens,
-                    .completion_tokens = q->completion_tokens};
+                    .finish_reason = q->fin == MOEJIT_FINISH_NONE ? NULL : moejit_finish_name(q->fin),
+                    .prompt_tokens = q->prompt_tokens, .completion_tokens = q->completion_tokens};
 }
 
 /* ---- streaming ----------------------------------------------------------------------------- */
-static void sse(mj_buf *b, const mj_buf *json) {
-  mj_buf_puts(b, "data: ");
-  mj_buf_put(b, json->data, json->len);
-  mj_buf_puts(b, "\n\n");
+/* Append q->json to q->out as one server-sent event. */
+static void sse(srv_req *q) {
+  mj_buf_puts(&q->out, "data: ");
+  mj_buf_put(&q->out, q->json.data, q->json.len);
+  mj_buf_puts(&q->out, "\n\n");
 }
 
-/* Fill q->out with what comes next; false when the client went away. */
+/* Fill q->out with what comes next: the next event's chunk (and after the
+ * last, the usage chunk and [DONE]), or a keep-alive comment when none came
+ * in time.  false when the client went away. */
 static bool stream_more(srv_req *q) {
   q->out.len = q->out_off = 0;
-  mj_buf j = {0};
-  oai_result r;
-  if (!q->finish) {
-    moejit_event ev;
-    int got = next_event(q, &ev, KEEPALIVE_MS);
-    if (got < 0) return false;
-    if (got == 0) {
-      mj_buf_puts(&q->out, ": keep-alive\n\n");
-      return true;
-    }
-    bool ended_ok = q->fin == MOEJIT_FINISH_NONE || q->fin == MOEJIT_FINISH_STOP || q->fin == MOEJIT_FINISH_LENGTH;
-    /* One chunk an event: a token's chunk even when its text is held back
-     * (""), as OpenAI's streams send one chunk a token. */
-    if (ended_ok) {
-      result_of(q, &r, ev.text, ev.text_len);
-      r.finish_reason = q->finish;
-      oai_write_chunk(&j, q->q.kind, &r, q->q.kind == OAI_CHAT && !q->sent_first);
-      sse(&q->out, &j);
-      q->sent_first = true;
-    }
-    if (!ended_ok) { /* OpenAI's streams carry an error as an event of its own */
-      oai_error e;
-      end_error(q, &e);
-      j.len = 0;
-      oai_write_error(&j, &e);
-      sse(&q->out, &j);
-    }
-    if (q->finish) {
-      if (q->q.include_usage) {
-        j.len = 0;
-        result_of(q, &r, "", 0);
-        oai_write_usage_chunk(&j, q->q.kind, &r);
-        sse(&q->out, &j);
-      }
-      mj_buf_puts(&q->out, "data: [DONE]\n\n");
-      q->stream_done = true;
-    }
+  moejit_event ev;
+  int got = next_event(q, &ev, KEEPALIVE_MS);
+  if (got < 0) return false;
+  if (got == 0) {
+    mj_buf_puts(&q->out, ": keep-alive\n\n");
+    return true;
   }
-  mj_buf_free(&j);
+  oai_result r;
+  q->json.len = 0;
+  if (ended_badly(q)) { /* OpenAI's streams carry an error as an event of its own */
+    oai_error e;
+    end_error(q, &e);
+    oai_write_error(&q->json, &e);
+  } else { /* a token's chunk even when its text is held back (""): OpenAI's streams send one a token */
+    result_of(q, &r, ev.text, ev.text_len);
+    oai_write_chunk(&q->json, q->q.kind, &r, q->q.kind == OAI_CHAT && !q->sent_first);
+    q->sent_first = true;
+  }
+  sse(q);
+  if (q->fin != MOEJIT_FINISH_NONE) {
+    if (q->q.include_usage) {
+      q->json.len = 0;
+      result_of(q, &r, "", 0);
+      oai_write_usage_chunk(&q->json, q->q.kind, &r);
+      sse(q);
+    }
+    mj_buf_puts(&q->out, "data: [DONE]\n\n");
+    q->stream_done = true;
+  }
   return true;
 }
 
@@ -331,6 +326,10 @@ static enum MHD_Result completion(srv_req *q) {
              q->q.model, s->model_name);
     return send_error(s, q->c, &e, NULL, NULL);
   }
+  /* The API reads a prompt_len of 0 as "up to the NUL"; an empty prompt
+   * would be refused there anyway, but here it names its field. */
+  if (q->q.kind == OAI_COMPLETION && q->q.prompt_len == 0)
+    return fail(s, q->c, 400, "invalid_request_error", "prompt", NULL, "'prompt' must not be empty");
   moejit_sampling sp;
   moejit_sampling_init(&sp);
   sp.temperature = (float)q->q.temperature, sp.top_p = (float)q->q.top_p, sp.min_p = (float)q->q.min_p;
@@ -338,7 +337,7 @@ static enum MHD_Result completion(srv_req *q) {
   sp.seed = q->q.has_seed ? q->q.seed & INT64_MAX : -1;
   moejit_request rq;
   moejit_request_init(&rq);
-  moejit_message *msgs = NULL;
+  moejit_message *msgs = NULL; /* chat: the messages as the API takes them, until submitted */
   if (q->q.kind == OAI_CHAT) {
     msgs = mj_xcalloc(q->q.n_messages, sizeof *msgs);
     for (size_t i = 0; i < q->q.n_messages; i++)
@@ -346,10 +345,6 @@ static enum MHD_Result completion(srv_req *q) {
     rq.messages = msgs, rq.n_messages = q->q.n_messages, rq.thinking = q->q.thinking;
   } else {
     rq.prompt = q->q.prompt, rq.prompt_len = q->q.prompt_len;
-    if (q->q.prompt_len == 0) { /* the API reads 0 as "up to the NUL"; an empty prompt is refused either way */
-      free(msgs);
-      return fail(s, q->c, 400, "invalid_request_error", "prompt", NULL, "'prompt' must not be empty");
-    }
   }
   rq.sampling = &sp;
   int64_t mt = q->q.max_tokens > 0 ? q->q.max_tokens : q->q.kind == OAI_COMPLETION ? s->o.default_max_tokens : 0;
@@ -383,18 +378,17 @@ static enum MHD_Result completion(srv_req *q) {
     return ok;
   }
   moejit_event ev;
-  while (!q->finish) {
+  while (q->fin == MOEJIT_FINISH_NONE) {
     int got = next_event(q, &ev, 1 << 30);
     if (got < 0) return MHD_NO; /* the client is gone: close */
     if (got > 0 && q->fin != MOEJIT_FINISH_ERROR) mj_buf_put(&q->text, ev.text, ev.text_len);
   }
-  if (q->fin != MOEJIT_FINISH_STOP && q->fin != MOEJIT_FINISH_LENGTH) {
+  if (ended_badly(q)) {
     end_error(q, &e);
     return send_error(s, q->c, &e, NULL, NULL);
   }
   oai_result res;
   result_of(q, &res, q->text.data ? q->text.data : "", q->text.len);
-  res.finish_reason = q->finish;
   mj_buf b = {0};
   oai_write_response(&b, q->q.kind, &res);
   return send_json(s, q->c, 200, &b);
@@ -580,7 +574,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum M
     pthread_mutex_unlock(&s->mu);
   }
   if (q->parsed) oai_request_free(&q->q);
-  mj_buf_free(&q->body), mj_buf_free(&q->text), mj_buf_free(&q->out);
+  mj_buf_free(&q->body), mj_buf_free(&q->text), mj_buf_free(&q->out), mj_buf_free(&q->json);
   free(q);
 }
 
