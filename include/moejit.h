@@ -33,8 +33,9 @@
 extern "C" {
 #endif
 
-/* Raised whenever this header changes incompatibly or grows. */
-#define MOEJIT_API_VERSION 1
+/* Raised whenever this header changes incompatibly or grows.
+ * 2: moejit_message.content_len. */
+#define MOEJIT_API_VERSION 2
 
 /* The header's MOEJIT_API_VERSION the library was built with (a program
  * may check that it equals its own), and the package version ("0.1.0"). */
@@ -180,10 +181,14 @@ moejit_status moejit_detokenize(moejit *m, const int32_t *ids, size_t n, bool sk
                                 size_t *len);
 
 /* One turn of a chat.  role: "system", "user", "assistant" or
- * "observation" ("tool" is taken as "observation"). */
+ * "observation" ("tool" is taken as "observation").  content is
+ * content_len bytes, which may hold NUL (JSON's "\u0000" is a character
+ * like any other); content_len 0 means up to content's NUL, so
+ * {role, content} initialisers of NUL-terminated text keep working. */
 typedef struct moejit_message {
   const char *role;
   const char *content;
+  size_t content_len;
 } moejit_message;
 
 /* The GLM-5 chat prompt of msgs as token ids: [gMASK]<sop>, each turn's
@@ -209,8 +214,8 @@ const char *moejit_finish_name(moejit_finish f);
 /* One event of a request: a generated token with the text it completed,
  * and on the last event of the request the finish reason.  Pointers are
  * valid during the callback; for an event taken by moejit_poll, until the
- * same thread's next moejit_poll or moejit_release (of any request), or
- * moejit_close. */
+ * same thread's next moejit_poll or moejit_release on the same handle (of
+ * any request), its moejit_close of the handle, or its exit. */
 typedef struct moejit_event {
   uint64_t id;             /* the request */
   int32_t token;           /* the token drawn; -1 on a last event that carries none (an end-of-

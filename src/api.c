@@ -12,17 +12,33 @@
  * With nothing to do it sleeps on a condition variable that submit,
  * cancel and close signal: no polling anywhere.
  *
+ * Locking.  The handle's `lock` guards the wait queue, the table of the
+ * requests the handle knows (by id: a hash table, so poll, cancel and
+ * release find theirs in constant time), each request's state, flags and
+ * queue of untaken events, and the counters.  `tok_lock` guards the
+ * tokenizer.  The engine thread alone touches the session, the slots'
+ * owners and a running request's decoding state, without a lock.  Three
+ * kinds of condition variable wait on `lock`: `work` (the engine waiting
+ * for work; api_start waiting for the engine), a polled request's own `cv`
+ * (its poller waiting for its next event: a token wakes that poller and no
+ * other, so a step of n sequences costs n wakeups, not n times the
+ * pollers), and `closing_cv`, broadcast only while moejit_close runs (close
+ * waiting for the engine to run dry and for the pollers to leave).
+ *
  * A drawn token becomes text through the tokenizer's streaming decoder
  * (which holds back an unfinished UTF-8 character); the text then waits in
  * a per-request buffer while its end could still be the start of a stop
  * string, so a stop string split over several tokens is found whole and
  * never returned.  Events go to the request's callback (on the engine
  * thread, without the lock held, so a callback may submit or cancel) or to
- * its queue, which moejit_poll drains; a taken event is parked per polling
- * thread until that thread's next call, which is how its text outlives the
- * request it belonged to.  Prompts are encoded on the submitting thread,
- * under a lock of their own (the tokenizer's word cache is not thread-safe),
- * so a long prompt never stalls the engine.
+ * its queue, which moejit_poll drains; a taken event is parked with the
+ * polling thread until that thread's next call on the handle, which is how
+ * its text outlives the request it belonged to.  The parking place is the
+ * thread's own (a pthread key: no lock, nothing to search, and a thread
+ * that exits frees what it parked), so threads that come and go, as a
+ * server's connections do, leave nothing behind.  Prompts are encoded on
+ * the submitting thread, under a lock of their own (the tokenizer's word
+ * cache is not thread-safe), so a long prompt never stalls the engine.
  *
  * Errors: the library's mj_err (util.h) inside, folded into the public
  * status table at the boundary, with the message kept per thread.
@@ -33,6 +49,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -142,19 +159,19 @@ const char *moejit_finish_name(moejit_finish f) {
 typedef struct api_ev {
   struct api_ev *next;
   moejit_event ev;
-  pthread_t owner; /* parked: the thread that took it */
+  const moejit *handle; /* parked: the handle it was taken from */
 } api_ev;
 
 typedef enum { REQ_WAITING, REQ_RUNNING, REQ_DONE } req_state;
 
 typedef struct api_req {
   uint64_t id;
-  struct api_req *prev, *next; /* every request the handle knows */
-  struct api_req *wnext;       /* the wait queue, or a list of requests to end */
+  struct api_req *hnext; /* the next of its chain in the handle's table */
+  struct api_req *wnext; /* the wait queue, or a list of requests to end */
   req_state state;
   bool cancel;   /* asked; the engine acts at the next step boundary */
   bool released; /* polled, but nobody will take its events */
-  bool linked;   /* in the handle's list (find sees it) */
+  bool linked;   /* in the handle's table (find sees it) */
   /* what was asked */
   tok_ids prompt;
   sample_params sp;
@@ -171,8 +188,9 @@ typedef struct api_req {
   tok_stream ts;
   mj_buf pend; /* decoded text not yet returned */
   double t_submit, t_admit, t_first;
-  /* polled: events not yet taken (under the lock) */
+  /* polled: events not yet taken (under the lock), and its poller's wait */
   api_ev *qhead, *qtail;
+  pthread_cond_t cv;
 } api_req;
 
 struct moejit {
@@ -202,15 +220,24 @@ struct moejit {
   api_req **owner;           /* [slots]: the request live in each slot (engine thread only) */
   /* under lock */
   pthread_mutex_t lock;
-  pthread_cond_t work;   /* the engine waits for work; api_start for the engine to be ready */
-  pthread_cond_t polled; /* pollers wait for events; close for pollers to leave */
-  api_req *all, *whead, *wtail;
+  pthread_cond_t work;       /* the engine waits for work; api_start for the engine to be ready */
+  pthread_cond_t closing_cv; /* close waits for the engine to run dry and for pollers to leave */
+  pthread_condattr_t cattr;  /* CLOCK_MONOTONIC, for every request's cv */
+  api_req **tab;             /* the requests known, by id: chains, tab_size (a power of two) of them */
+  size_t tab_size, n_known;
+  api_req *whead, *wtail;
   int nwait, nrun, pollers;
+  uint64_t idle_wakeups; /* api_idle_wakeups */
   uint64_t next_id;
   bool paused, closing, cancel_all;
-  api_ev *parked;
   moejit_stats st;
 };
+
+static api_req *req_new(moejit *a) {
+  api_req *q = mj_xcalloc(1, sizeof *q);
+  pthread_cond_init(&q->cv, &a->cattr);
+  return q;
+}
 
 static void req_free(api_req *q) {
   if (!q) return;
@@ -219,22 +246,95 @@ static void req_free(api_req *q) {
   free(q->stop);
   mj_buf_free(&q->pend);
   for (api_ev *e = q->qhead, *n; e; e = n) n = e->next, free(e);
+  pthread_cond_destroy(&q->cv);
   free(q);
 }
 
+/* The table of known requests (under the lock).  Ids are handed out in
+ * sequence, so their low bits alone spread them evenly over the chains;
+ * the table doubles when the requests outnumber its chains. */
+#define TAB_MIN 64
+
+static api_req **chain_of(moejit *a, uint64_t id) { return &a->tab[id & (a->tab_size - 1)]; }
+
 static api_req *find(moejit *a, uint64_t id) {
-  for (api_req *q = a->all; q; q = q->next)
+  for (api_req *q = *chain_of(a, id); q; q = q->hnext)
     if (q->id == id) return q;
   return NULL;
+}
+
+static void link_req(moejit *a, api_req *q) {
+  if (a->n_known >= a->tab_size) {
+    api_req **old = a->tab;
+    size_t n = a->tab_size;
+    a->tab_size *= 2;
+    a->tab = mj_xcalloc(a->tab_size, sizeof *a->tab);
+    for (size_t i = 0; i < n; i++)
+      for (api_req *r = old[i], *next; r; r = next) {
+        next = r->hnext;
+        api_req **c = chain_of(a, r->id);
+        r->hnext = *c, *c = r;
+      }
+    free(old);
+  }
+  api_req **c = chain_of(a, q->id);
+  q->hnext = *c, *c = q;
+  q->linked = true;
+  a->n_known++;
 }
 
 static void unlink_req(moejit *a, api_req *q) {
   if (!q->linked) return;
   q->linked = false;
-  if (q->prev) q->prev->next = q->next;
-  else a->all = q->next;
-  if (q->next) q->next->prev = q->prev;
-  q->prev = q->next = NULL;
+  api_req **p = chain_of(a, q->id);
+  while (*p != q) p = &(*p)->hnext;
+  *p = q->hnext;
+  q->hnext = NULL;
+  a->n_known--;
+}
+
+/* ---- parked events -------------------------------------------------------------------- */
+/* A thread's parked events: a list under the thread's own key, one event a
+ * handle at most (a thread that polls two engines keeps one of each), so
+ * only its own thread ever touches it.  The key's destructor frees the list
+ * when the thread exits.  An event holds no pointer into its handle: one
+ * left by a thread whose handle another thread closed waits harmlessly for
+ * that thread's exit. */
+static pthread_key_t park_key;
+static pthread_once_t park_once = PTHREAD_ONCE_INIT;
+static int park_key_err;        /* pthread_key_create's error, checked at open */
+static atomic_size_t n_parked;  /* in the whole process (api_parked_events) */
+
+static void park_free(void *list) {
+  for (api_ev *e = list, *n; e; e = n) n = e->next, free(e), atomic_fetch_sub(&n_parked, 1);
+}
+
+static void park_key_init(void) { park_key_err = pthread_key_create(&park_key, park_free); }
+
+size_t api_parked_events(void) { return atomic_load(&n_parked); }
+
+/* Free the event this thread took from a before (its text was valid until
+ * now). */
+static void unpark(const moejit *a) {
+  api_ev *head = pthread_getspecific(park_key), **p = &head;
+  while (*p && (*p)->handle != a) p = &(*p)->next;
+  if (!*p) return;
+  api_ev *e = *p;
+  *p = e->next;
+  free(e);
+  atomic_fetch_sub(&n_parked, 1);
+  pthread_setspecific(park_key, head); /* a value already set: cannot fail */
+}
+
+/* Keep e, just taken from a, until this thread's next call on a (unpark(a)
+ * has run). */
+static void park(const moejit *a, api_ev *e) {
+  e->handle = a;
+  e->next = pthread_getspecific(park_key);
+  /* It fails only when glibc cannot allocate a key block, which moejit, as
+   * for any small host allocation, treats as fatal. */
+  MJ_ASSERT(pthread_setspecific(park_key, e) == 0);
+  atomic_fetch_add(&n_parked, 1);
 }
 
 /* ---- the built-in model --------------------------------------------------------------- */
@@ -358,6 +458,9 @@ static int load(const char *dir, const moejit_open_opts *o, moejit **out, moejit
   if (!o) moejit_open_opts_init(&dflt), o = &dflt;
   int rc = check_open_opts(o, err);
   if (rc) return rc;
+  pthread_once(&park_once, park_key_init);
+  if (park_key_err)
+    return mj_fail(err, MJ_EINTERNAL, "moejit: cannot create the key of polled events: %s", strerror(park_key_err));
   if (o->kernel_cache_dir && *o->kernel_cache_dir) setenv("MOEJIT_CACHE_DIR", o->kernel_cache_dir, 1);
   char defdir[4096];
   *st = MOEJIT_EMODEL;
@@ -372,12 +475,12 @@ static int load(const char *dir, const moejit_open_opts *o, moejit **out, moejit
   a->o.kernel_cache_dir = NULL;
   pthread_mutex_init(&a->lock, NULL);
   pthread_mutex_init(&a->tok_lock, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&a->work, &ca);
-  pthread_cond_init(&a->polled, &ca);
-  pthread_condattr_destroy(&ca);
+  pthread_condattr_init(&a->cattr); /* timed waits on the monotonic clock, for every cv */
+  pthread_condattr_setclock(&a->cattr, CLOCK_MONOTONIC);
+  pthread_cond_init(&a->work, &a->cattr);
+  pthread_cond_init(&a->closing_cv, &a->cattr);
+  a->tab_size = TAB_MIN;
+  a->tab = mj_xcalloc(a->tab_size, sizeof *a->tab);
   a->path = mj_xstrdup(dir);
   size_t n = strlen(dir);
   while (n > 1 && dir[n - 1] == '/') n--;
@@ -430,8 +533,9 @@ int api_start(moejit *a, const api_start_opts *x, mj_err *err) {
   a->max_queue = x->max_queue > 0 ? x->max_queue : a->o.max_queue > 0 ? a->o.max_queue : 256;
   a->paused = x->paused;
   a->owner = mj_xcalloc((size_t)a->slots, sizeof *a->owner);
-  if (pthread_create(&a->thread, NULL, engine_main, a) != 0)
-    return mj_fail(err, MJ_EINTERNAL, "moejit: cannot start the engine thread: %s", strerror(errno));
+  /* pthread_create returns its error; errno is not set. */
+  int pe = pthread_create(&a->thread, NULL, engine_main, a);
+  if (pe) return mj_fail(err, MJ_EINTERNAL, "moejit: cannot start the engine thread: %s", strerror(pe));
   pthread_mutex_lock(&a->lock);
   while (!a->ready) pthread_cond_wait(&a->work, &a->lock);
   int rc = a->start_rc;
@@ -547,7 +651,7 @@ static int chat_ids(moejit *a, const moejit_message *msgs, size_t n, bool gen, b
     else if (role_of(msgs[i].role, &cm[i].role))
       rc = mj_fail(err, MJ_EUSAGE, "chat: message %zu has role '%s' (system, user, assistant, observation or tool)", i,
                    msgs[i].role);
-    else cm[i].text = msgs[i].content, cm[i].len = strlen(msgs[i].content);
+    else cm[i].text = msgs[i].content, cm[i].len = msgs[i].content_len ? msgs[i].content_len : strlen(msgs[i].content);
   }
   if (!rc) {
     pthread_mutex_lock(&a->tok_lock);
@@ -584,7 +688,7 @@ static int make_req(moejit *a, const moejit_request *r, api_req **out, mj_err *e
   if (r->n_stop && !r->stop) return mj_fail(err, MJ_EUSAGE, "moejit_submit: %zu stop strings but stop is NULL", r->n_stop);
   for (size_t i = 0; i < r->n_stop; i++)
     if (!r->stop[i] || !r->stop[i][0]) return mj_fail(err, MJ_EUSAGE, "moejit_submit: stop string %zu is empty", i);
-  api_req *q = mj_xcalloc(1, sizeof *q);
+  api_req *q = req_new(a);
   *out = q;
   if (r->prompt) rc = encode(a, r->prompt, r->prompt_len ? r->prompt_len : strlen(r->prompt), true, &q->prompt, err);
   else if (r->messages) rc = chat_ids(a, r->messages, r->n_messages, true, r->thinking, &q->prompt, err);
@@ -636,9 +740,7 @@ moejit_status moejit_submit(moejit *a, const moejit_request *r, uint64_t *id) {
    * two submitted in the same tick differ. */
   if (r->sampling && r->sampling->seed < 0) q->sp.seed = mj_now_ns() ^ (q->id * 0x9E3779B97F4A7C15ull);
   q->t_submit = mj_now_ms();
-  if ((q->next = a->all)) a->all->prev = q;
-  a->all = q;
-  q->linked = true;
+  link_req(a, q);
   if (a->wtail) a->wtail->wnext = q;
   else a->whead = q;
   a->wtail = q;
@@ -681,7 +783,7 @@ static void deliver(moejit *a, api_req *q, moejit_event *ev) {
     a->st.requests_cancelled += ev->finish == MOEJIT_FINISH_CANCELLED;
     a->st.requests_failed += ev->finish == MOEJIT_FINISH_ERROR;
     if (q->fn || q->released) unlink_req(a, q);
-    if (a->closing) pthread_cond_broadcast(&a->polled); /* a draining close watches */
+    if (a->closing) pthread_cond_broadcast(&a->closing_cv); /* a draining close watches */
   }
   if (!q->fn) {
     if (!q->released) {
@@ -695,7 +797,7 @@ static void deliver(moejit *a, api_req *q, moejit_event *ev) {
       if (q->qtail) q->qtail->next = e;
       else q->qhead = e;
       q->qtail = e;
-      pthread_cond_broadcast(&a->polled);
+      pthread_cond_signal(&q->cv); /* its poller, no other */
     } else if (last) {
       pthread_mutex_unlock(&a->lock);
       req_free(q);
@@ -825,7 +927,7 @@ static void run_prompt(moejit *a, api_req *q) {
   int32_t *slot = mj_xmalloc(n * sizeof *slot), *ids = mj_xmalloc(n * sizeof *ids);
   for (size_t i = 0; i < n; i++) slot[i] = q->slot;
   int rc = sess_step(a->S, q->prompt.v, slot, (int)n, ids, NULL, &e);
-  int32_t id = ids[n - 1];
+  int32_t id = rc ? -1 : ids[n - 1]; /* a failed step wrote no ids */
   free(slot), free(ids);
   pthread_mutex_lock(&a->lock);
   a->st.prompt_steps++;
@@ -888,8 +990,8 @@ static api_req *take_cancelled(moejit *a) {
 }
 
 static void engine_loop(moejit *a) {
-  int32_t *tk = mj_xmalloc((size_t)a->slots * 4), *sl = mj_xmalloc((size_t)a->slots * 4);
-  int32_t *ids = mj_xmalloc((size_t)a->slots * 4);
+  int32_t *tk = mj_xmalloc((size_t)a->slots * sizeof *tk), *sl = mj_xmalloc((size_t)a->slots * sizeof *sl);
+  int32_t *ids = mj_xmalloc((size_t)a->slots * sizeof *ids);
   api_req **who = mj_xmalloc((size_t)a->slots * sizeof *who);
   pthread_mutex_lock(&a->lock);
   for (;;) {
@@ -972,15 +1074,11 @@ static void *engine_main(void *arg) {
 }
 
 /* ---- polling ------------------------------------------------------------------------------ */
-/* Under the lock: free the events this thread took before (their text was
- * valid until now). */
-static void unpark(moejit *a) {
-  pthread_t self = pthread_self();
-  for (api_ev **p = &a->parked; *p;) {
-    api_ev *e = *p;
-    if (pthread_equal(e->owner, self)) *p = e->next, free(e);
-    else p = &e->next;
-  }
+uint64_t api_idle_wakeups(moejit *a) {
+  pthread_mutex_lock(&a->lock);
+  uint64_t n = a->idle_wakeups;
+  pthread_mutex_unlock(&a->lock);
+  return n;
 }
 
 moejit_status moejit_poll(moejit *a, uint64_t id, moejit_event *ev, int timeout_ms) {
@@ -993,39 +1091,40 @@ moejit_status moejit_poll(moejit *a, uint64_t id, moejit_event *ev, int timeout_
     if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
   }
   moejit_status st = MOEJIT_OK;
+  unpark(a);
+  api_ev *e = NULL;
   pthread_mutex_lock(&a->lock);
   a->pollers++;
-  unpark(a);
   api_req *q = find(a, id);
   if (!q) st = failf(MOEJIT_ENOTFOUND, "moejit_poll: no request %llu", (unsigned long long)id);
   else if (q->fn) st = failf(MOEJIT_EINVAL, "moejit_poll: request %llu has a callback", (unsigned long long)id);
   while (!st && !q->qhead) {
     if (timeout_ms == 0 ||
-        (timeout_ms > 0 ? pthread_cond_timedwait(&a->polled, &a->lock, &until) : pthread_cond_wait(&a->polled, &a->lock)) ==
+        (timeout_ms > 0 ? pthread_cond_timedwait(&q->cv, &a->lock, &until) : pthread_cond_wait(&q->cv, &a->lock)) ==
             ETIMEDOUT) {
       if (!q->qhead) st = failf(MOEJIT_ETIMEDOUT, "moejit_poll: no event of request %llu within %d ms",
                                 (unsigned long long)id, timeout_ms);
+    } else if (!q->qhead) {
+      a->idle_wakeups++;
     }
   }
   if (!st) {
-    api_ev *e = q->qhead;
+    e = q->qhead;
     if (!(q->qhead = e->next)) q->qtail = NULL;
-    e->owner = pthread_self();
-    e->next = a->parked;
-    a->parked = e;
     *ev = e->ev;
     if (ev->finish != MOEJIT_FINISH_NONE) unlink_req(a, q), req_free(q);
   }
   a->pollers--;
-  if (a->closing) pthread_cond_broadcast(&a->polled);
+  if (a->closing) pthread_cond_broadcast(&a->closing_cv);
   pthread_mutex_unlock(&a->lock);
+  if (e) park(a, e);
   return st;
 }
 
 moejit_status moejit_release(moejit *a, uint64_t id) {
   if (!a) return failf(MOEJIT_EINVAL, "moejit_release: NULL handle");
-  pthread_mutex_lock(&a->lock);
   unpark(a);
+  pthread_mutex_lock(&a->lock);
   api_req *q = find(a, id);
   moejit_status st = MOEJIT_OK;
   if (!q) st = failf(MOEJIT_ENOTFOUND, "moejit_release: no request %llu", (unsigned long long)id);
@@ -1077,7 +1176,8 @@ int api_close(moejit *a, int drain_ms, mj_err *err) {
       if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
       pthread_mutex_lock(&a->lock);
       while ((a->nrun > 0 || a->whead) &&
-             (drain_ms < 0 ? pthread_cond_wait(&a->polled, &a->lock) : pthread_cond_timedwait(&a->polled, &a->lock, &until)) !=
+             (drain_ms < 0 ? pthread_cond_wait(&a->closing_cv, &a->lock)
+                           : pthread_cond_timedwait(&a->closing_cv, &a->lock, &until)) !=
                  ETIMEDOUT) {
       }
       pthread_mutex_unlock(&a->lock);
@@ -1089,7 +1189,7 @@ int api_close(moejit *a, int drain_ms, mj_err *err) {
     pthread_join(a->thread, NULL);
     /* pollers woken by the last events leave before anything is freed */
     pthread_mutex_lock(&a->lock);
-    while (a->pollers > 0) pthread_cond_wait(&a->polled, &a->lock);
+    while (a->pollers > 0) pthread_cond_wait(&a->closing_cv, &a->lock);
     pthread_mutex_unlock(&a->lock);
   }
   int rc = a->eng_err.code;
@@ -1100,8 +1200,12 @@ int api_close(moejit *a, int drain_ms, mj_err *err) {
   mj_err_clear(&a->eng_err);
   mj_err_clear(&a->start_err);
   mj_err_clear(&a->chat_err);
-  for (api_req *q = a->all, *n; q; q = n) n = q->next, req_free(q);
-  for (api_ev *e = a->parked, *n; e; e = n) n = e->next, free(e);
+  for (size_t i = 0; i < a->tab_size; i++)
+    for (api_req *q = a->tab[i], *n; q; q = n) n = q->hnext, req_free(q);
+  free(a->tab);
+  /* The events other threads parked from a go at their next poll or exit;
+   * they hold no pointer into a. */
+  unpark(a);
   sess_destroy(a->S); /* only when the engine never ran */
   if (a->tok) tok_destroy(a->tok);
   if (a->m) model_free(a->m);
@@ -1109,7 +1213,8 @@ int api_close(moejit *a, int drain_ms, mj_err *err) {
   pthread_mutex_destroy(&a->lock);
   pthread_mutex_destroy(&a->tok_lock);
   pthread_cond_destroy(&a->work);
-  pthread_cond_destroy(&a->polled);
+  pthread_cond_destroy(&a->closing_cv);
+  pthread_condattr_destroy(&a->cattr);
   free(a);
   return rc;
 }

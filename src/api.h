@@ -2,7 +2,8 @@
  * program itself, and never installs.
  *
  * `moejit generate` runs on the public API (moejit_submit, events), but it
- * needs three things an embedding program does not: the original error
+ * needs three things an embedding program does not (`moejit serve` needs
+ * the first, so that its errors are generate's): the original error
  * record (its exit status and a compile log's detail lines), the context
  * sized from prompts it can only encode once the tokenizer is loaded, and
  * the options of a GPU run that are the command line's business (a shape
@@ -10,7 +11,8 @@
  * every rank schedules them alike).  So opening is split here in two:
  * api_load (model, tokenizer, backend choice: enough to tokenize) and
  * api_start (the session and the engine thread).  moejit_open is the two
- * in a row.  Prefix: api_.
+ * in a row.  The tests read two counts besides (api_parked_events,
+ * api_idle_wakeups).  Prefix: api_.
  */
 #ifndef MOEJIT_API_H
 #define MOEJIT_API_H
@@ -46,5 +48,14 @@ int api_close(moejit *m, int drain_ms, mj_err *err);
 /* The library's code of this thread's last failed public call (the public
  * status folds several into one). */
 mj_code api_last_code(void);
+
+/* Events taken by moejit_poll and parked (kept for their text) in the
+ * whole process, every thread and handle: what tests read to see that
+ * threads which poll and exit leave none behind. */
+size_t api_parked_events(void);
+
+/* The times a moejit_poll of m woke and found no event of its request (nor
+ * its timeout): with one condition variable a request, next to none. */
+uint64_t api_idle_wakeups(moejit *m);
 
 #endif

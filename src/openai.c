@@ -61,9 +61,11 @@ static int get_bool(const json *o, const char *key, bool *out, oai_error *e) {
 static int add_stop(oai_request *r, const json *s, oai_error *e) {
   if (s->type != JSON_STR) return BAD(e, "stop", "'stop' must be a string or an array of strings, not %s", json_type_name(s->type));
   if (s->len == 0) return BAD(e, "stop", "'stop' strings must not be empty");
+  /* The engine's stop strings end at their NUL: one holding "\u0000" would
+   * silently be cut there and match a shorter text than asked. */
+  if (memchr(s->str, 0, s->len)) return BAD(e, "stop", "'stop' strings must not hold NUL (\\u0000)");
   if (r->n_stop == OAI_MAX_STOP) return BAD(e, "stop", "'stop' holds at most %d strings", OAI_MAX_STOP);
-  r->stop[r->n_stop] = mj_arena_strndup(&r->mem, s->str, s->len);
-  r->stop_len[r->n_stop++] = s->len;
+  r->stop[r->n_stop++] = mj_arena_strndup(&r->mem, s->str, s->len);
   return 0;
 }
 
@@ -248,41 +250,33 @@ static void usage(mj_buf *b, const oai_result *r) {
                 (long long)(r->prompt_tokens + r->completion_tokens));
 }
 
+/* "choices" with the one choice of a response or a chunk.  Its text is
+ * completions' "text"; a chat's "message" (a response) or "delta" (a
+ * chunk), with the role when with_role (a response always, a stream's
+ * first chunk). */
+static void write_choice(mj_buf *b, oai_kind kind, const oai_result *r, const char *chat_field, bool with_role) {
+  mj_buf_puts(b, ",\"choices\":[{\"index\":0,");
+  if (kind == OAI_CHAT) mj_buf_printf(b, "\"%s\":{%s\"content\":", chat_field, with_role ? "\"role\":\"assistant\"," : "");
+  else mj_buf_puts(b, "\"text\":");
+  json_write_str(b, r->text ? r->text : "", r->text_len);
+  if (kind == OAI_CHAT) mj_buf_puts(b, "}");
+  mj_buf_puts(b, ",\"logprobs\":null,\"finish_reason\":");
+  put_str(b, r->finish_reason);
+  mj_buf_puts(b, "}]");
+}
+
 void oai_write_response(mj_buf *b, oai_kind kind, const oai_result *r) {
   head(b, kind == OAI_CHAT ? "chat.completion" : "text_completion", r);
-  mj_buf_puts(b, ",\"choices\":[{\"index\":0,");
-  if (kind == OAI_CHAT) {
-    mj_buf_puts(b, "\"message\":{\"role\":\"assistant\",\"content\":");
-    json_write_str(b, r->text ? r->text : "", r->text_len);
-    mj_buf_puts(b, "},\"logprobs\":null");
-  } else {
-    mj_buf_puts(b, "\"text\":");
-    json_write_str(b, r->text ? r->text : "", r->text_len);
-    mj_buf_puts(b, ",\"logprobs\":null");
-  }
-  mj_buf_puts(b, ",\"finish_reason\":");
-  put_str(b, r->finish_reason);
-  mj_buf_puts(b, "}],");
+  write_choice(b, kind, r, "message", true);
+  mj_buf_puts(b, ",");
   usage(b, r);
   mj_buf_puts(b, "}");
 }
 
 void oai_write_chunk(mj_buf *b, oai_kind kind, const oai_result *r, bool role_first) {
   head(b, kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion", r);
-  mj_buf_puts(b, ",\"choices\":[{\"index\":0,");
-  if (kind == OAI_CHAT) {
-    mj_buf_puts(b, "\"delta\":{");
-    if (role_first) mj_buf_puts(b, "\"role\":\"assistant\",");
-    mj_buf_puts(b, "\"content\":");
-    json_write_str(b, r->text ? r->text : "", r->text_len);
-    mj_buf_puts(b, "}");
-  } else {
-    mj_buf_puts(b, "\"text\":");
-    json_write_str(b, r->text ? r->text : "", r->text_len);
-  }
-  mj_buf_puts(b, ",\"logprobs\":null,\"finish_reason\":");
-  put_str(b, r->finish_reason);
-  mj_buf_puts(b, "}]}");
+  write_choice(b, kind, r, "delta", role_first);
+  mj_buf_puts(b, "}");
 }
 
 void oai_write_usage_chunk(mj_buf *b, oai_kind kind, const oai_result *r) {

@@ -1,9 +1,11 @@
 /* serve_cmd.c: `moejit serve`, an OpenAI-compatible HTTP server.
  *
- * The command opens the model with the public C API (moejit.h: one engine
- * thread batching every request continuously), starts the HTTP server
- * (server.c) on it, prints where it listens, and then only waits for a
- * signal.  SIGTERM and SIGINT are blocked in every thread before any thread
+ * The command opens the engine of the C API (one engine thread batching
+ * every request continuously) as `moejit generate` does, through api.h's
+ * api_load and api_start, so a model folder that fails to load is the same
+ * one-line message and exit status in both commands; it starts the HTTP
+ * server (server.c, which uses the public moejit.h alone) on it, prints
+ * where it listens, and then only waits for a signal.  SIGTERM and SIGINT are blocked in every thread before any thread
  * starts, so only this one takes them (sigtimedwait), never a libmicrohttpd
  * or engine thread in the middle of its work.  Shutdown is in steps: new
  * completion requests get 503, the running ones have --shutdown-timeout
@@ -17,17 +19,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "api.h"
 #include "cli.h"
-#include "moejit.h"
 #include "server.h"
-
-/* The API's status as the CLI's error kinds (exit codes). */
-static int api_fail(mj_err *err, moejit_status st, const char *what) {
-  mj_code c = st == MOEJIT_EINVAL ? MJ_EUSAGE : st == MOEJIT_EMODEL ? MJ_EINPUT : st == MOEJIT_ENOBACKEND ? MJ_ENOGPU
-              : st == MOEJIT_ENOMEM ? MJ_ENOMEM : st == MOEJIT_EBACKEND ? MJ_ECUDA : MJ_EINTERNAL;
-  const char *m = moejit_last_error();
-  return mj_fail(err, c, "%s: %s", what, m && *m ? m : moejit_strerror(st));
-}
 
 /* Wait for SIGTERM or SIGINT up to ms milliseconds (< 0: without bound);
  * the signal, or 0. */
@@ -99,14 +93,18 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
   signal(SIGPIPE, SIG_IGN);
 
   moejit *m = NULL;
-  moejit_status st = moejit_open(dir, &oo, &m);
-  if (st != MOEJIT_OK) return api_fail(err, st, "moejit serve");
+  if ((r = api_load(dir, &oo, &m, err))) return r;
+  api_start_opts x = {0}; /* the open options' context, slots and queue */
+  if ((r = api_start(m, &x, err))) {
+    api_close(m, 0, NULL);
+    return r;
+  }
   moejit_info info;
   moejit_get_info(m, &info);
   so.model_name = info.name;
   srv *s = NULL;
   if ((r = srv_start(m, &so, &s, err))) {
-    moejit_close(m, 0);
+    api_close(m, 0, NULL);
     return r;
   }
   bool v6 = strchr(host, ':') != NULL;
@@ -133,9 +131,9 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
     for (double t = mj_now_ms() + 2000; srv_in_flight(s) > 0 && mj_now_ms() < t;) wait_signal(&set, 50);
   }
   srv_destroy(s);
-  st = moejit_close(m, 0);
-  if (st != MOEJIT_OK && !quiet)
-    fprintf(stderr, "moejit: warning: the engine reported during its run: %s\n", moejit_last_error());
+  mj_err ce = {0};
+  if (api_close(m, 0, &ce) && !quiet) fprintf(stderr, "moejit: warning: the engine reported during its run: %s\n", ce.msg);
+  mj_err_clear(&ce);
   if (!quiet) fprintf(stderr, "moejit: stopped\n");
   return 0;
 }

@@ -15,12 +15,19 @@
  * Slow clients.  libmicrohttpd's connection timeout closes a connection
  * that is silent, but a client sending one byte a second is never silent;
  * so each connection is registered (the connection-notify callback) with
- * the time its current request began, and a watchdog thread shuts down the
- * socket of any request whose headers and body have not all arrived within
- * request_timeout_s.  The registry's lock is held across the shutdown and
- * the entry is removed in the CLOSED notification, which libmicrohttpd
- * makes before it closes the socket, so the watchdog never touches a
- * reused descriptor.
+ * the deadline of its current request's arrival, and a watchdog thread
+ * shuts down the socket of any request whose headers and body have not
+ * all arrived by then: request_timeout_s after the request began.  A
+ * connection's first request begins when it opens; a later one on a
+ * kept-alive connection when its request line arrives (the URI-log
+ * callback, libmicrohttpd's first word of a request), so an idle
+ * keep-alive connection is left to the idle timeout, which is what it is
+ * for.  Between requests the deadline is idle_timeout_s + request_timeout_s
+ * after the last answer: a silent connection is closed by libmicrohttpd
+ * before that, so only a request line trickling in meets it.  The
+ * registry's lock is held across the shutdown and the entry is removed in
+ * the CLOSED notification, which libmicrohttpd makes before it closes the
+ * socket, so the watchdog never touches a reused descriptor.
  *
  * Memory.  A body is kept only up to max_body (a longer one is refused, 413,
  * before it is read when Content-Length says so); bodies are parsed one at
@@ -50,11 +57,10 @@
 
 typedef enum { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_COMPLETIONS, R_CHAT } route;
 
-/* One connection of the registry. */
+/* One connection of the registry (under the server's mu). */
 typedef struct srv_conn {
   int fd;
-  double t_begin;  /* when its current request began (ms) */
-  bool busy;       /* its request has fully arrived: the timeout no longer applies */
+  double deadline; /* ms: its current request must have arrived by then; 0: it has (no deadline) */
   struct srv_conn *prev, *next;
 } srv_conn;
 
@@ -75,12 +81,11 @@ typedef struct srv_req {
   char rid[40];
   int64_t created;
   int64_t prompt_tokens, completion_tokens;
-  const char *finish;   /* "stop", "length"; NULL while running */
-  moejit_finish fin;
+  moejit_finish fin;    /* how it ended; MOEJIT_FINISH_NONE while it runs */
   char error[512];      /* FINISH_ERROR's message */
   mj_buf text;          /* stream false: the whole text */
-  /* stream true */
-  mj_buf out;
+  /* stream true: the bytes the reader hands out next, and a chunk's JSON (both reused) */
+  mj_buf out, json;
   size_t out_off;
   bool sent_first, stream_done;
 } srv_req;
@@ -207,7 +212,7 @@ static int next_event(srv_req *q, moejit_event *ev, int wait_ms) {
     if (st != MOEJIT_ETIMEDOUT) { /* cannot happen while q->id is live; end it as an error */
       snprintf(q->error, sizeof q->error, "the engine lost the request: %s", moejit_last_error());
       live_remove(q);
-      q->fin = MOEJIT_FINISH_ERROR, q->finish = "error";
+      q->fin = MOEJIT_FINISH_ERROR;
       return 1;
     }
     if (peer_gone(q)) {
@@ -220,16 +225,17 @@ static int next_event(srv_req *q, moejit_event *ev, int wait_ms) {
   q->completion_tokens = ev->completion_tokens;
   if (ev->finish != MOEJIT_FINISH_NONE) {
     q->fin = ev->finish;
-    q->finish = ev->finish == MOEJIT_FINISH_LENGTH ? "length" : ev->finish == MOEJIT_FINISH_STOP ? "stop"
-                                                                                                  : moejit_finish_name(ev->finish);
     if (ev->finish == MOEJIT_FINISH_ERROR) snprintf(q->error, sizeof q->error, "%s", ev->error ? ev->error : "");
     live_remove(q);
   }
   return 1;
 }
 
-/* The error a request that did not finish answers with: cancelled (the
- * server is shutting down) or the backend's failure. */
+/* Ended without its answer: cancelled (the server is shutting down) or
+ * failed. */
+static bool ended_badly(const srv_req *q) { return q->fin == MOEJIT_FINISH_CANCELLED || q->fin == MOEJIT_FINISH_ERROR; }
+
+/* The error a request that ended badly answers with. */
 static void end_error(const srv_req *q, oai_error *e) {
   if (q->fin == MOEJIT_FINISH_CANCELLED)
     oai_fail(e, 503, "server_error", NULL, "shutting_down", "the server is shutting down; the request was cancelled");
@@ -237,61 +243,56 @@ static void end_error(const srv_req *q, oai_error *e) {
     oai_fail(e, 500, "server_error", NULL, "engine_error", "the engine failed: %s", q->error);
 }
 
+/* What q reports, text aside; finish_reason is "stop" or "length" once it
+ * ended well, NULL while it runs. */
 static void result_of(const srv_req *q, oai_result *r, const char *text, size_t len) {
   *r = (oai_result){.id = q->rid, .created = q->created, .model = q->s->model_name, .text = text, .text_len = len,
-                    .finish_reason = NULL, .prompt_tokens = q->prompt_tokens,
-                    .completion_tokens = q->completion_tokens};
+                    .finish_reason = q->fin == MOEJIT_FINISH_NONE ? NULL : moejit_finish_name(q->fin),
+                    .prompt_tokens = q->prompt_tokens, .completion_tokens = q->completion_tokens};
 }
 
 /* ---- streaming ----------------------------------------------------------------------------- */
-static void sse(mj_buf *b, const mj_buf *json) {
-  mj_buf_puts(b, "data: ");
-  mj_buf_put(b, json->data, json->len);
-  mj_buf_puts(b, "\n\n");
+/* Append q->json to q->out as one server-sent event. */
+static void sse(srv_req *q) {
+  mj_buf_puts(&q->out, "data: ");
+  mj_buf_put(&q->out, q->json.data, q->json.len);
+  mj_buf_puts(&q->out, "\n\n");
 }
 
-/* Fill q->out with what comes next; false when the client went away. */
+/* Fill q->out with what comes next: the next event's chunk (and after the
+ * last, the usage chunk and [DONE]), or a keep-alive comment when none came
+ * in time.  false when the client went away. */
 static bool stream_more(srv_req *q) {
   q->out.len = q->out_off = 0;
-  mj_buf j = {0};
-  oai_result r;
-  if (!q->finish) {
-    moejit_event ev;
-    int got = next_event(q, &ev, KEEPALIVE_MS);
-    if (got < 0) return false;
-    if (got == 0) {
-      mj_buf_puts(&q->out, ": keep-alive\n\n");
-      return true;
-    }
-    bool ended_ok = q->fin == MOEJIT_FINISH_NONE || q->fin == MOEJIT_FINISH_STOP || q->fin == MOEJIT_FINISH_LENGTH;
-    /* One chunk an event: a token's chunk even when its text is held back
-     * (""), as OpenAI's streams send one chunk a token. */
-    if (ended_ok) {
-      result_of(q, &r, ev.text, ev.text_len);
-      r.finish_reason = q->finish;
-      oai_write_chunk(&j, q->q.kind, &r, q->q.kind == OAI_CHAT && !q->sent_first);
-      sse(&q->out, &j);
-      q->sent_first = true;
-    }
-    if (!ended_ok) { /* OpenAI's streams carry an error as an event of its own */
-      oai_error e;
-      end_error(q, &e);
-      j.len = 0;
-      oai_write_error(&j, &e);
-      sse(&q->out, &j);
-    }
-    if (q->finish) {
-      if (q->q.include_usage) {
-        j.len = 0;
-        result_of(q, &r, "", 0);
-        oai_write_usage_chunk(&j, q->q.kind, &r);
-        sse(&q->out, &j);
-      }
-      mj_buf_puts(&q->out, "data: [DONE]\n\n");
-      q->stream_done = true;
-    }
+  moejit_event ev;
+  int got = next_event(q, &ev, KEEPALIVE_MS);
+  if (got < 0) return false;
+  if (got == 0) {
+    mj_buf_puts(&q->out, ": keep-alive\n\n");
+    return true;
   }
-  mj_buf_free(&j);
+  oai_result r;
+  q->json.len = 0;
+  if (ended_badly(q)) { /* OpenAI's streams carry an error as an event of its own */
+    oai_error e;
+    end_error(q, &e);
+    oai_write_error(&q->json, &e);
+  } else { /* a token's chunk even when its text is held back (""): OpenAI's streams send one a token */
+    result_of(q, &r, ev.text, ev.text_len);
+    oai_write_chunk(&q->json, q->q.kind, &r, q->q.kind == OAI_CHAT && !q->sent_first);
+    q->sent_first = true;
+  }
+  sse(q);
+  if (q->fin != MOEJIT_FINISH_NONE) {
+    if (q->q.include_usage) {
+      q->json.len = 0;
+      result_of(q, &r, "", 0);
+      oai_write_usage_chunk(&q->json, q->q.kind, &r);
+      sse(q);
+    }
+    mj_buf_puts(&q->out, "data: [DONE]\n\n");
+    q->stream_done = true;
+  }
   return true;
 }
 
@@ -325,6 +326,10 @@ static enum MHD_Result completion(srv_req *q) {
              q->q.model, s->model_name);
     return send_error(s, q->c, &e, NULL, NULL);
   }
+  /* The API reads a prompt_len of 0 as "up to the NUL"; an empty prompt
+   * would be refused there anyway, but here it names its field. */
+  if (q->q.kind == OAI_COMPLETION && q->q.prompt_len == 0)
+    return fail(s, q->c, 400, "invalid_request_error", "prompt", NULL, "'prompt' must not be empty");
   moejit_sampling sp;
   moejit_sampling_init(&sp);
   sp.temperature = (float)q->q.temperature, sp.top_p = (float)q->q.top_p, sp.min_p = (float)q->q.min_p;
@@ -332,18 +337,14 @@ static enum MHD_Result completion(srv_req *q) {
   sp.seed = q->q.has_seed ? q->q.seed & INT64_MAX : -1;
   moejit_request rq;
   moejit_request_init(&rq);
-  moejit_message *msgs = NULL;
+  moejit_message *msgs = NULL; /* chat: the messages as the API takes them, until submitted */
   if (q->q.kind == OAI_CHAT) {
     msgs = mj_xcalloc(q->q.n_messages, sizeof *msgs);
     for (size_t i = 0; i < q->q.n_messages; i++)
-      msgs[i] = (moejit_message){role_name(q->q.messages[i].role), q->q.messages[i].content};
+      msgs[i] = (moejit_message){role_name(q->q.messages[i].role), q->q.messages[i].content, q->q.messages[i].len};
     rq.messages = msgs, rq.n_messages = q->q.n_messages, rq.thinking = q->q.thinking;
   } else {
     rq.prompt = q->q.prompt, rq.prompt_len = q->q.prompt_len;
-    if (q->q.prompt_len == 0) { /* the API reads 0 as "up to the NUL"; an empty prompt is refused either way */
-      free(msgs);
-      return fail(s, q->c, 400, "invalid_request_error", "prompt", NULL, "'prompt' must not be empty");
-    }
   }
   rq.sampling = &sp;
   int64_t mt = q->q.max_tokens > 0 ? q->q.max_tokens : q->q.kind == OAI_COMPLETION ? s->o.default_max_tokens : 0;
@@ -377,18 +378,17 @@ static enum MHD_Result completion(srv_req *q) {
     return ok;
   }
   moejit_event ev;
-  while (!q->finish) {
+  while (q->fin == MOEJIT_FINISH_NONE) {
     int got = next_event(q, &ev, 1 << 30);
     if (got < 0) return MHD_NO; /* the client is gone: close */
     if (got > 0 && q->fin != MOEJIT_FINISH_ERROR) mj_buf_put(&q->text, ev.text, ev.text_len);
   }
-  if (q->fin != MOEJIT_FINISH_STOP && q->fin != MOEJIT_FINISH_LENGTH) {
+  if (ended_badly(q)) {
     end_error(q, &e);
     return send_error(s, q->c, &e, NULL, NULL);
   }
   oai_result res;
   result_of(q, &res, q->text.data ? q->text.data : "", q->text.len);
-  res.finish_reason = q->finish;
   mj_buf b = {0};
   oai_write_response(&b, q->q.kind, &res);
   return send_json(s, q->c, 200, &b);
@@ -529,7 +529,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   /* the whole request is in */
   if (q->conn) {
     pthread_mutex_lock(&s->mu);
-    q->conn->busy = true;
+    q->conn->deadline = 0;
     pthread_mutex_unlock(&s->mu);
   }
   if (q->too_large) {
@@ -568,23 +568,38 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum M
     moejit_release(s->engine, id);
     s->disconnects++;
   }
-  if (q->conn) {
+  if (q->conn) { /* the next request's line: within the idle timeout, then its own time */
     pthread_mutex_lock(&s->mu);
-    q->conn->busy = false, q->conn->t_begin = mj_now_ms();
+    q->conn->deadline = mj_now_ms() + (s->o.idle_timeout_s + s->o.request_timeout_s) * 1000.0;
     pthread_mutex_unlock(&s->mu);
   }
   if (q->parsed) oai_request_free(&q->q);
-  mj_buf_free(&q->body), mj_buf_free(&q->text), mj_buf_free(&q->out);
+  mj_buf_free(&q->body), mj_buf_free(&q->text), mj_buf_free(&q->out), mj_buf_free(&q->json);
   free(q);
 }
 
 /* ---- the connection registry and its watchdog ----------------------------------------------- */
+/* A request begins: its request line has arrived (libmicrohttpd calls this
+ * once a request, before it reads the headers).  The first request of a
+ * connection began when the connection opened, and keeps that deadline. */
+static void *on_request_line(void *cls, const char *uri, struct MHD_Connection *c) {
+  srv *s = cls;
+  srv_conn *k = conn_of(c);
+  if (k) {
+    double d = mj_now_ms() + s->o.request_timeout_s * 1000.0;
+    pthread_mutex_lock(&s->mu);
+    if (k->deadline == 0 || d < k->deadline) k->deadline = d;
+    pthread_mutex_unlock(&s->mu);
+  }
+  return NULL; /* on_request's first call still sees *ctx NULL */
+}
+
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx, enum MHD_ConnectionNotificationCode code) {
   srv *s = cls;
   if (code == MHD_CONNECTION_NOTIFY_STARTED) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     srv_conn *k = mj_xcalloc(1, sizeof *k);
-    k->fd = ci ? ci->connect_fd : -1, k->t_begin = mj_now_ms();
+    k->fd = ci ? ci->connect_fd : -1, k->deadline = mj_now_ms() + s->o.request_timeout_s * 1000.0;
     pthread_mutex_lock(&s->mu);
     k->next = s->conns;
     if (s->conns) s->conns->prev = k;
@@ -605,7 +620,6 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx
 
 static void *watchdog(void *arg) {
   srv *s = arg;
-  double limit = s->o.request_timeout_s * 1000.0;
   pthread_mutex_lock(&s->wd_mu);
   while (!s->wd_stop) {
     struct timespec ts;
@@ -616,7 +630,7 @@ static void *watchdog(void *arg) {
     double now = mj_now_ms();
     pthread_mutex_lock(&s->mu);
     for (srv_conn *k = s->conns; k; k = k->next)
-      if (!k->busy && k->fd >= 0 && now - k->t_begin > limit) {
+      if (k->deadline > 0 && k->fd >= 0 && now > k->deadline) {
         shutdown(k->fd, SHUT_RDWR);
         k->fd = -1; /* once */
         s->timeouts++;
@@ -683,6 +697,7 @@ int srv_start(moejit *engine, const srv_opts *o, srv **out, mj_err *err) {
                           MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->idle_timeout_s,
                           MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                           MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                          MHD_OPTION_URI_LOG_CALLBACK, on_request_line, s,
                           MHD_OPTION_EXTERNAL_LOGGER, on_log, s,
                           MHD_OPTION_END);
   int e = errno;
@@ -694,9 +709,10 @@ int srv_start(moejit *engine, const srv_opts *o, srv **out, mj_err *err) {
   }
   const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
   s->port = di ? di->port : o->port;
-  if (pthread_create(&s->watchdog, NULL, watchdog, s) != 0) {
+  int pe = pthread_create(&s->watchdog, NULL, watchdog, s);
+  if (pe) {
     srv_destroy(s);
-    return mj_fail(err, MJ_ENOMEM, "moejit serve: cannot start the watchdog thread");
+    return mj_fail(err, MJ_ENOMEM, "moejit serve: cannot start the watchdog thread: %s", strerror(pe));
   }
   s->wd_started = true;
   *out = s;

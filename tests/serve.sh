@@ -8,8 +8,10 @@
 # `generate --prompts` run, prompt k seeded 1000 + k); hostile clients
 # (a truncated body, 10 MB bodies, invalid UTF-8, wrong fields, one byte a
 # second, a stream dropped midway) each get their status while a
-# well-behaved client keeps being served and the RSS stays bounded; a full
-# queue is 503 with Retry-After; SIGTERM drains, cancels and exits 0.
+# well-behaved client keeps being served and the RSS stays bounded; a
+# kept-alive connection silent between requests is the idle timeout's, not
+# the request timeout's; a full queue is 503 with Retry-After; SIGTERM drains, cancels and exits 0; a
+# model folder that does not load is generate's message and exit status.
 # Every server listens on 127.0.0.1 at --port 0 and says its port on stderr.
 . "$srcdir/tests/lib.sh"
 for p in curl python3; do
@@ -115,6 +117,13 @@ $probe sse "$tmp/chs.sse" > "$tmp/chs.json"
 grep -q '"object":"chat.completion.chunk"' "$tmp/chs.sse" && [ "$($probe field "$tmp/chs.json" text)" = "$ref_chat" ] &&
   [ "$($probe field "$tmp/chs.json" usage.completion_tokens)" = "$($probe field "$tmp/ref_chat.json" generated_tokens)" ] &&
   ok "curl chat stream = generate, usage chunk" || bad "curl chat stream: $(cat "$tmp/chs.json")"
+# "\u0000" inside a message is a character of its text, not its end
+post /v1/chat/completions '{"messages":[{"role":"user","content":"hello"}],"max_tokens":1}' "$tmp/nul0.json" > /dev/null
+st=$(post /v1/chat/completions '{"messages":[{"role":"user","content":"hello\u0000world"}],"max_tokens":1}' "$tmp/nul1.json")
+n0=$($probe field "$tmp/nul0.json" usage.prompt_tokens)
+n1=$($probe field "$tmp/nul1.json" usage.prompt_tokens)
+[ "$st" = 200 ] && [ "$n1" -gt "$n0" ] && ok "chat content \"hello\\u0000world\": $n1 prompt tokens (\"hello\": $n0)" ||
+  bad "NUL in chat content: $st $(cat "$tmp/nul1.json"), $n1 prompt tokens vs $n0"
 
 # ---- the openai npm client ----------------------------------------------------------
 cdir=$srcdir/tests/serve
@@ -204,6 +213,8 @@ rss1=$($probe rss $main_pid)
 good=$!
 $probe slow "$port" > "$tmp/slow" &
 slow=$!
+$probe keepalive "$port" 5 > "$tmp/keepalive" &
+keepalive=$!
 $probe truncated "$port" > /dev/null && ok "a truncated body, then close" || bad "truncated body"
 head -c 10485760 /dev/zero | tr '\0' 'a' > "$tmp/10mb"
 st=$(curl -s -o "$tmp/o" -w '%{http_code}' -H "Authorization: Bearer $KEY" --data-binary @"$tmp/10mb" "http://127.0.0.1:$port/v1/completions")
@@ -226,6 +237,7 @@ expect400 '{"prompt":{"a":1}}' '"prompt"'
 expect400 '{"prompt":["a","b"]}' '"prompt"'
 expect400 '{"prompt":"x","n":3}' '"n"'
 expect400 '{"prompt":"x","stop":[1,2]}' '"stop"'
+expect400 '{"prompt":"x","stop":"a\u0000b"}' '"stop"'
 expect400 '{"prompt":"x"' 'null'
 expect400 '{"prompt":""}' '"prompt"'
 $probe disconnect "$port" $KEY > "$tmp/disc" && ok "a stream dropped after its first event: $(cat "$tmp/disc")" || bad "disconnect: $(cat "$tmp/disc")"
@@ -241,6 +253,12 @@ done
 wait $slow
 grep -q "^closed after [3-6] s" "$tmp/slow" && [ "$($probe metric "$port" moejit_http_request_timeouts_total)" -ge 1 ] &&
   ok "one byte a second: $(cat "$tmp/slow") (--request-timeout 3)" || bad "slow client: $(cat "$tmp/slow")"
+# The request timeout runs while a request arrives, not while a kept-alive
+# connection waits silent for the next (that is --idle-timeout's, 60 s here).
+wait $keepalive
+grep -q "^answered again after 5 s silent: HTTP/1.1 200" "$tmp/keepalive" &&
+  ok "a keep-alive connection silent 5 s (> --request-timeout 3), then a request: $(cat "$tmp/keepalive")" ||
+  bad "keep-alive: $(cat "$tmp/keepalive")"
 wait $good
 want=$(sed -n 1p "$tmp/refs.jsonl" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["text"]))')
 goods=0
@@ -290,7 +308,33 @@ MOEJIT_DATA_DIR="$tmp/none" $MOEJIT serve --host 300.1.1.1 2> "$tmp/err"
 st=$?
 [ $st = 1 ] && [ "$(wc -l < "$tmp/err")" = 1 ] && grep -q "^moejit: moejit serve: --host 300.1.1.1: " "$tmp/err" && [ ! -e "$tmp/none" ] &&
   ok "--host checked before the model loads: $(cat "$tmp/err")" || bad "bad --host: status $st: $(cat "$tmp/err")"
-start busy --parallel 1
+# A model folder that does not load: serve says what generate says, in one
+# line naming the file, and exits with generate's status (a config.json that
+# is a folder cannot be read: 2, an I/O error; a folder without one: 1).
+mkdir -p "$tmp/unreadable/config.json" "$tmp/empty"
+for case in unreadable:2 empty:1; do
+  m=${case%:*} want=${case#*:}
+  $MOEJIT generate -m "$tmp/$m" -p hi > /dev/null 2> "$tmp/gen_$m.err"
+  gst=$?
+  $MOEJIT serve -m "$tmp/$m" --port 0 --backend cpu 2> "$tmp/serve_$m.err"
+  sst=$?
+  [ $sst = "$want" ] && [ $gst = "$want" ] && [ "$(wc -l < "$tmp/serve_$m.err")" = 1 ] && grep -q "$tmp/$m" "$tmp/serve_$m.err" &&
+    cmp -s "$tmp/gen_$m.err" "$tmp/serve_$m.err" && ok "-m a folder that does not load ($m): exit $sst, as generate: $(cat "$tmp/serve_$m.err")" ||
+    bad "-m $m folder: serve $sst: $(cat "$tmp/serve_$m.err"); generate $gst: $(cat "$tmp/gen_$m.err") (want $want)"
+done
+# Between requests: a connection silent past --idle-timeout is libmicrohttpd's
+# to close (no request timeout counted); the next request's line trickled in
+# is cut by --idle-timeout + --request-timeout after the last answer.
+start busy --parallel 1 --idle-timeout 3 --request-timeout 2
+$probe keepalive "$port" 6 > "$tmp/idle" &
+idle=$!
+$probe slow_next "$port" > "$tmp/slow_next"
+wait $idle
+grep -q "^closed by the server after [3-4] s silent" "$tmp/idle" &&
+  ok "a keep-alive connection silent past --idle-timeout 3: $(cat "$tmp/idle")" || bad "idle keep-alive: $(cat "$tmp/idle")"
+grep -q "^closed after [5-7] s" "$tmp/slow_next" && [ "$($probe metric "$port" moejit_http_request_timeouts_total)" = 1 ] &&
+  ok "the next request one byte a second: $(cat "$tmp/slow_next") (3 + 2 s), the one request timeout counted" ||
+  bad "slow next request: $(cat "$tmp/slow_next"), $($probe metric "$port" moejit_http_request_timeouts_total) timeouts"
 expect 2 "moejit: moejit serve: cannot listen on 127.0.0.1 port $port: Address already in use" $MOEJIT serve --port "$port" --backend cpu -q
 stop $pid > /dev/null
 exit $fail

@@ -10,15 +10,20 @@
  * request frees its slot for the next, and of a waiting one ends it before
  * it runs; a full wait queue refuses with MOEJIT_EQUEUE_FULL; bad arguments
  * give their status and a message; 8 threads submitting and polling at once
- * get exactly the tokens they asked for; close with requests running
- * (cancelled, or drained to their end).  A callback that blocks holds the
+ * get exactly the tokens they asked for, each poller woken by its own
+ * request's events only; 300 requests known at once are each found by id;
+ * threads that poll and exit leave no event parked; close with requests running
+ * (cancelled, or drained to their end); an engine thread that cannot start
+ * reports pthread_create's own error.  A callback that blocks holds the
  * engine still, which is how the queue and timeout cases get a fixed state.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "api.h"
 #include "mkmodel.h"
 #include "model.h"
 #include "moejit.h"
@@ -142,6 +147,17 @@ static void test_info_and_text(void) {
   T_EQ_INT(moejit_chat_template(m, msgs, 2, true, false, &ids, &n), MOEJIT_OK);
   T_CHECK(n >= 6); /* [gMASK]<sop><|system|>..<|user|>..<|assistant|></think> */
   moejit_free(ids);
+  /* content holding NUL: content_len bytes reach the tokenizer (0 would stop at the NUL) */
+  moejit_message nul[] = {{"user", "hi\0there", 8}}, cut[] = {{"user", "hi\0there", 0}};
+  int32_t *with, *plain, *body;
+  size_t nwith, nplain, nbody;
+  T_EQ_INT(moejit_chat_template(m, nul, 1, true, false, &with, &nwith), MOEJIT_OK);
+  T_EQ_INT(moejit_chat_template(m, cut, 1, true, false, &plain, &nplain), MOEJIT_OK);
+  T_EQ_INT(moejit_tokenize(m, "hi\0there", 8, false, &body, &nbody), MOEJIT_OK);
+  T_EQ_INT(nwith, 5 + nbody); /* [gMASK]<sop><|user|> the text <|assistant|></think> */
+  T_CHECK(nwith == 5 + nbody && !memcmp(with + 3, body, nbody * sizeof *body));
+  T_CHECK(nplain < nwith);
+  moejit_free(with), moejit_free(plain), moejit_free(body);
   /* a chat request: its prompt is the template's */
   moejit_request r;
   moejit_request_init(&r);
@@ -502,6 +518,29 @@ static void test_bad_arguments(void) {
   T_EQ_INT(moejit_api_version(), MOEJIT_API_VERSION);
 }
 
+/* The engine thread cannot start (its stack cannot be had): the message is
+ * pthread_create's own error, which it returns (errno says nothing). */
+static void test_thread_start_error(void) {
+  pthread_attr_t def, huge;
+  T_EQ_INT(pthread_getattr_default_np(&def), 0);
+  pthread_attr_init(&huge);
+  pthread_attr_setstacksize(&huge, (size_t)1 << 62); /* past any address space: no mapping holds it */
+  T_EQ_INT(pthread_setattr_default_np(&huge), 0);
+  moejit_open_opts o;
+  moejit_open_opts_init(&o);
+  o.backend = MOEJIT_BACKEND_CPU, o.quiet = true;
+  moejit *m = NULL;
+  moejit_status st = moejit_open(dir, &o, &m);
+  T_EQ_INT(pthread_setattr_default_np(&def), 0);
+  pthread_attr_destroy(&huge), pthread_attr_destroy(&def);
+  T_EQ_INT(st, MOEJIT_EINTERNAL);
+  T_CHECK(m == NULL);
+  char want[256];
+  snprintf(want, sizeof want, "moejit: cannot start the engine thread: %s", strerror(EAGAIN));
+  T_EQ_STR(moejit_last_error(), want);
+  if (st == MOEJIT_OK) moejit_close(m, 0);
+}
+
 /* ---- 8 threads at once ------------------------------------------------------------------ */
 typedef struct worker {
   moejit *m;
@@ -559,7 +598,88 @@ static void test_threads(void) {
   T_EQ_INT(st.decode_rows, want - 32); /* the first token of each comes from its prompt's step */
   T_EQ_INT(st.decode_step_le[MOEJIT_STEP_BUCKETS - 1], st.decode_steps);
   T_CHECK(st.decode_steps < st.decode_rows); /* steps carried several sequences */
+  /* A token wakes its own poller only: the 8 pollers' waits ended by an
+   * event of another request were most of them when all shared one
+   * condition variable (a broadcast a token). */
+  uint64_t idle = api_idle_wakeups(m);
+  if (idle > 8) fprintf(stderr, "  %llu wakeups without an event\n", (unsigned long long)idle);
+  T_CHECK(idle <= 8);
   T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
+}
+
+/* ---- parked events ------------------------------------------------------------------------ */
+static void *drain_one(void *arg) {
+  moejit *m = arg;
+  moejit_sampling s = seeded(3);
+  result r;
+  bool *ok = mj_xmalloc(sizeof *ok);
+  *ok = drain(m, submit_ids(m, &s, 2, true), &r);
+  return ok;
+}
+
+/* A polled event's text lives until the same thread's next poll or release
+ * on the same handle, or the close of that handle, or the thread's exit:
+ * threads that poll and go (a server's connections) leave nothing parked,
+ * and one thread polling two handles keeps an event of each. */
+static void test_parked(void) {
+  size_t base = api_parked_events();
+  moejit *m1 = open_tiny(2, 64), *m2 = open_tiny(1, 4);
+  pthread_t th[16];
+  for (int t = 0; t < 16; t++) pthread_create(&th[t], NULL, drain_one, m1);
+  for (int t = 0; t < 16; t++) {
+    void *ok;
+    pthread_join(th[t], &ok);
+    T_CHECK(*(bool *)ok);
+    free(ok);
+  }
+  T_EQ_INT(api_parked_events(), base); /* each thread's last event went with it */
+  moejit_event ev1;
+  uint64_t c = submit_ids(m1, NULL, 1, true), b = submit_ids(m2, NULL, 3, true);
+  T_EQ_INT(moejit_poll(m1, c, &ev1, 10000), MOEJIT_OK); /* c's last event: its text parked */
+  T_EQ_INT(ev1.finish, MOEJIT_FINISH_LENGTH);
+  char keep[256];
+  snprintf(keep, sizeof keep, "%.*s", (int)ev1.text_len, ev1.text);
+  T_EQ_INT(api_parked_events(), base + 1);
+  result rb;
+  T_CHECK(drain(m2, b, &rb)); /* another handle's polls leave m1's event alone */
+  T_EQ_INT(api_parked_events(), base + 2);
+  T_CHECK(strlen(ev1.text) == ev1.text_len && !strcmp(ev1.text, keep));
+  T_EQ_INT(moejit_close(m1, 0), MOEJIT_OK); /* frees this thread's event of m1 */
+  T_EQ_INT(api_parked_events(), base + 1);
+  T_EQ_INT(moejit_close(m2, 0), MOEJIT_OK);
+  T_EQ_INT(api_parked_events(), base);
+}
+
+/* Many requests known at once (the table of ids grows past its first
+ * size): each found by poll, cancel and release, in any order. */
+static void test_many_known(void) {
+  moejit *m = open_tiny(4, 1024);
+  gate g;
+  gate_init(&g);
+  submit_gated(m, &g, 1);
+  gate_wait_entered(&g); /* nothing runs until the gate opens */
+  enum { N = 300 };
+  uint64_t id[N];
+  for (int i = 0; i < N; i++) id[i] = submit_ids(m, NULL, 1, true);
+  for (int i = 0; i < N; i += 3) T_EQ_INT(moejit_cancel(m, id[i]), MOEJIT_OK);
+  for (int i = 1; i < N; i += 3) T_EQ_INT(moejit_release(m, id[i]), MOEJIT_OK);
+  gate_open(&g);
+  int ok = 0;
+  for (int i = N - 1; i >= 0; i--) {
+    if (i % 3 == 1) {
+      moejit_event ev;
+      ok += moejit_poll(m, id[i], &ev, 0) == MOEJIT_ENOTFOUND;
+      continue;
+    }
+    result r;
+    ok += drain(m, id[i], &r) && r.last.finish == (i % 3 == 0 ? MOEJIT_FINISH_CANCELLED : MOEJIT_FINISH_LENGTH);
+  }
+  T_EQ_INT(ok, N);
+  moejit_stats st;
+  moejit_get_stats(m, &st);
+  T_EQ_INT(st.requests_finished, N + 1);
+  T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
+  gate_free(&g);
 }
 
 /* ---- closing with requests running --------------------------------------------------------- */
@@ -661,7 +781,10 @@ int main(void) {
   T_RUN(test_queue_full_and_timeout);
   T_RUN(test_cancel);
   T_RUN(test_bad_arguments);
+  T_RUN(test_thread_start_error);
   T_RUN(test_threads);
+  T_RUN(test_parked);
+  T_RUN(test_many_known);
   T_RUN(test_close_running);
   return t_scratch_done(t_status());
 }

@@ -36,7 +36,7 @@ static void test_completion_fields(void) {
   T_EQ_INT(parse(OAI_COMPLETION, "{\"prompt\":\"\",\"stop\":\"\\n\",\"top_k\":-1}", &r, &e), 0);
   T_CHECK(r.model == NULL && r.temperature == 1 && r.top_p == 1 && r.min_p == 0 && r.top_k == 0);
   T_EQ_INT(r.max_tokens, -1);
-  T_CHECK(r.n_stop == 1 && r.stop_len[0] == 1 && !r.has_seed && !r.stream);
+  T_CHECK(r.n_stop == 1 && !strcmp(r.stop[0], "\n") && !r.has_seed && !r.stream);
   oai_request_free(&r);
 }
 
@@ -56,6 +56,15 @@ static void test_chat_fields(void) {
   T_EQ_INT(r.messages[2].len, 0);
   T_EQ_INT(r.max_tokens, 5);
   T_CHECK(r.thinking);
+  oai_request_free(&r);
+  /* "\u0000" in content is a character: kept, with the length that says so */
+  T_EQ_INT(parse(OAI_CHAT,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"},"
+                 "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"c\\u0000\"},{\"type\":\"text\",\"text\":\"d\"}]}]}",
+                 &r, &e),
+           0);
+  T_CHECK(r.messages[0].len == 3 && !memcmp(r.messages[0].content, "a\0b", 3));
+  T_CHECK(r.messages[1].len == 3 && !memcmp(r.messages[1].content, "c\0d", 3));
   oai_request_free(&r);
 }
 
@@ -96,6 +105,7 @@ static void test_errors(void) {
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"ignore_eos\":\"yes\"}", "ignore_eos", "'ignore_eos' must be a boolean, not string");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", "'stop' holds at most 4 strings");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":[1]}", "stop", "'stop' must be a string or an array of strings, not number");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\\u0000c\"]}", "stop", "'stop' strings must not hold NUL (\\u0000)");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"seed\":\"1\"}", "seed", "'seed' must be an integer, not string");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":\"yes\"}}", "stream_options",
       "'stream_options.include_usage' must be a boolean");
@@ -162,10 +172,51 @@ static void test_writers(void) {
   mj_arena_free(&a);
 }
 
+/* The bodies byte for byte: whole and chunk, chat and completion, share
+ * one writer of the choice, and clients parse exactly this. */
+static void test_writers_exact(void) {
+  oai_result r = {.id = "x-1", .created = 7, .model = "m", .text = "a\"\n", .text_len = 3, .finish_reason = "stop",
+                  .prompt_tokens = 2, .completion_tokens = 1};
+  static const struct {
+    int what; /* 0 response, 1 chunk, 2 chunk with the role */
+    oai_kind kind;
+    bool fin;
+    const char *want;
+  } t[] = {
+      {0, OAI_CHAT, true,
+       "{\"id\":\"x-1\",\"object\":\"chat.completion\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,"
+       "\"message\":{\"role\":\"assistant\",\"content\":\"a\\\"\\n\"},\"logprobs\":null,\"finish_reason\":\"stop\"}],"
+       "\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":1,\"total_tokens\":3}}"},
+      {0, OAI_COMPLETION, true,
+       "{\"id\":\"x-1\",\"object\":\"text_completion\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,"
+       "\"text\":\"a\\\"\\n\",\"logprobs\":null,\"finish_reason\":\"stop\"}],"
+       "\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":1,\"total_tokens\":3}}"},
+      {2, OAI_CHAT, false,
+       "{\"id\":\"x-1\",\"object\":\"chat.completion.chunk\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,"
+       "\"delta\":{\"role\":\"assistant\",\"content\":\"a\\\"\\n\"},\"logprobs\":null,\"finish_reason\":null}]}"},
+      {1, OAI_CHAT, true,
+       "{\"id\":\"x-1\",\"object\":\"chat.completion.chunk\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,"
+       "\"delta\":{\"content\":\"a\\\"\\n\"},\"logprobs\":null,\"finish_reason\":\"stop\"}]}"},
+      {1, OAI_COMPLETION, false,
+       "{\"id\":\"x-1\",\"object\":\"text_completion\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,"
+       "\"text\":\"a\\\"\\n\",\"logprobs\":null,\"finish_reason\":null}]}"},
+  };
+  for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+    mj_buf b = {0};
+    r.finish_reason = t[i].fin ? "stop" : NULL;
+    if (t[i].what == 0) oai_write_response(&b, t[i].kind, &r);
+    else oai_write_chunk(&b, t[i].kind, &r, t[i].what == 2);
+    mj_buf_putc(&b, 0);
+    T_EQ_STR(b.data, t[i].want);
+    mj_buf_free(&b);
+  }
+}
+
 int main(void) {
   T_RUN(test_completion_fields);
   T_RUN(test_chat_fields);
   T_RUN(test_errors);
   T_RUN(test_writers);
+  T_RUN(test_writers_exact);
   return t_status();
 }

@@ -3,6 +3,8 @@ and the readers of what the clients got.
 
     probe.py truncated PORT            a body shorter than its Content-Length, then close
     probe.py slow PORT                 one byte a second; says when the server closed
+    probe.py keepalive PORT SECONDS    GET /health, silent SECONDS on the same connection, GET again
+    probe.py slow_next PORT            GET /health, then the next request one byte a second
     probe.py disconnect PORT KEY       a stream read for one event, then closed
     probe.py sse FILE                  a saved SSE body: {"text", "finish", "chunks", "done", "usage", "error"}
     probe.py field FILE PATH           a JSON file's value at a.b.0.c (JSON-encoded)
@@ -30,11 +32,64 @@ def truncated(port):
     print("sent %d of 100 bytes, closed" % len(body))
 
 
-def slow(port):
+HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def answer(s):
+    """One response (its body by Content-Length): the status line, or None when the server closed first."""
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(4096)
+            if not chunk:
+                return None
+            data += chunk
+        head, body = data.split(b"\r\n\r\n", 1)
+        n = 0
+        for line in head.split(b"\r\n")[1:]:
+            k, _, v = line.partition(b":")
+            if k.strip().lower() == b"content-length":
+                n = int(v)
+        while len(body) < n:
+            chunk = s.recv(4096)
+            if not chunk:
+                return None
+            body += chunk
+    except (ConnectionResetError, BrokenPipeError):
+        return None
+    return head.split(b"\r\n")[0].decode()
+
+
+def keepalive(port, seconds):
     s = connect(port)
+    s.sendall(HEALTH)
+    if answer(s) is None:
+        print("closed before the first answer")
+        return
+    t0 = time.time()
+    s.settimeout(float(seconds))
+    try:
+        got = s.recv(1)
+        print("closed by the server after %.0f s silent" % (time.time() - t0) if not got else "unasked bytes: %r" % got)
+        return
+    except socket.timeout:
+        pass
+    except ConnectionResetError:
+        print("closed by the server after %.0f s silent" % (time.time() - t0))
+        return
+    s.settimeout(30)
+    try:
+        s.sendall(HEALTH)
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    st = answer(s)
+    print("answered again after %s s silent: %s" % (seconds, st) if st else "closed at the second request after %s s silent" % seconds)
+
+
+def trickle(s, t0):
+    """The slow client: a request one byte a second; says when the server closed (seconds since t0)."""
     s.settimeout(1.0)
     req = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n" + b"x" * 20
-    t0 = time.time()
     for i, b in enumerate(req):
         try:
             s.send(bytes([b]))
@@ -50,6 +105,20 @@ def slow(port):
             print("closed after %.0f s, %d bytes sent" % (time.time() - t0, i + 1))
             return
     print("open after %.0f s: all %d bytes sent" % (time.time() - t0, len(req)))
+
+
+def slow(port):
+    s = connect(port)
+    trickle(s, time.time())
+
+
+def slow_next(port):
+    s = connect(port)
+    s.sendall(HEALTH)
+    if answer(s) is None:
+        print("closed before the first answer")
+        return
+    trickle(s, time.time())
 
 
 def disconnect(port, key):
@@ -115,5 +184,5 @@ def rss(pid):
                 print(line.split()[1])
 
 
-{"truncated": truncated, "slow": slow, "disconnect": disconnect, "sse": sse, "field": field,
- "metric": metric, "rss": rss}[sys.argv[1]](*sys.argv[2:])
+{"truncated": truncated, "slow": slow, "keepalive": keepalive, "slow_next": slow_next, "disconnect": disconnect,
+ "sse": sse, "field": field, "metric": metric, "rss": rss}[sys.argv[1]](*sys.argv[2:])
