@@ -117,8 +117,9 @@ typedef struct moejit_open_opts {
   /* The sampling of requests submitted without their own (moejit_request.sampling
    * left NULL).  On the GPU, a request whose temperature, top_k, top_p and min_p
    * equal these and that has no repetition penalty is drawn on the device
-   * (faster; the draw is keyed by this seed, its slot and position, not by the
-   * request's seed); any other request is drawn on the host with its own seed.
+   * (faster; the draw is keyed by the request's seed and the token's position,
+   * not by its slot, but it is not the host sampler's draw for that seed); any
+   * other request is drawn on the host with its own seed.
    * Default: moejit_sampling_init's, with seed 0. */
   moejit_sampling default_sampling;
   bool quiet;               /* nothing on stderr (backend choice, progress bars, first-use notes) */
