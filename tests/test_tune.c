@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "jit.h"
 #include "tune.h"
 #include "t.h"
 #include "t_fs.h"
@@ -270,6 +271,65 @@ static void test_lookup(void) {
   T_EQ_INT(bad, 0);
 }
 
+/* Under MOEJIT_CACHE=assert-warm the front door compiles nothing: a usable
+ * record whose kernel the cache lacks is probed, passed over with one
+ * warning naming the file and why, and the built-in tile stays (the
+ * engine's set-up goes on); once the kernel is in the cache (a warm-up
+ * under MOEJIT_CACHE=on compiled it), the same record is taken, with no
+ * compile.  The records live beside the entries, as in a deployment. */
+static void test_assert_warm(void) {
+  char *old_mode = getenv("MOEJIT_CACHE") ? mj_xstrdup(getenv("MOEJIT_CACHE")) : NULL;
+  char *old_dir = getenv("MOEJIT_CACHE_DIR") ? mj_xstrdup(getenv("MOEJIT_CACHE_DIR")) : NULL;
+  tune_target t = test_target(t_scratch("warm"));
+  setenv("MOEJIT_CACHE_DIR", t.dir, 1);
+  model_moe_cfg c = small_cfg();
+  moe_plan builtin, p;
+  moe_plan_default(&c, 8, &builtin);
+  bool tuned[2];
+  mj_err err = {0};
+  cache_tune good = good_record(&t, &builtin, 0, "16:256:8:0:0:0:4");
+  T_EQ_INT(cache_tune_store(t.dir, &good, &err), 0);
+  char *path = cache_tune_path(t.dir, &good);
+  const char *w = t_scratch("warn-warm");
+  cache_stats st;
+
+  /* Cold: the built-in tile, one warning, nothing compiled. */
+  setenv("MOEJIT_CACHE", "assert-warm", 1);
+  jit_shutdown();
+  t.warm = true;
+  T_EQ_INT(lookup(&t, &p, tuned, w), 1);
+  T_CHECK(!tuned[0] && memcmp(&p.gu, &builtin.gu, sizeof p.gu) == 0);
+  char line[600];
+  snprintf(line, sizeof line,
+           "moejit: warning: tuning record %s: its kernel is not in the cache, and MOEJIT_CACHE=assert-warm "
+           "compiles nothing (moejit warmup compiles it): the built-in plan is used\n", path);
+  T_EQ_INT(t_count_in(w, line), 1);
+  jit_stats(&st);
+  T_EQ_INT(st.v[CACHE_STAT_compiles], 0);
+
+  /* Warmed (the lookup under MOEJIT_CACHE=on compiles and stores the
+   * winner's kernel, as warm-up's dry step does), then assert-warm again. */
+  setenv("MOEJIT_CACHE", "on", 1);
+  jit_shutdown();
+  t.warm = false;
+  T_EQ_INT(lookup(&t, &p, tuned, w), 0);
+  T_CHECK(tuned[0]);
+  jit_stats(&st);
+  T_EQ_INT(st.v[CACHE_STAT_compiles], 1);
+  setenv("MOEJIT_CACHE", "assert-warm", 1);
+  jit_shutdown();
+  t.warm = true;
+  T_EQ_INT(lookup(&t, &p, tuned, w), 0);
+  T_CHECK(tuned[0] && p.gu.rows == 16 && p.gu.mma == 4);
+  jit_stats(&st);
+  T_EQ_INT(st.v[CACHE_STAT_compiles], 0);
+
+  jit_shutdown();
+  old_mode ? setenv("MOEJIT_CACHE", old_mode, 1) : unsetenv("MOEJIT_CACHE");
+  old_dir ? setenv("MOEJIT_CACHE_DIR", old_dir, 1) : unsetenv("MOEJIT_CACHE_DIR");
+  free(old_mode), free(old_dir), free(path);
+}
+
 int main(int argc, char **argv) {
   if (argc > 2 && strcmp(argv[1], "--populate") == 0) {
     /* For tests/cache_cli.sh: one good record and one bad file in DIR. */
@@ -291,5 +351,6 @@ int main(int argc, char **argv) {
   T_RUN(test_record_text);
   T_RUN(test_tiles);
   T_RUN(test_lookup);
+  T_RUN(test_assert_warm);
   return t_scratch_done(t_status());
 }
