@@ -22,7 +22,7 @@
     "               [-o OUT] [-O 0..3] [--repeat N] [-q] [-v]\n"                  \
     "  FILE.k may also name a built-in template (gemv_bf16_b.k).\n"          \
     "  -D NAME=VALUE  binds a specialisation constant (repeatable)\n"        \
-    "  --arch         sm_80, sm_86, sm_89, sm_90 or sm_90a (default)\n"      \
+    "  --arch         the target, default sm_90a (a wrong one is answered with the list)\n" \
     "  --emit         llvm, ptx (default without -o) or cubin (default with -o)\n" \
     "  --repeat N     compile N times, report the median time\n"             \
     "  -v             also print nvJitLink's log (the ptxas report)\n"       \
