@@ -163,7 +163,8 @@
     "  stats    counters (all runs) and size against the cap\n"              \
     "  list     entries, most recently used first: key, size, age, target, kernel;\n" \
     "           then the tuning records (moejit warmup --tune)\n"            \
-    "  verify   check every entry's checksum and its cubin's target; exit 7 if any is bad\n" \
+    "  verify   check every entry's checksum and its cubin's target, and every tuning\n" \
+    "           record (check line, fields, slot); exit 7 if any is bad\n"       \
     "  prune    evict least recently used entries down to the cap\n"         \
     "           (MOEJIT_CACHE_MAX, default 2G, or --max SIZE: 512M, 2G)\n"   \
     "  clear    remove every entry (the counters and the tuning records stay);\n" \

@@ -257,17 +257,36 @@ static void test_lookup(void) {
   fd = open(opath, O_WRONLY | O_APPEND);
   T_CHECK(fd >= 0 && write(fd, "x", 1) == 1);
   close(fd);
-  free(opath);
   cache_tune *recs = NULL;
   int bad = 0;
-  T_EQ_INT(cache_tune_scan(t.dir, &recs, &bad, &err), 1);
+  mj_buf why = {0};
+  T_EQ_INT(cache_tune_scan(t.dir, &recs, &bad, &why, &err), 1);
   T_EQ_INT(bad, 1);
   if (recs) T_EQ_STR(recs[0].choice, "16:256:8:0:0:0:4");
   free(recs);
+  /* the bad file named, with its reason */
+  char want_why[600];
+  snprintf(want_why, sizeof want_why, "%s: no check line at the end\n", opath);
+  T_EQ_STR(why.data ? why.data : "", want_why);
+  mj_buf_free(&why);
+  /* A sound record in another slot's file is bad too: the engine would
+   * never look for it there. */
+  cache_tune moved = good;
+  snprintf(moved.shape, sizeof moved.shape, "gate_up hidden=2048 inter=1024 experts=64 topk=8 bucket=16 mt=2");
+  write_at(&t, &moved, &good);
+  char *mpath = cache_tune_path(t.dir, &moved), *gpath = cache_tune_path(t.dir, &good);
+  T_EQ_INT(cache_tune_scan(t.dir, &recs, &bad, &why, &err), 1);
+  T_EQ_INT(bad, 2);
+  free(recs);
+  snprintf(want_why, sizeof want_why, "%s: not its slot's file (its gpu, arch, family and shape belong in %s)\n", mpath,
+           strrchr(gpath, '/') + 1);
+  T_CHECK(why.data && strstr(why.data, want_why));
+  mj_buf_free(&why);
+  free(mpath), free(gpath), free(opath);
   uint64_t removed = 0;
   T_EQ_INT(cache_tune_clear(t.dir, &removed, &err), 0);
-  T_EQ_INT(removed, 2);
-  T_EQ_INT(cache_tune_scan(t.dir, &recs, &bad, &err), 0);
+  T_EQ_INT(removed, 3);
+  T_EQ_INT(cache_tune_scan(t.dir, &recs, &bad, NULL, &err), 0);
   T_EQ_INT(bad, 0);
 }
 
