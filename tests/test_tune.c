@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cudrv.h"
 #include "jit.h"
 #include "tune.h"
 #include "t.h"
@@ -242,13 +243,6 @@ static void test_lookup(void) {
   cache_tune_store(t.dir, &good, &err);
   T_EQ_INT(lookup(&off, &p, tuned, w), 0);
   T_CHECK(!tuned[0]);
-  tune_target here;
-  tune_target_here(NULL, &here);
-  T_CHECK(!here.on); /* this machine has no GPU */
-  /* The timing run needs one. */
-  tune_opts o = {.cfg = c, .buckets = (const int[]){1}, .nbuckets = 1};
-  T_EQ_INT(tune_moe_run(&t, &o, &err), MJ_ENOGPU);
-  mj_err_clear(&err);
 
   /* scan and clear: the good record and one bad file. */
   cache_tune other = good_record(&t, &builtin, 1, "4:256:8:0:0:3:0");
@@ -288,6 +282,59 @@ static void test_lookup(void) {
   T_EQ_INT(removed, 3);
   T_EQ_INT(cache_tune_scan(t.dir, &recs, &bad, NULL, &err), 0);
   T_EQ_INT(bad, 0);
+}
+
+/* Whose tuning, on this machine as it is: the driver is opened first
+ * (cu_init), and the cache is on with MOEJIT_TUNE unset, so "off" can only
+ * mean that no GPU answered.  Without a GPU: off, even for a named target,
+ * and the timing run refuses with MJ_ENOGPU.  With one: on for its own
+ * target (its name, its cache folder), off for another target, under
+ * MOEJIT_TUNE=off or MOEJIT_CACHE=off, and the run refuses a target that
+ * is not the GPU's. */
+static void test_here(void) {
+  char *old_mode = getenv("MOEJIT_CACHE") ? mj_xstrdup(getenv("MOEJIT_CACHE")) : NULL;
+  char *old_dir = getenv("MOEJIT_CACHE_DIR") ? mj_xstrdup(getenv("MOEJIT_CACHE_DIR")) : NULL;
+  char *old_tune = getenv("MOEJIT_TUNE") ? mj_xstrdup(getenv("MOEJIT_TUNE")) : NULL;
+  const char *dir = t_scratch("here");
+  setenv("MOEJIT_CACHE", "on", 1);
+  setenv("MOEJIT_CACHE_DIR", dir, 1);
+  unsetenv("MOEJIT_TUNE");
+  mj_err err = {0};
+  bool gpu = cu_init(&err) == 0;
+  mj_err_clear(&err);
+  printf("  %s\n", gpu ? cu_dev()->name : "no GPU");
+  tune_target here, t = test_target(dir);
+  model_moe_cfg c = small_cfg();
+  tune_opts o = {.cfg = c, .buckets = (const int[]){1}, .nbuckets = 1};
+  if (!gpu) {
+    tune_target_here(NULL, &here);
+    T_CHECK(!here.on);
+    tune_target_here("sm_90a", &here);
+    T_CHECK(!here.on);
+    T_EQ_INT(tune_moe_run(&t, &o, &err), MJ_ENOGPU); /* t says on, for sm_90a: no device */
+  } else {
+    tune_target_here(NULL, &here);
+    T_CHECK(here.on && !here.warm);
+    T_EQ_STR(here.arch, cu_dev()->arch);
+    T_EQ_STR(here.gpu, cu_dev()->name);
+    T_EQ_STR(here.dir, dir);
+    tune_target_here("sm_1", &here);
+    T_CHECK(!here.on);
+    setenv("MOEJIT_TUNE", "off", 1);
+    tune_target_here(NULL, &here);
+    T_CHECK(!here.on);
+    unsetenv("MOEJIT_TUNE");
+    setenv("MOEJIT_CACHE", "off", 1);
+    tune_target_here(NULL, &here);
+    T_CHECK(!here.on);
+    snprintf(t.arch, sizeof t.arch, "sm_1"); /* a target this GPU is not */
+    T_EQ_INT(tune_moe_run(&t, &o, &err), MJ_ENOGPU);
+  }
+  mj_err_clear(&err);
+  old_mode ? setenv("MOEJIT_CACHE", old_mode, 1) : unsetenv("MOEJIT_CACHE");
+  old_dir ? setenv("MOEJIT_CACHE_DIR", old_dir, 1) : unsetenv("MOEJIT_CACHE_DIR");
+  old_tune ? setenv("MOEJIT_TUNE", old_tune, 1) : unsetenv("MOEJIT_TUNE");
+  free(old_mode), free(old_dir), free(old_tune);
 }
 
 /* Under MOEJIT_CACHE=assert-warm the front door compiles nothing: a usable
@@ -371,5 +418,6 @@ int main(int argc, char **argv) {
   T_RUN(test_tiles);
   T_RUN(test_lookup);
   T_RUN(test_assert_warm);
+  T_RUN(test_here);
   return t_scratch_done(t_status());
 }
