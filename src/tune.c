@@ -7,9 +7,11 @@
  * built-in tile stays.  The run measures the way `moejit bench moe` does
  * (graph-replay medians, weights rotated over copies so the L2 serves
  * none, inputs rotated over sets), but over a short candidate list per
- * kernel, so a whole capture set tunes in a couple of minutes on an H200:
- * the tiles that won or came close somewhere in bench/results, both paths
- * (bf16x2 FMA and tensor cores), with and without the register caps.
+ * kernel: the tiles that won or came close somewhere in bench/results,
+ * both paths (bf16x2 FMA and tensor cores), with and without the register
+ * caps.  Measured once, on an H200: bucket 8's 9 gate_up and 8 down
+ * candidates in 7.8 s (bench/results/2026-12-03-batch-perf.md); a whole
+ * capture set has not been timed.
  */
 #include "tune.h"
 
