@@ -22,8 +22,9 @@
  * GPU's: each step takes the unsharded run's expert choices and DSA
  * selections (gpu_force_choices; weights and attention are its own) and
  * is fed the unsharded run's tokens.
- * Pass: every step's logits (rank 0's, all rows) within 2e-2 relative of
- * the unsharded step's; every rank draws the same ids; each row's greedy
+ * Pass: every step's logits (rank 0's, all rows) within 1e-2 relative of
+ * the unsharded step's (achieved at most 5.02e-3 on the medium model,
+ * 3.39e-3 at GLM-5's widths: bench/results/2026-12-03-sharded-step.md); every rank draws the same ids; each row's greedy
  * id equals the unsharded one's or is a near tie there (the two logits
  * within 1e-2 of the row's rms), and such ties are counted and rare.
  * The route kernel generate runs (a rank's experts, no FORCE) is checked
@@ -54,6 +55,10 @@
 
 #define MAXR 64
 #define NSTEP 24
+/* The ranks' logits against the unsharded step's, relative L2: they sum
+ * in another order and round activations to bf16.  Achieved at most
+ * 5.02e-3 (--tp 8, medium model), 3.39e-3 at GLM-5's widths. */
+#define SHARD_TOL 1e-2
 
 static model *M;
 static int V;
@@ -188,7 +193,7 @@ static int run_sched(run *R, const sched *sc, const result *ref, result *res, do
       /* the forced choices arrived: the ranks' recorded routing is the reference's (a wrong offset into the
        * force buffer, or a route kernel that ignored it, fails here) */
       bool same_route = memcmp(res->routing[t], ref->routing[t], routing_n * 4) == 0;
-      if (e1 > 2e-2 || bad || !same_route) {
+      if (e1 > SHARD_TOL || bad || !same_route) {
         printf("  %s step %d: logits rel err %.3g, %d ids differ beyond a near tie, routing %s the unsharded run's\n",
                what, t, e1, bad, same_route ? "equal to" : "differs from");
         T_CHECK(false);
@@ -309,7 +314,7 @@ static void check_split(int tp, int ep, bool head_whole) {
            c.coll_gather_bytes, (mj_now_ms() - t0) / 1e3);
     T_CHECK(a.ties + b.ties <= rows / 50); /* rare: a broken step would differ everywhere */
     T_EQ_INT(rc, 0);
-    T_CHECK(worst <= 2e-2);
+    T_CHECK(worst <= SHARD_TOL);
     const shard_plan *p = gpu_plan(R->g[0]);
     int sparse = 0, dense = 0;
     for (int l = 0; l < gpu_layers(R->g[0]); l++) gpu_layer_sparse(R->g[0], l) ? sparse++ : dense++;
