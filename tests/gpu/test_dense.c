@@ -16,8 +16,8 @@
  * expf compiled by NVRTC bit for bit on every f32 input.
  * Sampling: greedy equals the CPU argmax exactly (ties included); with
  * temperature / top-k / top-p / min-p every drawn token is in the CPU
- * filter's kept set, most rows draw the CPU reference's very token (same
- * hash; rounding of exp and log may differ), a second launch draws the same
+ * filter's kept set, at least 99% of rows draw the CPU reference's very
+ * token (same hash; rounding of exp and log may differ), a second launch draws the same
  * tokens, and over many positions the frequencies of a small vocabulary
  * stay within 5 standard deviations of the kept probabilities.  Last, for
  * information only, the time of gop_gemv (B = 1, 8, 64) and of the test
@@ -494,7 +494,13 @@ static void test_sample_filtered(void) {
   }
   T_EQ_INT(outside, 0);
   T_EQ_INT(replay_diff, 0);
-  T_CHECK(same >= total * 9 / 10); /* the same hash: only rounding may differ */
+  /* Both draw by the same hash, so a row may draw another token than the
+   * reference only where rounding decides: two race keys (log E - z)
+   * closer than the rounding of expf, logf and log1pf, or a token on a
+   * top-p or min-p cutoff kept by one side only.  Achieved: every row
+   * (bench/results/2026-12-03-batch-perf.md, 11 settings x 33 rows); at
+   * most 1% may differ, room for such rounding and nothing more. */
+  T_CHECK(total - same <= total / 100);
   free(l), free(keep);
 }
 
