@@ -257,8 +257,11 @@ int cache_tune_store(const char *dir, const cache_tune *t, mj_err *err);
  * with driver 12.8, not 13.0", "tuned with another moe_expert.k"). */
 int cache_tune_find(const char *dir, const cache_tune *want, cache_tune *out, bool *found, mj_err *err);
 /* Every record file under dir: records that read (in *out, malloc'd) and
- * the count, or -1 with err; bad files are counted in *bad. */
-int cache_tune_scan(const char *dir, cache_tune **out, int *bad, mj_err *err);
+ * the count, or -1 with err.  Bad files (unreadable, torn, checksum, a
+ * missing or unknown field, or a record whose slot is another file's) are
+ * counted in *bad and, when why is given, named in it a line each:
+ * "PATH: reason\n". */
+int cache_tune_scan(const char *dir, cache_tune **out, int *bad, mj_buf *why, mj_err *err);
 /* Remove every tuning record (the cubins stay). */
 int cache_tune_clear(const char *dir, uint64_t *removed, mj_err *err);
 

@@ -3,9 +3,10 @@
  *
  * The command works on the folder the engine would use (the environment,
  * or --dir) and never compiles anything.  Only verify judges entries: it
- * reads each one whole, checks its checksum and layout, names every bad
- * file with the reason and exits with MJ_ECACHE when any is bad; the engine
- * itself would only have seen those as misses.
+ * reads each one whole, checks its checksum and layout, reads every tuning
+ * record (its check line, its fields, its slot), names every bad file with
+ * the reason and exits with MJ_ECACHE when any is bad; the engine itself
+ * would only have seen those as misses, or warned once about a record.
  */
 #include <stdbool.h>
 #include <stdlib.h>
@@ -109,8 +110,8 @@ static int read_entry(const char *path, cache_meta *m, char *target, char *elf_a
   return r;
 }
 
-/* list (verify = false) or verify (true). */
-static int cache_cmd_entries(const char *dir, bool verify, mj_err *err) {
+/* list (verify = false) or verify (true, counting the bad in *nbad). */
+static int cache_cmd_entries(const char *dir, bool verify, int *nbad, mj_err *err) {
   cache_item *items = NULL;
   int n = cache_scan(dir, &items, err);
   if (n < 0) return MJ_EIO;
@@ -141,20 +142,26 @@ static int cache_cmd_entries(const char *dir, bool verify, mj_err *err) {
     mj_err_clear(&e);
   }
   free(items);
-  if (verify) {
-    printf("%d entries checked, %d bad\n", n, bad);
-    if (bad)
-      return mj_fail(err, MJ_ECACHE, "%s: %d bad entr%s (they are misses; `moejit cache prune` "
-                     "or the next compile replaces them)", dir, bad, bad == 1 ? "y" : "ies");
-  }
+  if (verify) printf("%d entries checked, %d bad\n", n, bad);
+  *nbad = bad;
   return 0;
 }
 
-/* The tuning records, a line each, after the entries of `list`. */
-static int cache_cmd_tuning(const char *dir, mj_err *err) {
+/* The tuning records: after the entries of `list`, a line each and a line
+ * for each bad file; for verify (nbad not NULL), each bad file named with
+ * its reason and counted in *nbad. */
+static int cache_cmd_tuning(const char *dir, int *nbad, mj_err *err) {
   cache_tune *t = NULL;
-  int bad = 0, n = cache_tune_scan(dir, &t, &bad, err);
+  mj_buf why = {0};
+  int bad = 0, n = cache_tune_scan(dir, &t, &bad, &why, err);
   if (n < 0) return MJ_EIO;
+  if (nbad) {
+    printf("%s%d tuning records checked, %d bad\n", why.data ? why.data : "", n + bad, bad);
+    *nbad = bad;
+    mj_buf_free(&why);
+    free(t);
+    return 0;
+  }
   if (n) printf("\ntuning records (moejit warmup --tune), one a kernel and shape:\n");
   for (int i = 0; i < n; i++) {
     char date[32];
@@ -166,8 +173,29 @@ static int cache_cmd_tuning(const char *dir, mj_err *err) {
            t[i].builtin_us > 0 ? 100.0 * (t[i].us - t[i].builtin_us) / t[i].builtin_us : 0.0, t[i].gpu, t[i].arch,
            t[i].driver, date);
   }
-  if (bad) printf("%d bad tuning record%s (never used: the engine warns and takes the built-in plan)\n", bad, bad == 1 ? "" : "s");
+  if (bad)
+    printf("%s%d bad tuning record%s (never used: the engine warns and takes the built-in plan)\n", why.data,
+           bad, bad == 1 ? "" : "s");
+  mj_buf_free(&why);
   free(t);
+  return 0;
+}
+
+/* verify: every entry and every tuning record. */
+static int cache_cmd_verify(const char *dir, mj_err *err) {
+  int be = 0, bt = 0, r = cache_cmd_entries(dir, true, &be, err);
+  if (!r) r = cache_cmd_tuning(dir, &bt, err);
+  if (r) return r;
+  if (be || bt) {
+    mj_buf b = {0};
+    if (be) mj_buf_printf(&b, "%d bad entr%s (they are misses; `moejit cache prune` or the next compile replaces them)",
+                          be, be == 1 ? "y" : "ies");
+    if (bt) mj_buf_printf(&b, "%s%d bad tuning record%s (never used; `moejit cache clear --tuning` removes the records)",
+                          be ? ", " : "", bt, bt == 1 ? "" : "s");
+    mj_fail(err, MJ_ECACHE, "%s: %s", dir, b.data);
+    mj_buf_free(&b);
+    return MJ_ECACHE;
+  }
   return 0;
 }
 
@@ -214,10 +242,10 @@ int cmd_cache(int argc, char **argv, mj_err *err) {
   case 0:
     return cache_cmd_stats(cfg.dir, &cfg, err);
   case 1:
-    if ((r = cache_cmd_entries(cfg.dir, false, err))) return r;
-    return missing ? 0 : cache_cmd_tuning(cfg.dir, err);
+    if ((r = cache_cmd_entries(cfg.dir, false, &(int){0}, err))) return r;
+    return missing ? 0 : cache_cmd_tuning(cfg.dir, NULL, err);
   case 2:
-    return cache_cmd_entries(cfg.dir, true, err);
+    return cache_cmd_verify(cfg.dir, err);
   case 3:
     if (!missing && cache_prune(cfg.dir, cfg.max_bytes, &removed, &freed, err)) return MJ_EIO;
     printf("removed %llu entr%s (%s) to fit %s\n", (unsigned long long)removed,

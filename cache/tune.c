@@ -212,14 +212,28 @@ static int walk_records(const char *dir, void (*visit)(void *ctx, const char *pa
 typedef struct scan {
   cache_tune *recs;
   int n, cap, bad;
+  mj_buf *why;
 } scan;
 
+/* A record file that reads is still bad when its fields name another
+ * slot: the engine looks for a record only in its slot's file, so one
+ * copied or renamed elsewhere would lie there unused. */
 static void scan_one(void *ctx, const char *path, bool record) {
   scan *sc = ctx;
   cache_tune t;
   mj_err re = {0};
   if (!record) return;
-  if (read_record(path, &t, &re) != 0) {
+  int rc = read_record(path, &t, &re);
+  if (rc == 1) return; /* gone since the folder was read */
+  if (rc == 0) {
+    char hex[33];
+    slot_hex(&t, hex);
+    const char *base = strrchr(path, '/');
+    if (strcmp(base ? base + 1 : path, hex) != 0)
+      rc = mj_fail(&re, MJ_ECACHE, "not its slot's file (its gpu, arch, family and shape belong in %s)", hex);
+  }
+  if (rc) {
+    if (sc->why) mj_buf_printf(sc->why, "%s: %s\n", path, re.msg);
     mj_err_clear(&re);
     sc->bad++;
     return;
@@ -228,8 +242,8 @@ static void scan_one(void *ctx, const char *path, bool record) {
   sc->recs[sc->n++] = t;
 }
 
-int cache_tune_scan(const char *dir, cache_tune **out, int *bad, mj_err *err) {
-  scan sc = {0};
+int cache_tune_scan(const char *dir, cache_tune **out, int *bad, mj_buf *why, mj_err *err) {
+  scan sc = {.why = why};
   int rc = walk_records(dir, scan_one, &sc, err);
   *out = sc.recs, *bad = sc.bad;
   return rc ? -1 : sc.n;

@@ -89,14 +89,20 @@ bool dsl_target_forward(const char *arch) {
   return i >= 0 && targets[i].forward;
 }
 
+/* The list for messages, written once (pthread_once: the front door and
+ * the commands may ask from several threads at once). */
+static char target_names[256];
+static pthread_once_t names_once = PTHREAD_ONCE_INIT;
+static void write_names(void) {
+  size_t n = 0, N = MJ_ARRAY_LEN(targets);
+  for (size_t i = 0; i < N; i++)
+    n += (size_t)snprintf(target_names + n, sizeof target_names - n, "%s%s",
+                          i == 0 ? "" : i + 1 == N ? " or " : ", ", targets[i].name);
+}
+
 const char *dsl_target_names(void) {
-  static char buf[256];
-  if (!buf[0]) {
-    size_t n = 0, N = MJ_ARRAY_LEN(targets);
-    for (size_t i = 0; i < N; i++)
-      n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%s", i == 0 ? "" : i + 1 == N ? " or " : ", ", targets[i].name);
-  }
-  return buf;
+  pthread_once(&names_once, write_names);
+  return target_names;
 }
 
 int dsl_target_machine(dsl_ctx *c, const char *arch, int opt_level, void **out) {

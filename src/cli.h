@@ -22,7 +22,7 @@
     "               [-o OUT] [-O 0..3] [--repeat N] [-q] [-v]\n"                  \
     "  FILE.k may also name a built-in template (gemv_bf16_b.k).\n"          \
     "  -D NAME=VALUE  binds a specialisation constant (repeatable)\n"        \
-    "  --arch         sm_80, sm_86, sm_89, sm_90 or sm_90a (default)\n"      \
+    "  --arch         the target, default sm_90a (a wrong one is answered with the list)\n" \
     "  --emit         llvm, ptx (default without -o) or cubin (default with -o)\n" \
     "  --repeat N     compile N times, report the median time\n"             \
     "  -v             also print nvJitLink's log (the ptxas report)\n"       \
@@ -163,7 +163,8 @@
     "  stats    counters (all runs) and size against the cap\n"              \
     "  list     entries, most recently used first: key, size, age, target, kernel;\n" \
     "           then the tuning records (moejit warmup --tune)\n"            \
-    "  verify   check every entry's checksum and its cubin's target; exit 7 if any is bad\n" \
+    "  verify   check every entry's checksum and its cubin's target, and every tuning\n" \
+    "           record (check line, fields, slot); exit 7 if any is bad\n"       \
     "  prune    evict least recently used entries down to the cap\n"         \
     "           (MOEJIT_CACHE_MAX, default 2G, or --max SIZE: 512M, 2G)\n"   \
     "  clear    remove every entry (the counters and the tuning records stay);\n" \

@@ -64,6 +64,13 @@ static void att_split(const gop_dims *d, int B, long target, att_plan *p) {
   assert(p->nsplit <= ATT_MAX_SPLIT); /* nsplit <= want <= target */
 }
 
+static int att_check(const gop_dims *d, int B, mj_err *err) {
+  if (B < 1 || d->heads < 1 || d->kv_rank < 1 || d->rope < 0 || d->max_ctx < 1)
+    return mj_fail(err, MJ_EINPUT, "gop_mla_attend: bad shape (B %d, heads %d, kv_rank %d, rope %d, max_ctx %d)",
+                   B, d->heads, d->kv_rank, d->rope, d->max_ctx);
+  return 0;
+}
+
 /* The widths mla_attend_part_tc takes (its static_assert). */
 static bool att_tc_fits(const gop_dims *d) { return d->kv_rank % 64 == 0 && (d->kv_rank + d->rope) % 16 == 0 && d->rope % 8 == 0; }
 
@@ -77,6 +84,8 @@ static size_t att_tc_smem(const gop_dims *d, int ht) {
  * ATT_TC_HT m16 tiles, the context split so that about
  * ATT_TC_TARGET_BLOCKS blocks run. */
 static int att_tc_plan(const gop_dims *d, int B, att_plan *p, mj_err *err) {
+  int rc = att_check(d, B, err);
+  if (rc) return rc;
   if (!att_tc_fits(d))
     return mj_fail(err, MJ_EINPUT, "gop_mla_attend: the tensor-core kernel takes kv_rank %% 64 == 0 and (kv_rank + "
                                    "rope) %% 16 == 0, not %d and %d", d->kv_rank, d->rope);
@@ -94,10 +103,10 @@ static int att_tc_plan(const gop_dims *d, int B, att_plan *p, mj_err *err) {
   return 0;
 }
 
+/* The CUDA-core kernel's plan. */
 static int att_plan_make(const gop_dims *d, int B, att_plan *p, mj_err *err) {
-  if (B < 1 || d->heads < 1 || d->kv_rank < 1 || d->rope < 0 || d->max_ctx < 1)
-    return mj_fail(err, MJ_EINPUT, "gop_mla_attend: bad shape (B %d, heads %d, kv_rank %d, rope %d, max_ctx %d)",
-                   B, d->heads, d->kv_rank, d->rope, d->max_ctx);
+  int rc = att_check(d, B, err);
+  if (rc) return rc;
   p->tc = false, p->ht = 0;
   p->spec = d->kv_rank % 8 == 0 && d->rope % 8 == 0;
   if (!p->spec && d->kv_rank > ATT_MAX_CPT * ATT_BLOCK)
@@ -149,29 +158,66 @@ int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows ro
   return gop_mla_attend_on(GOP_ATTEND_AUTO, d, qlat, c, rows, sel, scale, olat, scratch, B, cx, err);
 }
 
+/* Set once the tensor-core kernel has failed under GOP_ATTEND_AUTO and the
+ * warning was given: one line a process, whatever the shapes. */
+static int tc_warned;
+
+/* Errors of the tensor-core kernel that AUTO steps around: those a
+ * generic variant would stand in for (jit.h: it did not compile, its
+ * source refused the widths, or it did not load).  A miss under
+ * assert-warm, or a wrong request, stays the caller's. */
+static bool att_tc_fallback(int rc) { return rc == MJ_ECOMPILE || rc == MJ_EINPUT || rc == MJ_ECUDA; }
+
 int gop_mla_attend_on(gop_attend_kind kind, const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows rows,
                       CUdeviceptr sel, float scale, CUdeviceptr olat, CUdeviceptr scratch, int B, const gop_ctx *cx,
                       mj_err *err) {
+  /* One plan: the tensor cores' when they are asked for, or under AUTO
+   * when the widths and shared memory allow them (else, silently, the CUDA
+   * cores': a matter of shape, as generic and specialised are). */
   att_plan p;
-  int rc = att_plan_make(d, B, &p, err);
+  mj_err te = {0};
+  bool auto_tc = kind == GOP_ATTEND_AUTO && GOP_ATTEND_MMA_DEFAULT && att_tc_fits(d);
+  int rc = kind == GOP_ATTEND_MMA ? att_tc_plan(d, B, &p, err)
+           : auto_tc && att_tc_plan(d, B, &p, &te) == 0 ? 0
+                                                        : att_plan_make(d, B, &p, err);
+  mj_err_clear(&te);
   if (rc) return rc;
-  bool tc = kind == GOP_ATTEND_MMA || (kind == GOP_ATTEND_AUTO && GOP_ATTEND_MMA_DEFAULT && att_tc_fits(d));
-  if (tc && (rc = att_tc_plan(d, B, &p, err))) return rc;
   if (sel && d->idx_topk < 1) return mj_fail(err, MJ_EINPUT, "gop_mla_attend: a selection with idx_topk %d", d->idx_topk);
-  char e1[96], g1[96], e2[64], g2[64];
-  snprintf(g1, sizeof g1, "mla_attend_part<0, 0, %d, %d>", p.hg, ATT_BLOCK);
-  if (p.tc)
+  const jit_fn *part = NULL, *comb = NULL;
+  bool launch = false;
+  char e1[96];
+  if (p.tc) {
+    /* The tensor-core kernel has no generic variant.  Under AUTO its
+     * failure hands the step to the CUDA-core kernel, as a failed
+     * specialisation hands it to its generic variant: warned once, and
+     * cheap every step after (the front door remembers the failure). */
     snprintf(e1, sizeof e1, "mla_attend_part_tc<%d, %d, %d>", d->kv_rank, d->rope, p.ht);
-  else
-    snprintf(e1, sizeof e1, "mla_attend_part<%d, %d, %d, %d>", d->kv_rank, d->rope, p.hg, ATT_BLOCK);
+    rc = gop_get(cx, KT_mla_attend, e1, NULL, 0, NULL, &part, &launch, kind == GOP_ATTEND_AUTO ? &te : err);
+    if (rc && kind == GOP_ATTEND_AUTO && att_tc_fallback(rc)) {
+      if (!__atomic_exchange_n(&tc_warned, 1, __ATOMIC_RELAXED))
+        mj_warn("gop_mla_attend: %s did not compile (%s); the CUDA-core kernel stands in for the tensor-core one",
+                e1, te.msg);
+      mj_err_clear(&te);
+      if ((rc = att_plan_make(d, B, &p, err))) return rc;
+    } else if (rc) {
+      if (kind == GOP_ATTEND_AUTO) {
+        mj_fail(err, te.code, "%s", te.msg);
+        if (te.detail) mj_err_set_detail(err, te.detail);
+        mj_err_clear(&te);
+      }
+      return rc;
+    }
+  }
+  char g1[96], e2[64], g2[64];
+  snprintf(g1, sizeof g1, "mla_attend_part<0, 0, %d, %d>", p.hg, ATT_BLOCK);
   snprintf(g2, sizeof g2, "mla_attend_combine<0, %d>", ATT_COMBINE_BLOCK);
   snprintf(e2, sizeof e2, "mla_attend_combine<%d, %d>", d->kv_rank, ATT_COMBINE_BLOCK);
   jit_spec gen1 = {g1, NULL, 0}, gen2 = {g2, NULL, 0};
-  const jit_fn *part = NULL, *comb = NULL;
-  bool launch = false;
-  /* The tensor-core kernel has no generic variant: a failure is the caller's. */
-  rc = gop_get(cx, KT_mla_attend, p.spec ? e1 : g1, NULL, 0, p.spec && !p.tc ? &gen1 : NULL, &part, &launch, err);
-  if (rc) return rc;
+  if (!p.tc) {
+    snprintf(e1, sizeof e1, "mla_attend_part<%d, %d, %d, %d>", d->kv_rank, d->rope, p.hg, ATT_BLOCK);
+    rc = gop_get(cx, KT_mla_attend, p.spec ? e1 : g1, NULL, 0, p.spec ? &gen1 : NULL, &part, &launch, err);
+    if (rc) return rc;
+  }
   rc = gop_get(cx, KT_mla_attend, p.spec ? e2 : g2, NULL, 0, p.spec ? &gen2 : NULL, &comb, &launch, err);
   if (rc) return rc;
   if (part->generic && d->kv_rank > ATT_MAX_CPT * ATT_BLOCK)

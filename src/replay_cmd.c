@@ -663,8 +663,6 @@ static void print_results(const ropts *o, const char *file, const trace_file *tf
 }
 
 /* ---- the command ------------------------------------------------------------------------ */
-static const char *const known_arch[] = {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"};
-
 int cmd_replay(int argc, char **argv, mj_err *err) {
   ropts o = {.layers = 0, .copies = 4, .reps = 5, .verify_max = 50, .verify_tokens = 2, .seed = 0, .ctx = 1024};
   cli_opt opts[] = {{"model", 'm', CLI_STR, &o.dir},         {"synthetic", 0, CLI_STR, &o.synth},
@@ -684,11 +682,8 @@ int cmd_replay(int argc, char **argv, mj_err *err) {
   if (o.dir && o.synth) return mj_fail(err, MJ_EUSAGE, "moejit replay: -m and --synthetic exclude each other");
   if (o.synth && strcmp(o.synth, "glm5") != 0)
     return mj_fail(err, MJ_EUSAGE, "moejit replay: --synthetic knows only glm5, not '%s'", o.synth);
-  if (o.arch) {
-    bool ok = false;
-    for (size_t i = 0; i < MJ_ARRAY_LEN(known_arch); i++) ok |= strcmp(o.arch, known_arch[i]) == 0;
-    if (!ok) return mj_fail(err, MJ_EUSAGE, "moejit replay: --arch is sm_80, sm_86, sm_89, sm_90 or sm_90a, not '%s'", o.arch);
-  }
+  if (o.arch && !dsl_target_known(o.arch))
+    return mj_fail(err, MJ_EUSAGE, "moejit replay: --arch %s: unknown target (use %s)", o.arch, dsl_target_names());
   if (o.dry && (o.verify || o.steps))
     return mj_fail(err, MJ_EUSAGE, "moejit replay: --dry-run runs nothing; it cannot be combined with --%s",
                    o.verify ? "verify" : "steps");

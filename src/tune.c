@@ -7,9 +7,11 @@
  * built-in tile stays.  The run measures the way `moejit bench moe` does
  * (graph-replay medians, weights rotated over copies so the L2 serves
  * none, inputs rotated over sets), but over a short candidate list per
- * kernel, so a whole capture set tunes in a couple of minutes on an H200:
- * the tiles that won or came close somewhere in bench/results, both paths
- * (bf16x2 FMA and tensor cores), with and without the register caps.
+ * kernel: the tiles that won or came close somewhere in bench/results,
+ * both paths (bf16x2 FMA and tensor cores), with and without the register
+ * caps.  Measured once, on an H200: bucket 8's 9 gate_up and 8 down
+ * candidates in 7.8 s (bench/results/2026-12-03-batch-perf.md); a whole
+ * capture set has not been timed.
  */
 #include "tune.h"
 
@@ -67,6 +69,7 @@ void tune_target_here(const char *arch, tune_target *t) {
   snprintf(t->arch, sizeof t->arch, "%s", d->arch);
   snprintf(t->driver, sizeof t->driver, "%s", drv ? drv : "?");
   snprintf(t->dir, sizeof t->dir, "%s", cfg.dir);
+  t->warm = cfg.mode == CACHE_ASSERT_WARM;
   t->on = true;
 }
 
@@ -108,6 +111,22 @@ static void warn_once(const char *path, const char *why) {
   mj_buf_free(&b);
 }
 
+/* Whether the kernel of plan q's expert kernel id can be had: asked of the
+ * front door's memory table and disk cache first (moe_kernels_probe), and
+ * only then obtained (moe_kernel_check: loaded, or compiled when missing).
+ * Under MOEJIT_CACHE=assert-warm a missing kernel is not compiled: MJ_ECACHE
+ * with the reason, before jit_get is asked, so the record is passed over
+ * for this run and the warm-up that did not compile it is named. */
+static int tile_kernel(const tune_target *t, const moe_plan *q, moe_kernel_id id, mj_err *e) {
+  bool cached[MOE_NK] = {false};
+  int rc = moe_kernels_probe(q, t->arch, cached, NULL, e);
+  if (rc) return rc;
+  if (!cached[id] && t->warm)
+    return mj_fail(e, MJ_ECACHE, "its kernel is not in the cache, and MOEJIT_CACHE=assert-warm compiles nothing "
+                                 "(moejit warmup compiles it)");
+  return moe_kernel_check(q, id, t->arch, e);
+}
+
 /* tune_moe_plan, and with check false tune_moe_peek: no kernel obtained,
  * no warning. */
 static int apply(const tune_target *t, moe_plan *p, bool tuned[2], bool check, mj_err *err) {
@@ -126,22 +145,22 @@ static int apply(const tune_target *t, moe_plan *p, bool tuned[2], bool check, m
     if (rc == 0 && found) {
       moe_plan q = *p;
       *(mode ? &q.dn : &q.gu) = tile;
-      rc = check ? moe_kernel_check(&q, mode ? MOE_K_down : MOE_K_gate_up, t->arch, &e) : 0;
-      if (rc == MJ_ECACHE || rc == MJ_EIO || rc == MJ_ENOMEM) {
-        /* Not the record's fault: the cache was not warmed for it. */
+      rc = check ? tile_kernel(t, &q, mode ? MOE_K_down : MOE_K_gate_up, &e) : 0;
+      if (rc == MJ_EIO || rc == MJ_ENOMEM) {
+        /* Not the record's fault, nor one a plan can step around. */
         free(path);
         mj_fail(err, (mj_code)rc, "%s", e.msg);
         mj_err_clear(&e);
         return rc;
       }
-      if (rc) {
+      if (rc && rc != MJ_ECACHE) {
         char what[200];
         snprintf(what, sizeof what, "the kernel refuses tile %s", rec.choice);
         mj_err e2 = {0};
         mj_fail(&e2, MJ_ECACHE, "%s (%.*s)", what, (int)strcspn(e.msg, "\n"), e.msg);
         mj_err_clear(&e);
         e = e2;
-      } else {
+      } else if (rc == 0) {
         *(mode ? &p->dn : &p->gu) = tile;
         if (tuned) tuned[mode] = true;
       }

@@ -389,6 +389,12 @@ mla_attend_part_tc(const float *__restrict__ qlat, const __nv_bfloat16 *__restri
                 "mla_attend_part_tc: KV a multiple of 64, KV + ROPE of 16");
   static_assert(HT >= 1 && HT <= 8, "HT: 1 to 8 head tiles of 16");
   static_assert(mla_tc_smem(KV, ROPE, HT) <= 227 * 1024, "mla_attend_part_tc: over sm_90's shared memory");
+#ifdef MLA_TC_REFUSE
+  // -DMLA_TC_REFUSE (MOEJIT_NVRTC_FLAGS) makes every specialisation fail to
+  // compile: tests/test_gop_attn.c's handle on gop_mla_attend's fallback to
+  // the CUDA-core kernel.  Never defined otherwise.
+  static_assert(KV < 0, "mla_attend_part_tc: refused (MLA_TC_REFUSE)");
+#endif
   constexpr int D = KV + ROPE, DS = D / 16, KS = D + 8, PS = 40;
   constexpr int NTW = KV / 32;  // n8 tiles of value columns per warp
   (void)kv_rank_rt, (void)rope_rt;

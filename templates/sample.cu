@@ -212,7 +212,6 @@ __device__ void smp_hist_pass(const float *l, int V, float inv_t, int shift, uns
 // After a pass: the largest digit d with above + count(digit >= d) >= need,
 // found by warp 0 (lane l holds digits 255 - 8l down to 248 - 8l).  Writes
 // the digit and the count above it (keys of a larger digit) to sel[0..1].
-template <int BLOCK>
 __device__ void smp_pick_digit(const unsigned (*hist)[256], unsigned above, unsigned need, unsigned *sel) {
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
@@ -268,6 +267,11 @@ __global__ void __launch_bounds__(BLOCK)
 sample_rows(const float *__restrict__ logits, int V, float temperature, int top_k, float top_p, float min_p,
             unsigned long long seed, const int *__restrict__ slot, const int *__restrict__ pos,
             const unsigned long long *__restrict__ rowseed, int *__restrict__ out) {
+  // 1024 is the most a block has.  There hist (BLOCK / 32 x 256 counters)
+  // makes 51344 bytes of static shared memory, more than the 48 KiB older
+  // targets take: NVRTC compiles it for sm_90a (64 registers, no spills)
+  // and the H200 launched a kernel with that much at 1024 threads.  The
+  // launcher runs 512 (34960 bytes).
   static_assert(BLOCK % 32 == 0 && BLOCK >= 256 && BLOCK <= 1024, "BLOCK must be whole warps, 256 to 1024");
   static_assert(SMP_CAP % BLOCK == 0, "the compact set splits evenly over the threads");
   __shared__ float red[15][32];
@@ -281,8 +285,7 @@ sample_rows(const float *__restrict__ logits, int V, float temperature, int top_
   const float *l = logits + (size_t)b * V;
   const bool greedy = temperature <= 0.0f || top_k == 1 || V == 1;
   const float inv_t = greedy ? 1.0f : 1.0f / temperature;
-  const bool by_k = top_k > 0 && top_k < V;
-  const int kk = by_k ? top_k : 0;
+  const int kk = top_k > 0 && top_k < V ? top_k : 0; // top-k's k; 0: no top-k (off, or k >= V)
 
   // The argmax of the raw logits: the answer when greedy, the largest z
   // otherwise, and the fallback should nothing survive the filters.  When a
@@ -311,7 +314,7 @@ sample_rows(const float *__restrict__ logits, int V, float temperature, int top_
     unsigned above = 0;
     for (int shift = 24;; shift -= 8) {
       if (shift != 24) smp_hist_pass<BLOCK, false>(l, V, inv_t, shift, cut, hist, mv, mi);
-      smp_pick_digit<BLOCK>(hist, above, (unsigned)kk, sel);
+      smp_pick_digit(hist, above, (unsigned)kk, sel);
       const unsigned d = sel[0];
       cut |= d << shift;
       n = sel[1] + hist[0][d];
@@ -320,13 +323,13 @@ sample_rows(const float *__restrict__ logits, int V, float temperature, int top_
       if (shift == 0) break;
     }
   }
-  unsigned thr = by_k ? cut : 0u;
+  unsigned thr = cut; // 0 without top-k: every key passes
 
   // The compact path: the n tokens with key >= cut, sorted (key down, id
   // up, the reference's order) in shared memory; top-p, min-p and the race
   // run there.  No top-k, or more than SMP_CAP tokens at its cutoff (ties):
   // the passes over the whole row below.
-  const bool compact = by_k && n <= SMP_CAP;
+  const bool compact = kk > 0 && n <= SMP_CAP;
   if (compact) {
     if (threadIdx.x == 0) sel[2] = 0u;
     unsigned np = 1;

@@ -55,6 +55,8 @@ expect 0 '"bucket":1,.*"kernels":{"router":"cached","route":"cached","gate_up":"
 expect 0 "^| 8 | .* compile | compile | compile | compile | cached |\$" "$MOEJIT" replay "$t" --dry-run
 # Another target: nothing cached.
 expect 0 "^12 distinct kernels, 12 to compile\$" "$MOEJIT" replay "$t" --dry-run --arch sm_80
+# Every target the compiler takes, Blackwell's included (the forward path).
+expect 0 "^12 distinct kernels, 12 to compile\$" "$MOEJIT" replay "$t" --dry-run --arch sm_100
 # The cache off: nothing is found.
 MOEJIT_CACHE=off expect 0 "^12 distinct kernels, 12 to compile\$" "$MOEJIT" replay "$t" --dry-run
 
@@ -63,7 +65,7 @@ expect 1 "^moejit: moejit replay: give one trace file (moejit replay FILE.jsonl)
 expect 1 "^moejit: moejit replay: give one trace file" "$MOEJIT" replay "$t" "$t" --dry-run
 expect 1 "^moejit: moejit replay: unknown option '--bogus' (see moejit replay --help)\$" "$MOEJIT" replay "$t" --bogus
 expect 1 "^moejit: moejit replay: --synthetic knows only glm5, not 'llama'\$" "$MOEJIT" replay "$t" --synthetic llama
-expect 1 "^moejit: moejit replay: --arch is sm_80, sm_86, sm_89, sm_90 or sm_90a, not 'sm_99'\$" \
+expect 1 "^moejit: moejit replay: --arch sm_99: unknown target (use sm_80, sm_86, sm_87, sm_89, sm_90, sm_90a, sm_100, sm_100a, sm_120 or sm_120a)\$" \
   "$MOEJIT" replay "$t" --dry-run --arch sm_99
 expect 1 "^moejit: moejit replay: --dry-run runs nothing; it cannot be combined with --verify\$" \
   "$MOEJIT" replay "$t" --dry-run --verify

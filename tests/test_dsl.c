@@ -5,6 +5,7 @@
 #include "dsl.h"
 #include "t.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 
 typedef struct {
@@ -184,7 +185,32 @@ static void test_unterminated_buffer(void) {
   free(src);
 }
 
+/* dsl_target_names writes its list once; threads that ask first, at the
+ * same moment, must all read the whole list (a lazily filled buffer
+ * without a lock let a second thread see it half written). */
+enum { NAME_THREADS = 8 };
+static pthread_barrier_t names_start;
+static void *ask_names(void *out) {
+  pthread_barrier_wait(&names_start);
+  snprintf(out, 128, "%s", dsl_target_names()); /* what this thread read, then */
+  return NULL;
+}
+static void test_target_names(void) {
+  static const char want[] = "sm_80, sm_86, sm_87, sm_89, sm_90, sm_90a, sm_100, sm_100a, sm_120 or sm_120a";
+  pthread_t th[NAME_THREADS];
+  char copy[NAME_THREADS][128];
+  pthread_barrier_init(&names_start, NULL, NAME_THREADS);
+  for (int i = 0; i < NAME_THREADS; i++) pthread_create(&th[i], NULL, ask_names, copy[i]);
+  for (int i = 0; i < NAME_THREADS; i++) pthread_join(th[i], NULL);
+  pthread_barrier_destroy(&names_start);
+  for (int i = 0; i < NAME_THREADS; i++) T_EQ_STR(copy[i], want);
+  for (char *p = copy[0], *tok; (tok = strtok(p, ", ")); p = NULL)
+    if (strcmp(tok, "or") != 0) T_CHECK(dsl_target_known(tok));
+  T_CHECK(!dsl_target_known("sm_121") && !dsl_target_known(NULL));
+}
+
 int main(void) {
+  T_RUN(test_target_names);
   T_RUN(test_lex);
   T_RUN(test_unterminated_buffer);
   T_RUN(test_parse);

@@ -4,7 +4,9 @@
  *     compiles: gop_mla_attend and gop_dsa_select run dry (compile-only
  *     target, null pointers) for B in 1..64 and max_ctx 1024 and 4096, plus
  *     the generic variants and an odd shape that only the generic kernel
- *     serves; registers and spills are printed.
+ *     serves; registers and spills are printed.  With the tensor-core
+ *     kernel made to refuse (-DMLA_TC_REFUSE), gop_mla_attend falls back to
+ *     the CUDA-core kernel with one warning.
  * (b) The CPU references (ref_mla_attend, ref_dsa_select) on tiny random
  *     cases, against a plain recomputation with cpu_forward.c's formulas:
  *     the attention as its attend() over a byte mask, the selection checked
@@ -14,6 +16,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cudrv.h"
 #include "gpu_ops.h"
@@ -112,6 +115,53 @@ static void test_compile(void) {
   show(KT_dsa_select, "dsa_score<0, 0, 128>");
   show(KT_dsa_select, "dsa_topk<1024>");
   DRY.arch = NULL;
+}
+
+/* gop_mla_attend's fallback: with the tensor-core kernel made to refuse
+ * every specialisation (-DMLA_TC_REFUSE through MOEJIT_NVRTC_FLAGS, a hook
+ * of attend.cu for this test), GOP_ATTEND_AUTO still obtains its kernels,
+ * the CUDA-core ones, and says so in one warning for the process however
+ * many shapes ask; forced (GOP_ATTEND_MMA) the failure is the caller's. */
+static void test_tc_fallback(void) {
+  setenv("MOEJIT_NVRTC_FLAGS", "-DMLA_TC_REFUSE", 1);
+  jit_shutdown();
+  gop_dims glm = {.hidden = 6144, .vocab = 154880, .heads = 64, .nope = 192, .rope = 64, .v = 256,
+                  .kv_rank = 512, .q_rank = 2048, .idx_heads = 32, .idx_dim = 128, .idx_topk = 2048,
+                  .max_ctx = 1024, .rms_eps = 1e-5f};
+  gop_ctx dry = {NULL, dry_arch, true};
+  char warn[] = "/tmp/moejit-test-gop-attn-XXXXXX";
+  int fd = mkstemp(warn);
+  T_CHECK(fd >= 0);
+  fflush(stderr);
+  int saved = dup(2);
+  dup2(fd, 2);
+  mj_err err = {0};
+  for (int B = 1; B <= 64; B *= 4) { /* B 1 and 4 take 16 heads a block, 16 and 64 take 64 */
+    int rc = gop_mla_attend(&glm, 0, (gop_cache){0, 0}, (gop_rows){0, 0, 0}, 1, 0.0625f, 0, 0, B, &dry, &err);
+    T_EQ_INT(rc, 0);
+    if (rc) mj_err_print(&err, stdout), mj_err_clear(&err);
+  }
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  char *text = NULL;
+  size_t n = 0;
+  T_EQ_INT(mj_read_file(warn, &text, &n, NULL), 0);
+  int lines = 0;
+  for (size_t i = 0; i < n; i++) lines += text[i] == '\n';
+  printf("  %s", text ? text : "(no warning)\n");
+  T_EQ_INT(lines, 1);
+  T_CHECK(text && strstr(text, "moejit: warning: gop_mla_attend: mla_attend_part_tc<512, 64, ") == text &&
+          strstr(text, "MLA_TC_REFUSE") && strstr(text, "the CUDA-core kernel stands in for the tensor-core one\n"));
+  free(text);
+  close(fd);
+  unlink(warn);
+  T_EQ_INT(gop_mla_attend_on(GOP_ATTEND_MMA, &glm, 0, (gop_cache){0, 0}, (gop_rows){0, 0, 0}, 1, 0.0625f, 0, 0, 1,
+                             &dry, &err),
+           MJ_ECOMPILE);
+  mj_err_clear(&err);
+  unsetenv("MOEJIT_NVRTC_FLAGS");
+  jit_shutdown();
 }
 
 /* ---- (b) the CPU references -------------------------------------------------------------- */
@@ -227,6 +277,7 @@ static void test_ref_select(void) {
 int main(void) {
   setenv("MOEJIT_CACHE", "off", 1);
   T_RUN(test_compile);
+  T_RUN(test_tc_fallback);
   T_RUN(test_ref_attend);
   T_RUN(test_ref_select);
   jit_shutdown();

@@ -16,6 +16,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cudrv.h"
+#include "jit.h"
 #include "tune.h"
 #include "t.h"
 #include "t_fs.h"
@@ -241,13 +243,6 @@ static void test_lookup(void) {
   cache_tune_store(t.dir, &good, &err);
   T_EQ_INT(lookup(&off, &p, tuned, w), 0);
   T_CHECK(!tuned[0]);
-  tune_target here;
-  tune_target_here(NULL, &here);
-  T_CHECK(!here.on); /* this machine has no GPU */
-  /* The timing run needs one. */
-  tune_opts o = {.cfg = c, .buckets = (const int[]){1}, .nbuckets = 1};
-  T_EQ_INT(tune_moe_run(&t, &o, &err), MJ_ENOGPU);
-  mj_err_clear(&err);
 
   /* scan and clear: the good record and one bad file. */
   cache_tune other = good_record(&t, &builtin, 1, "4:256:8:0:0:3:0");
@@ -256,18 +251,149 @@ static void test_lookup(void) {
   fd = open(opath, O_WRONLY | O_APPEND);
   T_CHECK(fd >= 0 && write(fd, "x", 1) == 1);
   close(fd);
-  free(opath);
   cache_tune *recs = NULL;
   int bad = 0;
-  T_EQ_INT(cache_tune_scan(t.dir, &recs, &bad, &err), 1);
+  mj_buf why = {0};
+  T_EQ_INT(cache_tune_scan(t.dir, &recs, &bad, &why, &err), 1);
   T_EQ_INT(bad, 1);
   if (recs) T_EQ_STR(recs[0].choice, "16:256:8:0:0:0:4");
   free(recs);
+  /* the bad file named, with its reason */
+  char want_why[600];
+  snprintf(want_why, sizeof want_why, "%s: no check line at the end\n", opath);
+  T_EQ_STR(why.data ? why.data : "", want_why);
+  mj_buf_free(&why);
+  /* A sound record in another slot's file is bad too: the engine would
+   * never look for it there. */
+  cache_tune moved = good;
+  snprintf(moved.shape, sizeof moved.shape, "gate_up hidden=2048 inter=1024 experts=64 topk=8 bucket=16 mt=2");
+  write_at(&t, &moved, &good);
+  char *mpath = cache_tune_path(t.dir, &moved), *gpath = cache_tune_path(t.dir, &good);
+  T_EQ_INT(cache_tune_scan(t.dir, &recs, &bad, &why, &err), 1);
+  T_EQ_INT(bad, 2);
+  free(recs);
+  snprintf(want_why, sizeof want_why, "%s: not its slot's file (its gpu, arch, family and shape belong in %s)\n", mpath,
+           strrchr(gpath, '/') + 1);
+  T_CHECK(why.data && strstr(why.data, want_why));
+  mj_buf_free(&why);
+  free(mpath), free(gpath), free(opath);
   uint64_t removed = 0;
   T_EQ_INT(cache_tune_clear(t.dir, &removed, &err), 0);
-  T_EQ_INT(removed, 2);
-  T_EQ_INT(cache_tune_scan(t.dir, &recs, &bad, &err), 0);
+  T_EQ_INT(removed, 3);
+  T_EQ_INT(cache_tune_scan(t.dir, &recs, &bad, NULL, &err), 0);
   T_EQ_INT(bad, 0);
+}
+
+/* Whose tuning, on this machine as it is: the driver is opened first
+ * (cu_init), and the cache is on with MOEJIT_TUNE unset, so "off" can only
+ * mean that no GPU answered.  Without a GPU: off, even for a named target,
+ * and the timing run refuses with MJ_ENOGPU.  With one: on for its own
+ * target (its name, its cache folder), off for another target, under
+ * MOEJIT_TUNE=off or MOEJIT_CACHE=off, and the run refuses a target that
+ * is not the GPU's. */
+static void test_here(void) {
+  char *old_mode = getenv("MOEJIT_CACHE") ? mj_xstrdup(getenv("MOEJIT_CACHE")) : NULL;
+  char *old_dir = getenv("MOEJIT_CACHE_DIR") ? mj_xstrdup(getenv("MOEJIT_CACHE_DIR")) : NULL;
+  char *old_tune = getenv("MOEJIT_TUNE") ? mj_xstrdup(getenv("MOEJIT_TUNE")) : NULL;
+  const char *dir = t_scratch("here");
+  setenv("MOEJIT_CACHE", "on", 1);
+  setenv("MOEJIT_CACHE_DIR", dir, 1);
+  unsetenv("MOEJIT_TUNE");
+  mj_err err = {0};
+  bool gpu = cu_init(&err) == 0;
+  mj_err_clear(&err);
+  printf("  %s\n", gpu ? cu_dev()->name : "no GPU");
+  tune_target here, t = test_target(dir);
+  model_moe_cfg c = small_cfg();
+  tune_opts o = {.cfg = c, .buckets = (const int[]){1}, .nbuckets = 1};
+  if (!gpu) {
+    tune_target_here(NULL, &here);
+    T_CHECK(!here.on);
+    tune_target_here("sm_90a", &here);
+    T_CHECK(!here.on);
+    T_EQ_INT(tune_moe_run(&t, &o, &err), MJ_ENOGPU); /* t says on, for sm_90a: no device */
+  } else {
+    tune_target_here(NULL, &here);
+    T_CHECK(here.on && !here.warm);
+    T_EQ_STR(here.arch, cu_dev()->arch);
+    T_EQ_STR(here.gpu, cu_dev()->name);
+    T_EQ_STR(here.dir, dir);
+    tune_target_here("sm_1", &here);
+    T_CHECK(!here.on);
+    setenv("MOEJIT_TUNE", "off", 1);
+    tune_target_here(NULL, &here);
+    T_CHECK(!here.on);
+    unsetenv("MOEJIT_TUNE");
+    setenv("MOEJIT_CACHE", "off", 1);
+    tune_target_here(NULL, &here);
+    T_CHECK(!here.on);
+    snprintf(t.arch, sizeof t.arch, "sm_1"); /* a target this GPU is not */
+    T_EQ_INT(tune_moe_run(&t, &o, &err), MJ_ENOGPU);
+  }
+  mj_err_clear(&err);
+  old_mode ? setenv("MOEJIT_CACHE", old_mode, 1) : unsetenv("MOEJIT_CACHE");
+  old_dir ? setenv("MOEJIT_CACHE_DIR", old_dir, 1) : unsetenv("MOEJIT_CACHE_DIR");
+  old_tune ? setenv("MOEJIT_TUNE", old_tune, 1) : unsetenv("MOEJIT_TUNE");
+  free(old_mode), free(old_dir), free(old_tune);
+}
+
+/* Under MOEJIT_CACHE=assert-warm the front door compiles nothing: a usable
+ * record whose kernel the cache lacks is probed, passed over with one
+ * warning naming the file and why, and the built-in tile stays (the
+ * engine's set-up goes on); once the kernel is in the cache (a warm-up
+ * under MOEJIT_CACHE=on compiled it), the same record is taken, with no
+ * compile.  The records live beside the entries, as in a deployment. */
+static void test_assert_warm(void) {
+  char *old_mode = getenv("MOEJIT_CACHE") ? mj_xstrdup(getenv("MOEJIT_CACHE")) : NULL;
+  char *old_dir = getenv("MOEJIT_CACHE_DIR") ? mj_xstrdup(getenv("MOEJIT_CACHE_DIR")) : NULL;
+  tune_target t = test_target(t_scratch("warm"));
+  setenv("MOEJIT_CACHE_DIR", t.dir, 1);
+  model_moe_cfg c = small_cfg();
+  moe_plan builtin, p;
+  moe_plan_default(&c, 8, &builtin);
+  bool tuned[2];
+  mj_err err = {0};
+  cache_tune good = good_record(&t, &builtin, 0, "16:256:8:0:0:0:4");
+  T_EQ_INT(cache_tune_store(t.dir, &good, &err), 0);
+  char *path = cache_tune_path(t.dir, &good);
+  const char *w = t_scratch("warn-warm");
+  cache_stats st;
+
+  /* Cold: the built-in tile, one warning, nothing compiled. */
+  setenv("MOEJIT_CACHE", "assert-warm", 1);
+  jit_shutdown();
+  t.warm = true;
+  T_EQ_INT(lookup(&t, &p, tuned, w), 1);
+  T_CHECK(!tuned[0] && memcmp(&p.gu, &builtin.gu, sizeof p.gu) == 0);
+  char line[600];
+  snprintf(line, sizeof line,
+           "moejit: warning: tuning record %s: its kernel is not in the cache, and MOEJIT_CACHE=assert-warm "
+           "compiles nothing (moejit warmup compiles it): the built-in plan is used\n", path);
+  T_EQ_INT(t_count_in(w, line), 1);
+  jit_stats(&st);
+  T_EQ_INT(st.v[CACHE_STAT_compiles], 0);
+
+  /* Warmed (the lookup under MOEJIT_CACHE=on compiles and stores the
+   * winner's kernel, as warm-up's dry step does), then assert-warm again. */
+  setenv("MOEJIT_CACHE", "on", 1);
+  jit_shutdown();
+  t.warm = false;
+  T_EQ_INT(lookup(&t, &p, tuned, w), 0);
+  T_CHECK(tuned[0]);
+  jit_stats(&st);
+  T_EQ_INT(st.v[CACHE_STAT_compiles], 1);
+  setenv("MOEJIT_CACHE", "assert-warm", 1);
+  jit_shutdown();
+  t.warm = true;
+  T_EQ_INT(lookup(&t, &p, tuned, w), 0);
+  T_CHECK(tuned[0] && p.gu.rows == 16 && p.gu.mma == 4);
+  jit_stats(&st);
+  T_EQ_INT(st.v[CACHE_STAT_compiles], 0);
+
+  jit_shutdown();
+  old_mode ? setenv("MOEJIT_CACHE", old_mode, 1) : unsetenv("MOEJIT_CACHE");
+  old_dir ? setenv("MOEJIT_CACHE_DIR", old_dir, 1) : unsetenv("MOEJIT_CACHE_DIR");
+  free(old_mode), free(old_dir), free(path);
 }
 
 int main(int argc, char **argv) {
@@ -291,5 +417,7 @@ int main(int argc, char **argv) {
   T_RUN(test_record_text);
   T_RUN(test_tiles);
   T_RUN(test_lookup);
+  T_RUN(test_assert_warm);
+  T_RUN(test_here);
   return t_scratch_done(t_status());
 }

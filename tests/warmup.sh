@@ -61,8 +61,17 @@ expect 1 "moejit: moejit warmup: --batches sizes must be 1..1024 (got 0)" $MOEJI
 expect 1 "moejit: moejit warmup: --arch h200: unknown target (use sm_80, sm_86, sm_87, sm_89, sm_90, sm_90a, sm_100, sm_100a, sm_120 or sm_120a)" $MOEJIT warmup -m "$tmp/m" --arch h200
 expect 1 "moejit: moejit warmup: -j must be 1..256" $MOEJIT warmup -m "$tmp/m" --arch sm_90a -j 0
 # --tune times tiles on the GPU at hand: without one it is one line, status 3,
-# whatever else is named, and nothing is stored.
+# whatever else is named, and the tuning records already in the cache are
+# left as they were (the folder is seeded with a good and a bad one first,
+# so a run that stored, replaced or removed any would show; `cache list`
+# proves the records are where this cache keeps them).
 expect 3 "moejit: moejit warmup --tune: needs a GPU" $MOEJIT warmup --synthetic glm5 --tune
+"$(dirname "$MOEJIT")/tests/test_tune" --populate "$tmp/cache" || bad "seed tuning records"
+records() { find "$tmp/cache/tune" -type f | sort | xargs cksum 2>&1; }
+before=$(records)
+n=$(MOEJIT_CACHE=on $MOEJIT cache list | grep -c "winner\|bad tuning record")
+[ "$n" = 2 ] && ok "the seeded tuning records are this cache's" || bad "cache list shows $n tuning lines, want 2"
 MOEJIT_CACHE=on expect 3 "moejit: moejit warmup --tune: needs a GPU" $MOEJIT warmup --synthetic glm5 --arch sm_90a --tune
-[ ! -d "$tmp/cache/tune" ] && ok "--tune without a GPU stored no tuning record" || bad "--tune without a GPU wrote $tmp/cache/tune"
+[ "$(records)" = "$before" ] && ok "--tune without a GPU left the tuning records as they were" ||
+  bad "--tune without a GPU changed $tmp/cache/tune: $(records)"
 exit $fail

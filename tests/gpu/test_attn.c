@@ -16,9 +16,11 @@
  *   poison (-1).
  *   Attention: without a selection and with the CPU's selection (rows that
  *   do not use it hold -1, so a kernel that read them would fault); every
- *   output finite and ||gpu - ref|| / ||ref|| <= 1e-2; on the CUDA-core
- *   kernel and, where the widths allow (GLM-5's, "small tc"), on the
- *   tensor-core one (mla_attend_part_tc), replays included.
+ *   output finite and ||gpu - ref|| / ||ref|| within the kernel's
+ *   tolerance (attend_tol: 2e-6 on the CUDA-core kernel, the kernel
+ *   table's 4e-3 on the tensor-core one), on the CUDA-core kernel and,
+ *   where the widths allow (GLM-5's, "small tc"), on the tensor-core one
+ *   (mla_attend_part_tc), replays included.
  *   Replay (two shapes): select + attend captured once in a CUDA graph,
  *   replayed at other positions (rows crossing idx_topk both ways), checked
  *   the same way: the grid must not depend on the positions.
@@ -61,6 +63,17 @@ static float uniform(void) { /* xorshift64, [0, 1) */
 }
 /* A multiple of 1/q in [-lim, lim]. */
 static float quant(float lim, float q) { return roundf((2 * uniform() - 1) * lim * q) / q; }
+
+/* The relative L2 error each attention kernel may have against
+ * ref_mla_attend.  The tensor-core kernel's is the kernel table's row
+ * (src/kernels.h: the family's default path): its probabilities meet V as
+ * bf16 in the mma.  The CUDA-core kernel keeps f32 throughout: it is held
+ * near f32 rounding.  Achieved on the H200 (bench/results/
+ * 2026-12-03-batch-perf.md, replays included): 1.56e-3 and 5.3e-7. */
+#define ATT_FMA_TOL 2e-6 /* achieved 5.3e-7 */
+static double attend_tol(gop_attend_kind kind) {
+  return kind == GOP_ATTEND_FMA ? ATT_FMA_TOL : kt_kernels[KT_mla_attend].tol;
+}
 
 static int cmp_int(const void *a, const void *b) {
   int x = *(const int *)a, y = *(const int *)b;
@@ -132,7 +145,7 @@ static int replay(gop_attend_kind kind, const shape *s, const gop_dims *d, const
          kind == GOP_ATTEND_MMA ? " (tensor cores)" : "", rel, bad, sel_bad);
   T_EQ_INT(sel_bad, 0);
   T_EQ_INT(bad, 0);
-  T_CHECK(rel <= kt_kernels[KT_mla_attend].tol);
+  T_CHECK(rel <= attend_tol(kind));
   r = 0;
 out:
   if (ge) cu.cuGraphExecDestroy(ge);
@@ -243,7 +256,7 @@ static int run_shape(const shape *s, bool ties, mj_err *err) {
            s->name, ties ? "ties" : "distinct", B, T, K, use ? "sel" : "all", kind == GOP_ATTEND_MMA ? "mma" : "fma",
            rel, worst, sel_rows, sel_bad);
     T_EQ_INT(bad, 0);
-    T_CHECK(rel <= kt_kernels[KT_mla_attend].tol);
+    T_CHECK(rel <= attend_tol(kind));
   }
   for (int k = 0; k < (tc ? 2 : 1) && (s->pos2[0] || s->pos2[1]); k++) {
     int rr = replay(k ? GOP_ATTEND_MMA : GOP_ATTEND_FMA, s, &d, &g, qlat, kv, iq, iw, ikey, ties, err);

@@ -5,18 +5,19 @@
  * Inputs are fresh random values each run (the seed is printed); outputs
  * are poisoned before each launch (NaN, or -1 for token ids), with one
  * extra poisoned row past the end that must stay untouched.  Numeric ops
- * pass with every output finite and ||gpu - ref|| / ||ref|| <= 1e-2, at
- * GLM-5 width and on small odd shapes (generic variants, guard rows, tails),
- * for B = 1, 3, 8, 33, 64 (and 100 for the GEMV: two row blocks).  The
- * GEMV's two kernels (CUDA cores, tensor cores) are also run forced at
- * every B in 1..64 on an odd shape, the tensor-core one at GLM-5's
- * shapes, and both within a bound near f32 accumulation (gemv_f32_tol).
+ * pass with every output finite and ||gpu - ref|| / ||ref|| within the
+ * kernel table's tolerance for the family (src/kernels.h: 1e-2 for the
+ * per-row ops, near f32 rounding for the GEMV's two kernels), at GLM-5
+ * width and on small odd shapes (generic variants, guard rows, tails), for
+ * B = 1, 3, 8, 33, 64 (and 100 for the GEMV: two row blocks).  The GEMV's
+ * two kernels (CUDA cores, tensor cores) are also run forced at every B in
+ * 1..64 on an odd shape, the tensor-core one at GLM-5's shapes.
  * The DSL's exp_accurate, on which silu_mul.k's bits rest, equals CUDA's
  * expf compiled by NVRTC bit for bit on every f32 input.
  * Sampling: greedy equals the CPU argmax exactly (ties included); with
  * temperature / top-k / top-p / min-p every drawn token is in the CPU
- * filter's kept set, most rows draw the CPU reference's very token (same
- * hash; rounding of exp and log may differ), a second launch draws the same
+ * filter's kept set, at least 99% of rows draw the CPU reference's very
+ * token (same hash; rounding of exp and log may differ), a second launch draws the same
  * tokens, and over many positions the frequencies of a small vocabulary
  * stay within 5 standard deviations of the kept probabilities.  Last, for
  * information only, the time of gop_gemv (B = 1, 8, 64) and of the test
@@ -165,14 +166,13 @@ static void rmsnorm_case(int H, int B, int ymode) {
 }
 
 /* ---- GEMV -------------------------------------------------------------------------- */
-/* gop_gemv_on(kind) against ref_gemv_b: the kernel table's tolerance, and
- * one near what f32 sums of exact bf16 products reach.  The tensor cores
- * add each mma's 16 products to the f32 accumulator with a truncation of
- * at most an ulp or so, one chain of K / 16 such adds per output, so the
- * bound grows with K: 2e-4 up to K = 4096 (the reference's own f32 sum
- * errs by ~1e-6 here), in proportion above.  A fragment or k-order mistake
- * errs by O(1), a lost chunk by sqrt(8 / K) (> 2e-2 at these K). */
-static double gemv_f32_tol(int K) { return 2e-4 * (K > 4096 ? K / 4096.0 : 1.0); }
+/* gop_gemv_on(kind) against ref_gemv_b within the kernel table's tolerance
+ * of the kernel that ran: both sum exact bf16 products in f32, so both are
+ * held near f32 rounding, 1e-6 for the CUDA cores and 1e-5 for the tensor
+ * cores (whose mma adds its 16 products to the accumulator with a
+ * truncation of an ulp or so, K / 16 times an output); achieved on the
+ * H200 at these shapes, K up to 16384: 2.5e-7 and 2.3e-6.  A fragment or
+ * k-order mistake errs by O(1), a lost chunk by sqrt(8 / K) (> 2e-2 here). */
 
 /* tile: the tensor-core kernel on that tile (gop_gemv_mma_tiled), else kind. */
 static void gemv_run(gop_gemv_kind kind, const gop_mma_tile *tile, int N, int K, int B) {
@@ -201,11 +201,7 @@ static void gemv_run(gop_gemv_kind kind, const gop_mma_tile *tile, int N, int K,
       snprintf(shape, sizeof shape, "N=%d K=%d", N, K);
     bool mma = tile || kind == GOP_GEMV_MMA || (kind == GOP_GEMV_AUTO && B >= GOP_GEMV_MMA_FROM);
     const char *op = tile ? "gemv tile" : kind == GOP_GEMV_AUTO ? "gemv" : mma ? "gemv mma" : "gemv fma";
-    if (compare(mma ? KT_gemv_mma : KT_gemv, op, shape, B, got, want, (size_t)B * N)) {
-      double e = ref_rel_err(got, want, (size_t)B * N);
-      if (e > gemv_f32_tol(K)) fprintf(stderr, "  %s %s B=%d: rel err %.2e > %.2e\n", op, shape, B, e, gemv_f32_tol(K));
-      T_CHECK(e <= gemv_f32_tol(K));
-    }
+    compare(mma ? KT_gemv_mma : KT_gemv, op, shape, B, got, want, (size_t)B * N);
     T_CHECK(guard_intact(got + (size_t)B * N, (size_t)N * 4));
   }
   bufs_free(&b);
@@ -498,7 +494,13 @@ static void test_sample_filtered(void) {
   }
   T_EQ_INT(outside, 0);
   T_EQ_INT(replay_diff, 0);
-  T_CHECK(same >= total * 9 / 10); /* the same hash: only rounding may differ */
+  /* Both draw by the same hash, so a row may draw another token than the
+   * reference only where rounding decides: two race keys (log E - z)
+   * closer than the rounding of expf, logf and log1pf, or a token on a
+   * top-p or min-p cutoff kept by one side only.  Achieved: every row
+   * (bench/results/2026-12-03-batch-perf.md, 11 settings x 33 rows); at
+   * most 1% may differ, room for such rounding and nothing more. */
+  T_CHECK(total - same <= total / 100);
   free(l), free(keep);
 }
 

@@ -3,7 +3,8 @@
  * tile configurations.  The product GEMV, gemv_bf16_b.k, is gputest dense's
  * (and moejit bench gemv's).  Outputs are poisoned (NaN) before each
  * launch, inputs are fresh random values each run, and the check is the
- * relative L2 error < 1e-2 with every output written.  Run by gputest. */
+ * relative L2 error < 4e-3 with every output written: y is bf16, whose
+ * rounding alone is up to 2^-9 (2e-3) of each value.  Run by gputest. */
 #include <stdlib.h>
 #include <time.h>
 
@@ -64,7 +65,7 @@ static void run_case(int N, int K, const char *threads, const char *rows, const 
   printf("  gemv N=%d K=%d THREADS=%s ROWS=%s UNROLL=%s: rel err %.2e, unwritten %d\n", N, K, threads,
          rows, unroll, e, unwritten);
   T_EQ_INT(unwritten, 0);
-  T_CHECK(e < 1e-2);
+  T_CHECK(e < 4e-3); /* achieved 1.4e-3 to 1.7e-3 (bench/results/2026-12-02-gemv.md): bf16 rounding of y */
   if (err.code) mj_err_print(&err, stderr);
   cu.cuMemFree(dW), cu.cuMemFree(dx), cu.cuMemFree(dy);
   free(W), free(x), free(y), free(ref), free(got);

@@ -22,15 +22,17 @@
  * GPU's: each step takes the unsharded run's expert choices and DSA
  * selections (gpu_force_choices; weights and attention are its own) and
  * is fed the unsharded run's tokens.
- * Pass: every step's logits (rank 0's, all rows) within 2e-2 relative of
- * the unsharded step's; every rank draws the same ids; each row's greedy
+ * Pass: every step's logits (rank 0's, all rows) within 1e-2 relative of
+ * the unsharded step's (achieved at most 5.02e-3 on the medium model,
+ * 3.39e-3 at GLM-5's widths: bench/results/2026-12-03-sharded-step.md); every rank draws the same ids; each row's greedy
  * id equals the unsharded one's or is a near tie there (the two logits
  * within 1e-2 of the row's rms), and such ties are counted and rare.
  * The route kernel generate runs (a rank's experts, no FORCE) is checked
  * apart, where it must agree bit for bit: with --ep alone the first MoE
  * layer's input is the unsharded step's, so are its choices.
  * Then NCCL itself (a world of one, coll_nccl_solo) inside a rank's
- * captured graph: the graph step and the eager step give equal logits and
+ * captured graph: the graph step and the eager step give equal logits over
+ * the rank's own vocabulary rows (the only ones a world of one gathers) and
  * the step enqueued its collectives.
  *
  * The model: mkmodel's `medium` preset, NVFP4 experts, bf16 shared expert
@@ -53,6 +55,10 @@
 
 #define MAXR 64
 #define NSTEP 24
+/* The ranks' logits against the unsharded step's, relative L2: they sum
+ * in another order and round activations to bf16.  Achieved at most
+ * 5.02e-3 (--tp 8, medium model), 3.39e-3 at GLM-5's widths. */
+#define SHARD_TOL 1e-2
 
 static model *M;
 static int V;
@@ -187,7 +193,7 @@ static int run_sched(run *R, const sched *sc, const result *ref, result *res, do
       /* the forced choices arrived: the ranks' recorded routing is the reference's (a wrong offset into the
        * force buffer, or a route kernel that ignored it, fails here) */
       bool same_route = memcmp(res->routing[t], ref->routing[t], routing_n * 4) == 0;
-      if (e1 > 2e-2 || bad || !same_route) {
+      if (e1 > SHARD_TOL || bad || !same_route) {
         printf("  %s step %d: logits rel err %.3g, %d ids differ beyond a near tie, routing %s the unsharded run's\n",
                what, t, e1, bad, same_route ? "equal to" : "differs from");
         T_CHECK(false);
@@ -308,7 +314,7 @@ static void check_split(int tp, int ep, bool head_whole) {
            c.coll_gather_bytes, (mj_now_ms() - t0) / 1e3);
     T_CHECK(a.ties + b.ties <= rows / 50); /* rare: a broken step would differ everywhere */
     T_EQ_INT(rc, 0);
-    T_CHECK(worst <= 2e-2);
+    T_CHECK(worst <= SHARD_TOL);
     const shard_plan *p = gpu_plan(R->g[0]);
     int sparse = 0, dense = 0;
     for (int l = 0; l < gpu_layers(R->g[0]); l++) gpu_layer_sparse(R->g[0], l) ? sparse++ : dense++;
@@ -382,12 +388,24 @@ static void test_nccl_graph(void) {
   T_EQ_INT(gpu_step(g, tok, slot, pos, n, b, lb, &err), 0); /* captures the size-4 graph, then replays it */
   uint64_t calls1 = c->cnt.all_reduce + c->cnt.all_gather;
   T_EQ_INT(gpu_step(g, tok, slot, pos, n, b, lb, &err), 0); /* a replay alone */
+  /* A world of one gathers this rank's vocabulary rows only: the other
+   * rank's columns of the logits are never written, so only the rank's own
+   * (its plan's vocab range) are compared, each row's packed together. */
+  const shard_plan *sp = gpu_plan(g);
+  size_t v0 = (size_t)sp->vocab.begin, vn = (size_t)(sp->vocab.end - sp->vocab.begin), nonzero = 0;
+  T_CHECK(sp->head_gather && vn > 0 && vn < (size_t)V);
+  float *oa = mj_xmalloc((size_t)n * vn * 4), *ob = mj_xmalloc((size_t)n * vn * 4);
+  for (int r = 0; r < n; r++) {
+    memcpy(oa + (size_t)r * vn, la + (size_t)r * V + v0, vn * 4);
+    memcpy(ob + (size_t)r * vn, lb + (size_t)r * V + v0, vn * 4);
+  }
+  for (size_t i = 0; i < (size_t)n * vn; i++) nonzero += oa[i] != 0.0f;
   gpu_counters cn;
   gpu_counters_get(g, &cn);
   printf("  NCCL %s, world of one, in the graph: graph steps %llu, captured graphs %d, collectives a step %d + %d, "
-         "logits graph vs eager max rel err %.3g\n",
-         nc_version_string(), (unsigned long long)cn.graph_steps, cn.graphs, cn.coll_reduce, cn.coll_gather,
-         ref_rel_err(lb, la, (size_t)n * V));
+         "logits of vocabulary rows %zu..%zu graph vs eager max rel err %.3g\n",
+         nc_version_string(), (unsigned long long)cn.graph_steps, cn.graphs, cn.coll_reduce, cn.coll_gather, v0,
+         v0 + vn - 1, ref_rel_err(ob, oa, (size_t)n * vn));
   T_EQ_INT(cn.graph_steps, 2);
   T_EQ_INT(cn.graphs, 1);
   T_CHECK(cn.coll_reduce > 0 && cn.coll_gather == 1);
@@ -395,9 +413,10 @@ static void test_nccl_graph(void) {
    * only, never from the host */
   T_CHECK(calls1 > calls0);
   T_CHECK(c->cnt.all_reduce + c->cnt.all_gather == calls1);
-  T_CHECK(memcmp(la, lb, (size_t)n * V * 4) == 0);
+  T_CHECK(nonzero > (size_t)n * vn / 2); /* the rank's logits were written */
+  T_CHECK(memcmp(oa, ob, (size_t)n * vn * 4) == 0);
   T_CHECK(memcmp(a, b, sizeof a) == 0);
-  free(la), free(lb);
+  free(la), free(lb), free(oa), free(ob);
   gpu_model_destroy(g);
   coll_destroy(c);
 }
