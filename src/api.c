@@ -218,6 +218,8 @@ struct moejit {
   int start_rc;
   mj_err start_err, eng_err; /* the session's creation; the first failure after it */
   api_req **owner;           /* [slots]: the request live in each slot (engine thread only) */
+  api_req **wake;            /* [slots]: polled requests given a token since the last wake_pollers */
+  int nwake;                 /* (engine thread only; see deliver) */
   /* under lock */
   pthread_mutex_t lock;
   pthread_cond_t work;       /* the engine waits for work; api_start for the engine to be ready */
@@ -533,6 +535,7 @@ int api_start(moejit *a, const api_start_opts *x, mj_err *err) {
   a->max_queue = x->max_queue > 0 ? x->max_queue : a->o.max_queue > 0 ? a->o.max_queue : 256;
   a->paused = x->paused;
   a->owner = mj_xcalloc((size_t)a->slots, sizeof *a->owner);
+  a->wake = mj_xcalloc((size_t)a->slots, sizeof *a->wake);
   /* pthread_create returns its error; errno is not set. */
   int pe = pthread_create(&a->thread, NULL, engine_main, a);
   if (pe) return mj_fail(err, MJ_EINTERNAL, "moejit: cannot start the engine thread: %s", strerror(pe));
@@ -797,7 +800,19 @@ static void deliver(moejit *a, api_req *q, moejit_event *ev) {
       if (q->qtail) q->qtail->next = e;
       else q->qhead = e;
       q->qtail = e;
-      pthread_cond_signal(&q->cv); /* its poller, no other */
+      /* Its poller, no other.  A token's wake-up waits for the end of the
+       * engine's step (wake_pollers): signalled here, under the lock, each
+       * of a step's pollers would wake only to block on the lock the engine
+       * takes for the next row's event.  A last event wakes at once (its
+       * poller may free q, so q must leave the list first). */
+      int w = 0;
+      while (w < a->nwake && a->wake[w] != q) w++;
+      if (last) {
+        if (w < a->nwake) a->wake[w] = a->wake[--a->nwake];
+        pthread_cond_signal(&q->cv);
+      } else if (w == a->nwake) {
+        a->wake[a->nwake++] = q;
+      }
     } else if (last) {
       pthread_mutex_unlock(&a->lock);
       req_free(q);
@@ -809,6 +824,14 @@ static void deliver(moejit *a, api_req *q, moejit_event *ev) {
   pthread_mutex_unlock(&a->lock);
   q->fn(ev, q->user);
   if (last) req_free(q);
+}
+
+/* The pollers of the step's tokens, woken after it, without the lock (the
+ * engine thread only).  Each q in the list is alive: only its last event,
+ * which takes it out of the list first, lets its poller free it. */
+static void wake_pollers(moejit *a) {
+  for (int i = 0; i < a->nwake; i++) pthread_cond_signal(&a->wake[i]->cv);
+  a->nwake = 0;
 }
 
 /* An event of q: tok (-1: none), text, and the finish. */
@@ -1012,12 +1035,14 @@ static void engine_loop(moejit *a) {
       q->state = REQ_RUNNING;
       pthread_mutex_unlock(&a->lock);
       run_prompt(a, q);
+      wake_pollers(a);
       pthread_mutex_lock(&a->lock);
       continue;
     }
     if (a->nrun > 0) {
       pthread_mutex_unlock(&a->lock);
       decode_step(a, tk, sl, ids, who);
+      wake_pollers(a);
       pthread_mutex_lock(&a->lock);
       continue;
     }
@@ -1209,7 +1234,7 @@ int api_close(moejit *a, int drain_ms, mj_err *err) {
   sess_destroy(a->S); /* only when the engine never ran */
   if (a->tok) tok_destroy(a->tok);
   if (a->m) model_free(a->m);
-  free(a->owner), free(a->path), free(a->name);
+  free(a->owner), free(a->wake), free(a->path), free(a->name);
   pthread_mutex_destroy(&a->lock);
   pthread_mutex_destroy(&a->tok_lock);
   pthread_cond_destroy(&a->work);
