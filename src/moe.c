@@ -109,6 +109,14 @@ void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p) {
     p->dn.mma = 8;
   }
   if (bcap == 64) p->gu.minb = 2;
+  /* The winners of `moejit warmup --tune` on the H200 over the whole
+   * capture set (bench/results/2026-12-04-tune.md): bucket 2 takes bucket
+   * 8's tiles (layer 221.5 -> 124.0 us: the FMA tile of 2 records a warp
+   * was the slow one), 16 its FMA gate_up, and down likes 8 chunks a load
+   * batch from bucket 2 up (32: registers capped for 2 blocks instead). */
+  if (bcap == 2 || bcap == 16) p->gu = (moe_tile){.rows = 4, .threads = 256, .chain = 8, .gx = 0, .minb = 2};
+  if (bcap >= 2 && bcap <= 64) p->dn = (moe_tile){.rows = 16, .threads = 256, .chain = 8, .gx = 0, .mma = 8};
+  if (bcap == 32) p->dn = (moe_tile){.rows = 16, .threads = 256, .chain = 8, .gx = 0, .minb = 2, .mma = 4};
   p->router_tb = bcap < 8 ? bcap : 8;
   /* MOEJIT_MOE_PATH=fma|mma forces one path for every bucket (diagnosis). */
   const char *force = getenv("MOEJIT_MOE_PATH");

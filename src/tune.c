@@ -9,9 +9,10 @@
  * none, inputs rotated over sets), but over a short candidate list per
  * kernel: the tiles that won or came close somewhere in bench/results,
  * both paths (bf16x2 FMA and tensor cores), with and without the register
- * caps.  Measured once, on an H200: bucket 8's 9 gate_up and 8 down
- * candidates in 7.8 s (bench/results/2026-12-03-batch-perf.md); a whole
- * capture set has not been timed.
+ * caps.  Measured on an H200: bucket 8's 9 gate_up and 8 down candidates
+ * in 7.8 s (bench/results/2026-12-03-batch-perf.md); the capture set,
+ * buckets 1 to 64, with both benches of `scripts/gpu-run.sh tune`, in
+ * 135 s (bench/results/2026-12-04-tune.md).
  */
 #include "tune.h"
 
