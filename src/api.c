@@ -17,12 +17,14 @@
  * release find theirs in constant time), each request's state, flags and
  * queue of untaken events, and the counters.  `tok_lock` guards the
  * tokenizer.  The engine thread alone touches the session, the slots'
- * owners and a running request's decoding state, without a lock.  Three
+ * owners and a running request's decoding state, without a lock.  Four
  * kinds of condition variable wait on `lock`: `work` (the engine waiting
  * for work; api_start waiting for the engine), a polled request's own `cv`
  * (its poller waiting for its next event: a token wakes that poller and no
  * other, so a step of n sequences costs n wakeups, not n times the
- * pollers), and `closing_cv`, broadcast only while moejit_close runs (close
+ * pollers), `waker_cv` (a second thread, the waker, given a step's pollers
+ * by the engine thread and waking them while the engine runs the next
+ * step), and `closing_cv`, broadcast only while moejit_close runs (close
  * waiting for the engine to run dry and for the pollers to leave).
  *
  * A drawn token becomes text through the tokenizer's streaming decoder
@@ -66,6 +68,9 @@
 #include "sample.h"
 #include "session.h"
 #include "tokenizer.h"
+
+static void *waker_main(void *arg);
+static void waker_stop(moejit *a);
 
 /* ---- errors ------------------------------------------------------------------------ */
 static __thread struct {
@@ -220,6 +225,8 @@ struct moejit {
   api_req **owner;           /* [slots]: the request live in each slot (engine thread only) */
   api_req **wake;            /* [slots]: polled requests given a token since the last wake_pollers */
   int nwake;                 /* (engine thread only; see deliver) */
+  pthread_t waker;           /* wakes a step's pollers while the engine runs the next step */
+  bool waker_on;
   /* under lock */
   pthread_mutex_t lock;
   pthread_cond_t work;       /* the engine waits for work; api_start for the engine to be ready */
@@ -232,6 +239,10 @@ struct moejit {
   uint64_t idle_wakeups; /* api_idle_wakeups */
   uint64_t next_id;
   bool paused, closing, cancel_all;
+  pthread_cond_t waker_cv;   /* the waker waits for pend, or waker_stop */
+  api_req **pend;            /* [slots]: the pollers the waker is to wake */
+  int npend;
+  bool waker_stop;
   moejit_stats st;
 };
 
@@ -481,6 +492,7 @@ static int load(const char *dir, const moejit_open_opts *o, moejit **out, moejit
   pthread_condattr_setclock(&a->cattr, CLOCK_MONOTONIC);
   pthread_cond_init(&a->work, &a->cattr);
   pthread_cond_init(&a->closing_cv, &a->cattr);
+  pthread_cond_init(&a->waker_cv, &a->cattr);
   a->tab_size = TAB_MIN;
   a->tab = mj_xcalloc(a->tab_size, sizeof *a->tab);
   a->path = mj_xstrdup(dir);
@@ -536,15 +548,23 @@ int api_start(moejit *a, const api_start_opts *x, mj_err *err) {
   a->paused = x->paused;
   a->owner = mj_xcalloc((size_t)a->slots, sizeof *a->owner);
   a->wake = mj_xcalloc((size_t)a->slots, sizeof *a->wake);
+  a->pend = mj_xcalloc((size_t)a->slots, sizeof *a->pend);
   /* pthread_create returns its error; errno is not set. */
-  int pe = pthread_create(&a->thread, NULL, engine_main, a);
-  if (pe) return mj_fail(err, MJ_EINTERNAL, "moejit: cannot start the engine thread: %s", strerror(pe));
+  int pe = pthread_create(&a->waker, NULL, waker_main, a);
+  if (pe) return mj_fail(err, MJ_EINTERNAL, "moejit: cannot start the engine's waker thread: %s", strerror(pe));
+  a->waker_on = true;
+  pe = pthread_create(&a->thread, NULL, engine_main, a);
+  if (pe) {
+    waker_stop(a);
+    return mj_fail(err, MJ_EINTERNAL, "moejit: cannot start the engine thread: %s", strerror(pe));
+  }
   pthread_mutex_lock(&a->lock);
   while (!a->ready) pthread_cond_wait(&a->work, &a->lock);
   int rc = a->start_rc;
   pthread_mutex_unlock(&a->lock);
   if (rc) {
     pthread_join(a->thread, NULL);
+    waker_stop(a);
     mj_fail(err, a->start_err.code, "%s", a->start_err.msg);
     mj_err_set_detail(err, a->start_err.detail);
     mj_err_clear(&a->start_err);
@@ -809,6 +829,8 @@ static void deliver(moejit *a, api_req *q, moejit_event *ev) {
       while (w < a->nwake && a->wake[w] != q) w++;
       if (last) {
         if (w < a->nwake) a->wake[w] = a->wake[--a->nwake];
+        for (int i = 0; i < a->npend; i++)
+          if (a->pend[i] == q) a->pend[i--] = a->pend[--a->npend];
         pthread_cond_signal(&q->cv);
       } else if (w == a->nwake) {
         a->wake[a->nwake++] = q;
@@ -826,12 +848,47 @@ static void deliver(moejit *a, api_req *q, moejit_event *ev) {
   if (last) req_free(q);
 }
 
-/* The pollers of the step's tokens, woken after it, without the lock (the
- * engine thread only).  Each q in the list is alive: only its last event,
- * which takes it out of the list first, lets its poller free it. */
+/* The pollers of the step's tokens, woken after it (the engine thread
+ * only): handed to the waker thread, so the engine goes on to the next
+ * step while they wake (a futex wake a poller: at 32 streams of a small
+ * model it was a third of a step, bench/results/2026-12-04-serve.md).  The
+ * waker signals under the lock, and a last event takes its request out of
+ * pend under the lock before its poller may free it, so the waker never
+ * signals a freed request. */
 static void wake_pollers(moejit *a) {
-  for (int i = 0; i < a->nwake; i++) pthread_cond_signal(&a->wake[i]->cv);
+  if (!a->nwake) return;
+  pthread_mutex_lock(&a->lock);
+  for (int i = 0; i < a->nwake; i++) {
+    int j = 0;
+    while (j < a->npend && a->pend[j] != a->wake[i]) j++;
+    if (j == a->npend) a->pend[a->npend++] = a->wake[i];
+  }
   a->nwake = 0;
+  pthread_cond_signal(&a->waker_cv);
+  pthread_mutex_unlock(&a->lock);
+}
+
+static void *waker_main(void *arg) {
+  moejit *a = arg;
+  pthread_mutex_lock(&a->lock);
+  for (;;) {
+    while (!a->npend && !a->waker_stop) pthread_cond_wait(&a->waker_cv, &a->lock);
+    if (!a->npend) break;
+    for (int i = 0; i < a->npend; i++) pthread_cond_signal(&a->pend[i]->cv);
+    a->npend = 0;
+  }
+  pthread_mutex_unlock(&a->lock);
+  return NULL;
+}
+
+static void waker_stop(moejit *a) {
+  if (!a->waker_on) return;
+  pthread_mutex_lock(&a->lock);
+  a->waker_stop = true;
+  pthread_cond_signal(&a->waker_cv);
+  pthread_mutex_unlock(&a->lock);
+  pthread_join(a->waker, NULL);
+  a->waker_on = false;
 }
 
 /* An event of q: tok (-1: none), text, and the finish. */
@@ -1212,6 +1269,7 @@ int api_close(moejit *a, int drain_ms, mj_err *err) {
     pthread_cond_signal(&a->work);
     pthread_mutex_unlock(&a->lock);
     pthread_join(a->thread, NULL);
+    waker_stop(a); /* no request is freed while it may signal one */
     /* pollers woken by the last events leave before anything is freed */
     pthread_mutex_lock(&a->lock);
     while (a->pollers > 0) pthread_cond_wait(&a->closing_cv, &a->lock);
@@ -1234,11 +1292,13 @@ int api_close(moejit *a, int drain_ms, mj_err *err) {
   sess_destroy(a->S); /* only when the engine never ran */
   if (a->tok) tok_destroy(a->tok);
   if (a->m) model_free(a->m);
-  free(a->owner), free(a->wake), free(a->path), free(a->name);
+  waker_stop(a); /* an api_start that failed after starting it */
+  free(a->owner), free(a->wake), free(a->pend), free(a->path), free(a->name);
   pthread_mutex_destroy(&a->lock);
   pthread_mutex_destroy(&a->tok_lock);
   pthread_cond_destroy(&a->work);
   pthread_cond_destroy(&a->closing_cv);
+  pthread_cond_destroy(&a->waker_cv);
   pthread_condattr_destroy(&a->cattr);
   free(a);
   return rc;
