@@ -1,6 +1,6 @@
 #!/bin/sh
 # serve-bench.sh [-m DIR] [--moejit PATH] [--streams "1 8 32"] [--requests R] [-n TOKENS] [--backend cuda] [--no-stream]
-#                [--ctx N]
+#                [--ctx N] [--server-cpus LIST] [--client-cpus LIST]
 #
 # The serving benchmark, for the GPU host: starts `moejit serve --backend cuda`
 # on a model (default: the built-in one), and at each concurrency C of
@@ -12,7 +12,9 @@
 # token (p50, p90) and the whole request's time (p50), and generate's
 # tokens/s beside the server's.  --no-stream asks for whole responses
 # (stream false: one JSON body a request, no time to first token), which
-# takes the client's per-token work out of the measurement.  Each stream is
+# takes the client's per-token work out of the measurement.  --server-cpus and
+# --client-cpus (taskset lists, as 0-7) keep the server (and generate) and
+# the clients on cores of their own.  Each stream is
 # a process of its own, so the client's parsing is not serialised by one
 # interpreter lock (the first GPU run, bench/results/2026-12-03-serve.md,
 # used threads).
@@ -41,6 +43,8 @@ ntok=128
 backend=cuda
 ctx=1024
 stream=1
+spin=
+cpin=
 while [ $# -gt 0 ]; do
   case $1 in
     -m) model=$2; shift 2 ;;
@@ -51,6 +55,8 @@ while [ $# -gt 0 ]; do
     --backend) backend=$2; shift 2 ;;
     --ctx) ctx=$2; shift 2 ;;
     --no-stream) stream=0; shift ;;
+    --server-cpus) spin="taskset -c $2"; shift 2 ;;
+    --client-cpus) cpin="taskset -c $2"; shift 2 ;;
     -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "serve-bench.sh: unknown argument '$1' (see --help)" >&2; exit 1 ;;
   esac
@@ -77,7 +83,7 @@ for i in range(n):
 
 : > "$tmp/serve.err"
 # shellcheck disable=SC2086
-"$moejit" serve $margs --backend "$backend" --port 0 --parallel "$max" --max-queue 4096 --ctx "$ctx" -q 2> "$tmp/serve.err" &
+$spin "$moejit" serve $margs --backend "$backend" --port 0 --parallel "$max" --max-queue 4096 --ctx "$ctx" -q 2> "$tmp/serve.err" &
 spid=$!
 port=
 for _ in $(seq 3000); do
@@ -173,7 +179,7 @@ echo "serve-bench.sh: moejit serve on port $port ($backend); warming up" >&2
 python3 "$tmp/client.py" "$port" 0 1 "$ntok" "$tmp/prompts.txt" "$stream"
 for c in $streams; do
   echo "serve-bench.sh: $c streams x $requests requests of $ntok tokens" >&2
-  python3 "$tmp/client.py" "$port" "$c" "$requests" "$ntok" "$tmp/prompts.txt" "$stream" > "$tmp/serve.$c.json"
+  $cpin python3 "$tmp/client.py" "$port" "$c" "$requests" "$ntok" "$tmp/prompts.txt" "$stream" > "$tmp/serve.$c.json"
 done
 curl -s "http://127.0.0.1:$port/metrics" > "$tmp/metrics" 2> /dev/null || true
 kill -TERM $spid
@@ -184,7 +190,7 @@ for c in $streams; do
   head -n $((c * requests)) "$tmp/prompts.txt" > "$tmp/p.$c.txt"
   echo "serve-bench.sh: moejit generate --prompts ($((c * requests)) prompts) --parallel $c" >&2
   # shellcheck disable=SC2086
-  "$moejit" generate $margs --backend "$backend" --prompts "$tmp/p.$c.txt" --parallel "$c" -n "$ntok" --ctx "$ctx" \
+  $spin "$moejit" generate $margs --backend "$backend" --prompts "$tmp/p.$c.txt" --parallel "$c" -n "$ntok" --ctx "$ctx" \
     --temp 1 --top-p 1 --top-k 0 --min-p 0 --json > "$tmp/gen.$c.jsonl" 2> "$tmp/gen.$c.err" ||
     { echo "serve-bench.sh: generate failed: $(tail -2 "$tmp/gen.$c.err")" >&2; }
 done
