@@ -63,7 +63,7 @@ static int parse_tiles(const char *s, moe_tile *t, int max, mj_err *err) {
   while (*s && n < max) {
     int used = tune_tile_parse(s, &t[n]);
     if (!used)
-      return -mj_fail(err, MJ_EUSAGE, "moejit bench moe: a tile is ROWS:THREADS:CHAIN:GX[:PREFETCH[:MINB[:MMA[:PIPE[:STAGES]]]]] (at '%s')", s);
+      return -mj_fail(err, MJ_EUSAGE, "moejit bench moe: a tile is ROWS:THREADS:CHAIN:GX[:PREFETCH[:MINB[:MMA]]] (at '%s')", s);
     s += used + (s[used] == ',');
     n++;
   }
@@ -221,8 +221,8 @@ int bench_moe(int argc, char **argv, mj_err *err) {
     double gu_bytes = (avg_experts + 1) * (double)gub, dn_bytes = (avg_experts + 1) * (double)dnb;
     /* Tile variants of each expert kernel, alone (routing as left by set 0). */
     if (!plan_s) {
-      printf("\n| kernel | ROWS | THREADS | CHAIN | GX | PF | MINB | MMA | PIPE | STAGES | regs | spills | compile ms | time us | GB/s | %% of copy |\n");
-      printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      printf("\n| kernel | tile (ROWS:THREADS:CHAIN:GX:PF:MINB:MMA) | regs | spills | compile ms | time us | GB/s | %% of copy |\n");
+      printf("|---|---|---|---|---|---|---|---|\n");
     }
     for (int mode = 0; mode < 2 && !plan_s; mode++) {
       moe_tile *tl = mode ? dns : gus, best = tl[0];
@@ -249,11 +249,10 @@ int bench_moe(int argc, char **argv, mj_err *err) {
           goto out;
         }
         int id = mode ? MOE_K_down : MOE_K_gate_up;
-        printf("| %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %.1f | %.1f | %.0f | %.1f%% |\n",
-               mode ? "down" : "gate_up", tl[i].rows, tl[i].threads, tl[i].chain, tl[i].gx, tl[i].prefetch, tl[i].minb,
-               tl[i].mma, tl[i].pipe, tl[i].stages, kk.regs[id],
-               kk.spills[id], kk.compile_ms[id], us,
-               bytes / us / 1e3, pct(bytes / us / 1e3, copy_bps));
+        char tx[64];
+        tune_tile_text(&tl[i], tx, sizeof tx);
+        printf("| %s | %s | %d | %d | %.1f | %.1f | %.0f | %.1f%% |\n", mode ? "down" : "gate_up", tx, kk.regs[id],
+               kk.spills[id], kk.compile_ms[id], us, bytes / us / 1e3, pct(bytes / us / 1e3, copy_bps));
         if (us < best_us) best_us = us, best = tl[i];
         moe_kernels_free(&kk);
       }
@@ -287,12 +286,13 @@ int bench_moe(int argc, char **argv, mj_err *err) {
     moe_side_destroy(&side);
     if (rc) goto out;
     double gbs = wbytes / us / 1e3;
+    char gtx[64], dtx[64];
+    tune_tile_text(&plan.gu, gtx, sizeof gtx);
+    tune_tile_text(&plan.dn, dtx, sizeof dtx);
     printf("\nlayer, five launches in order: %.1f us (%.1f%% of copy)\n", us_seq, pct(wbytes / us_seq / 1e3, copy_bps));
     printf("\n**batch %d: layer %.1f us, %.1f MB of weights touched, %.0f GB/s = %.1f%% of copy** "
-           "(shared gate_up beside the routing; gate_up %d:%d:%d:%d:%d:%d:%d:%d:%d, down %d:%d:%d:%d:%d:%d:%d:%d:%d)\n",
-           B, us, wbytes / 1e6, gbs, pct(gbs, copy_bps), plan.gu.rows, plan.gu.threads, plan.gu.chain, plan.gu.gx,
-           plan.gu.prefetch, plan.gu.minb, plan.gu.mma, plan.gu.pipe, plan.gu.stages, plan.dn.rows, plan.dn.threads,
-           plan.dn.chain, plan.dn.gx, plan.dn.prefetch, plan.dn.minb, plan.dn.mma, plan.dn.pipe, plan.dn.stages);
+           "(shared gate_up beside the routing; gate_up %s, down %s)\n",
+           B, us, wbytes / 1e6, gbs, pct(gbs, copy_bps), gtx, dtx);
     moe_kernels_free(&k);
     moe_bufs_free(&b);
   }

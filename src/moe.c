@@ -158,6 +158,7 @@ typedef struct defs {
   int n;
 } defs;
 static void def_i(defs *d, const char *name, long v) {
+  MJ_ASSERT(d->n < (int)MJ_ARRAY_LEN(d->d));
   snprintf(d->v[d->n], sizeof d->v[0], "%ld", v);
   d->d[d->n] = (dsl_define){name, d->v[d->n]};
   d->n++;
@@ -214,8 +215,6 @@ static void plan_defs(const moe_plan *p, defs d[MOE_NK]) {
     if (t->prefetch) def_i(r, "PREFETCH", 1);
     if (t->minb > 1) def_i(r, "MINB", t->minb);
     if (t->mma > 0) def_i(r, "MMA", 1), def_i(r, "KJ", t->mma);
-    if (t->pipe) def_i(r, "PIPE", 1);
-    if (t->stages) def_i(r, "STAGES", t->stages);
   }
   r = &d[MOE_K_combine];
   def_i(r, "N", c->hidden), def_i(r, "TOPK", c->topk);

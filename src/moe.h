@@ -48,10 +48,6 @@ typedef struct moe_tile {
   int minb;     /* MINB: blocks per SM the registers must allow (0: no bound) */
   int mma;      /* 0: bf16x2 FMAs; n > 0: tensor cores (MMA=1, KJ=n chunks per load batch,
                  * rows must be 16) */
-  int pipe;     /* PIPE: the next loads requested before this batch is used (the next tile
-                 * with GX below the tile count; with MMA also the next chunk batch) */
-  int stages;   /* STAGES: n > 1 streams each warp's tiles through an n-deep cp.async ring in
-                 * shared memory (FMA path; GX below the tile count, so blocks loop) */
 } moe_tile;
 
 typedef struct moe_plan {

@@ -28,9 +28,9 @@
 
 /* ---- tiles as text ------------------------------------------------------------------- */
 int tune_tile_parse(const char *s, moe_tile *t) {
-  int v[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0}, n = 0, used = 0;
+  int v[7] = {0, 0, 0, 0, 0, 0, 0}, n = 0, used = 0;
   const char *p = s;
-  while (n < 9) {
+  while (n < 7) {
     char *end;
     long x = strtol(p, &end, 10);
     if (end == p || x < 0 || x > 4096) return 0;
@@ -40,21 +40,16 @@ int tune_tile_parse(const char *s, moe_tile *t) {
   }
   used = (int)(p - s);
   if (n < 4 || (*p && *p != ',')) return 0;
-  *t = (moe_tile){.rows = v[0], .threads = v[1], .chain = v[2], .gx = v[3], .prefetch = v[4], .minb = v[5], .mma = v[6], .pipe = v[7], .stages = v[8]};
+  *t = (moe_tile){.rows = v[0], .threads = v[1], .chain = v[2], .gx = v[3], .prefetch = v[4], .minb = v[5], .mma = v[6]};
   /* What the launch arithmetic needs; the template judges the rest. */
   if (t->rows < 1 || t->rows > 64 || t->threads < 32 || t->threads > 1024 || t->threads % 32 || t->minb > 32 ||
-      t->mma > 16 || t->prefetch > 1 || t->pipe > 1 || t->stages > 8)
+      t->mma > 16 || t->prefetch > 1)
     return 0;
   return used;
 }
 
 void tune_tile_text(const moe_tile *t, char *out, size_t cap) {
-  /* The eighth and ninth fields only when set: records written before
-   * they existed read and print as they did. */
-  int n = snprintf(out, cap, "%d:%d:%d:%d:%d:%d:%d", t->rows, t->threads, t->chain, t->gx, t->prefetch, t->minb, t->mma);
-  if ((t->pipe || t->stages) && n > 0 && (size_t)n < cap)
-    n += snprintf(out + n, cap - (size_t)n, ":%d", t->pipe);
-  if (t->stages && n > 0 && (size_t)n < cap) snprintf(out + n, cap - (size_t)n, ":%d", t->stages);
+  snprintf(out, cap, "%d:%d:%d:%d:%d:%d:%d", t->rows, t->threads, t->chain, t->gx, t->prefetch, t->minb, t->mma);
 }
 
 /* ---- whose tuning ------------------------------------------------------------------------ */

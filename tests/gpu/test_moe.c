@@ -23,18 +23,9 @@
 #include "t.h"
 
 /* Which expert path a case runs: the plan's, or forced. */
-enum { PATH_PLAN, PATH_FMA, PATH_MMA, PATH_FMA_PIPE, PATH_MMA_PIPE, PATH_RING };
+enum { PATH_PLAN, PATH_FMA, PATH_MMA };
 static const moe_tile fma_gu = {.rows = 2, .threads = 256, .chain = 8}, fma_dn = {.rows = 4, .threads = 256, .chain = 8};
 static const moe_tile mma_t = {.rows = 16, .threads = 256, .chain = 8, .mma = 4};
-/* PIPE with few blocks per slot, so each block loops over several tiles
- * and every tile but a block's first was requested by the one before. */
-static const moe_tile pipe_gu = {.rows = 2, .threads = 256, .chain = 8, .gx = 3, .pipe = 1},
-                      pipe_dn = {.rows = 4, .threads = 128, .chain = 8, .gx = 5, .pipe = 1, .prefetch = 1},
-                      mma_pipe = {.rows = 16, .threads = 128, .chain = 8, .gx = 3, .mma = 2, .pipe = 1};
-/* The cp.async ring (STAGES): few blocks per slot, so each warp loops over
- * more tiles than the ring has slots. */
-static const moe_tile ring_gu = {.rows = 2, .threads = 32, .chain = 8, .gx = 5, .stages = 2},
-                      ring_dn = {.rows = 4, .threads = 64, .chain = 8, .gx = 7, .stages = 2};
 
 /* One batch: run the layer, check logits, choices, weights and output.
  * path forces the FMA or the tensor-core expert kernels; mt > 0 forces MT. */
@@ -46,9 +37,6 @@ static void run_case(const layer *L, const moe_weights *w, int B, int bcap, int 
   moe_plan_default(c, bcap, &p);
   if (path == PATH_FMA) p.gu = fma_gu, p.dn = fma_dn;
   if (path == PATH_MMA) p.gu = mma_t, p.dn = mma_t;
-  if (path == PATH_FMA_PIPE) p.gu = pipe_gu, p.dn = pipe_dn;
-  if (path == PATH_MMA_PIPE) p.gu = mma_pipe, p.dn = mma_pipe;
-  if (path == PATH_RING) p.gu = ring_gu, p.dn = ring_dn;
   if (mt > 0) p.mt = mt;
   moe_kernels k;
   moe_bufs b;
@@ -124,10 +112,10 @@ static void run_case(const layer *L, const moe_weights *w, int B, int bcap, int 
     }
   }
   double e = ref_rel_err(got, refs, (size_t)nt * H);
-  printf("  moe H=%d I=%d E=%d top%d groups %d/%d  B=%3d (bucket %3d, MT %d, gate_up %s%s, down %s%s): logits %.1e,"
+  printf("  moe H=%d I=%d E=%d top%d groups %d/%d  B=%3d (bucket %3d, MT %d, gate_up %s, down %s): logits %.1e,"
          " choices %d wrong %d tie, weights %.1e, out rel err %.2e over %d tokens, unwritten %d\n",
-         H, c->inter, E, K, c->n_group, c->topk_group, B, bcap, p.mt, p.gu.mma ? "mma" : "fma", p.gu.pipe ? " pipe" : p.gu.stages ? " ring" : "",
-         p.dn.mma ? "mma" : "fma", p.dn.pipe ? " pipe" : p.dn.stages ? " ring" : "", elog, wrong, ties, werr, e, nt, unwritten);
+         H, c->inter, E, K, c->n_group, c->topk_group, B, bcap, p.mt, p.gu.mma ? "mma" : "fma", p.dn.mma ? "mma" : "fma",
+         elog, wrong, ties, werr, e, nt, unwritten);
   T_CHECK(elog < 1e-5);
   T_EQ_INT(wrong, 0);
   T_CHECK(werr < 1e-4);
@@ -215,23 +203,19 @@ static void test_grouped(void) {
   layer_free(&L);
 }
 
-/* A layer made and uploaded; false (one failed check) when the GPU refused. */
-static bool layer_ready(layer *L, const model_moe_cfg *c) {
-  layer_make(L, c, NPOOL);
-  mj_err err = {0};
-  if (!layer_upload(L, &err)) return true;
-  mj_err_print(&err, stderr);
-  T_CHECK(!"upload failed");
-  layer_free(L);
-  return false;
-}
-
 static void test_full_width(void) {
   model_moe_cfg c = {.hidden = 6144, .inter = 2048, .n_experts = 256, .topk = 8, .n_group = 1, .topk_group = 1,
                    .norm_topk_prob = true, .scaling = 2.5f};
   layer L;
-  if (!layer_ready(&L, &c)) return;
+  layer_make(&L, &c, NPOOL);
   moe_weights *w = &L.w;
+  mj_err err = {0};
+  if (layer_upload(&L, &err)) {
+    mj_err_print(&err, stderr);
+    T_CHECK(!"upload failed");
+    layer_free(&L);
+    return;
+  }
   run_batch(&L, w, 1, 1, 1);
   run_batch(&L, w, 8, 8, 3);
   run_batch(&L, w, 64, 64, 3);
@@ -239,33 +223,10 @@ static void test_full_width(void) {
   layer_free(&L);
 }
 
-/* The pipelined loads (PIPE) on both paths, at a reduced width and at
- * GLM-5's: one pass and several passes of a slot. */
-static void test_pipe(void) {
-  model_moe_cfg cs[2] = {{.hidden = 2048, .inter = 1024, .n_experts = 64, .topk = 8, .n_group = 1, .topk_group = 1,
-                          .norm_topk_prob = true, .scaling = 2.5f},
-                         {.hidden = 6144, .inter = 2048, .n_experts = 256, .topk = 8, .n_group = 1, .topk_group = 1,
-                          .norm_topk_prob = true, .scaling = 2.5f}};
-  for (int i = 0; i < 2; i++) {
-    layer L;
-    if (!layer_ready(&L, &cs[i])) return;
-    int ct = i ? 3 : 1 << 30;
-    run_case(&L, &L.w, 1, 1, ct, PATH_FMA_PIPE, 0);
-    run_case(&L, &L.w, 33, 64, ct, PATH_FMA_PIPE, 2);
-    run_case(&L, &L.w, 8, 8, ct, PATH_MMA_PIPE, 0);
-    run_case(&L, &L.w, 64, 64, ct, PATH_MMA_PIPE, 2);
-    run_case(&L, &L.w, 1, 1, ct, PATH_RING, 0);
-    run_case(&L, &L.w, 8, 8, ct, PATH_RING, 0);
-    run_case(&L, &L.w, 33, 64, ct, PATH_RING, 2);
-    layer_free(&L);
-  }
-}
-
 int gpu_test_moe(int argc, char **argv) {
   rng = (uint64_t)time(NULL) * 2654435761u;
   T_RUN(test_reduced);
   T_RUN(test_grouped);
   T_RUN(test_full_width);
-  T_RUN(test_pipe);
   return t_status();
 }
