@@ -176,6 +176,7 @@ typedef struct api_req {
   req_state state;
   bool cancel;   /* asked; the engine acts at the next step boundary */
   bool released; /* polled, but nobody will take its events */
+  int waking;    /* polled: 1 in the engine's wake list, 2 in the waker's pend list (under lock) */
   bool linked;   /* in the handle's table (find sees it) */
   /* what was asked */
   tok_ids prompt;
@@ -791,6 +792,18 @@ moejit_status moejit_cancel(moejit *a, uint64_t id) {
 /* Hand ev to q's callback or queue.  The last event ends q: its slot (if
  * any) is freed, the counters move, and q is forgotten (a callback's after
  * the call, a polled one when its last event is taken). */
+/* q out of the engine's wake list or the waker's pend list (under lock). */
+static void unwake(moejit *a, api_req *q) {
+  api_req **l = q->waking == 1 ? a->wake : a->pend;
+  int *n = q->waking == 1 ? &a->nwake : &a->npend;
+  for (int i = 0; i < *n; i++)
+    if (l[i] == q) {
+      l[i] = l[--*n];
+      break;
+    }
+  q->waking = 0;
+}
+
 static void deliver(moejit *a, api_req *q, moejit_event *ev) {
   bool last = ev->finish != MOEJIT_FINISH_NONE;
   if (last && q->slot >= 0) {
@@ -809,37 +822,32 @@ static void deliver(moejit *a, api_req *q, moejit_event *ev) {
     if (a->closing) pthread_cond_broadcast(&a->closing_cv); /* a draining close watches */
   }
   if (!q->fn) {
-    if (!q->released) {
-      size_t tl = ev->text_len, el = strlen(ev->error);
-      api_ev *e = mj_xcalloc(1, sizeof *e + tl + 1 + el + 1);
-      char *t = (char *)(e + 1);
-      memcpy(t, ev->text, tl);
-      memcpy(t + tl + 1, ev->error, el);
-      e->ev = *ev;
-      e->ev.text = t, e->ev.error = t + tl + 1;
-      if (q->qtail) q->qtail->next = e;
-      else q->qhead = e;
-      q->qtail = e;
-      /* Its poller, no other.  A token's wake-up waits for the end of the
-       * engine's step (wake_pollers): signalled here, under the lock, each
-       * of a step's pollers would wake only to block on the lock the engine
-       * takes for the next row's event.  A last event wakes at once (its
-       * poller may free q, so q must leave the list first). */
-      int w = 0;
-      while (w < a->nwake && a->wake[w] != q) w++;
-      if (last) {
-        if (w < a->nwake) a->wake[w] = a->wake[--a->nwake];
-        for (int i = 0; i < a->npend; i++)
-          if (a->pend[i] == q) a->pend[i--] = a->pend[--a->npend];
-        pthread_cond_signal(&q->cv);
-      } else if (w == a->nwake) {
-        a->wake[a->nwake++] = q;
-      }
-    } else if (last) {
+    /* A last event takes q out of the wake-up lists first: its poller, or
+     * req_free below, frees q, and the waker must not signal it after. */
+    if (last && q->waking) unwake(a, q);
+    if (q->released) {
       pthread_mutex_unlock(&a->lock);
-      req_free(q);
+      if (last) req_free(q);
       return;
     }
+    size_t tl = ev->text_len, el = strlen(ev->error);
+    api_ev *e = mj_xcalloc(1, sizeof *e + tl + 1 + el + 1);
+    char *t = (char *)(e + 1);
+    memcpy(t, ev->text, tl);
+    memcpy(t + tl + 1, ev->error, el);
+    e->ev = *ev;
+    e->ev.text = t, e->ev.error = t + tl + 1;
+    if (q->qtail) q->qtail->next = e;
+    else q->qhead = e;
+    q->qtail = e;
+    /* Its poller, no other.  A last event wakes it at once; a token's
+     * wake-up waits for the end of the engine's step (wake_pollers) and is
+     * then the waker thread's: signalled here, under the lock, each of a
+     * step's pollers would wake only to block on the lock the engine takes
+     * for the next row's event.  One already listed needs no second entry:
+     * its wake-up will find every event queued by then. */
+    if (last) pthread_cond_signal(&q->cv);
+    else if (!q->waking) a->wake[a->nwake++] = q, q->waking = 1;
     pthread_mutex_unlock(&a->lock);
     return;
   }
@@ -850,19 +858,15 @@ static void deliver(moejit *a, api_req *q, moejit_event *ev) {
 
 /* The pollers of the step's tokens, woken after it (the engine thread
  * only): handed to the waker thread, so the engine goes on to the next
- * step while they wake (a futex wake a poller: at 32 streams of a small
- * model it was a third of a step, bench/results/2026-12-04-serve.md).  The
- * waker signals under the lock, and a last event takes its request out of
- * pend under the lock before its poller may free it, so the waker never
- * signals a freed request. */
+ * step while they wake (bench/results/2026-12-04-serve.md: 32 streams went
+ * from 74% to 80% of generate's tokens/s).  The waker signals under the
+ * lock, and a last event takes its request out of both lists under the
+ * lock (unwake) before anything may free it, so the waker never signals a
+ * freed request. */
 static void wake_pollers(moejit *a) {
   if (!a->nwake) return;
   pthread_mutex_lock(&a->lock);
-  for (int i = 0; i < a->nwake; i++) {
-    int j = 0;
-    while (j < a->npend && a->pend[j] != a->wake[i]) j++;
-    if (j == a->npend) a->pend[a->npend++] = a->wake[i];
-  }
+  for (int i = 0; i < a->nwake; i++) a->pend[a->npend++] = a->wake[i], a->wake[i]->waking = 2;
   a->nwake = 0;
   pthread_cond_signal(&a->waker_cv);
   pthread_mutex_unlock(&a->lock);
@@ -874,7 +878,7 @@ static void *waker_main(void *arg) {
   for (;;) {
     while (!a->npend && !a->waker_stop) pthread_cond_wait(&a->waker_cv, &a->lock);
     if (!a->npend) break;
-    for (int i = 0; i < a->npend; i++) pthread_cond_signal(&a->pend[i]->cv);
+    for (int i = 0; i < a->npend; i++) pthread_cond_signal(&a->pend[i]->cv), a->pend[i]->waking = 0;
     a->npend = 0;
   }
   pthread_mutex_unlock(&a->lock);
@@ -1292,7 +1296,6 @@ int api_close(moejit *a, int drain_ms, mj_err *err) {
   sess_destroy(a->S); /* only when the engine never ran */
   if (a->tok) tok_destroy(a->tok);
   if (a->m) model_free(a->m);
-  waker_stop(a); /* an api_start that failed after starting it */
   free(a->owner), free(a->wake), free(a->pend), free(a->path), free(a->name);
   pthread_mutex_destroy(&a->lock);
   pthread_mutex_destroy(&a->tok_lock);

@@ -13,7 +13,7 @@
  * get exactly the tokens they asked for, each poller woken by its own
  * request's events only; 300 requests known at once are each found by id;
  * threads that poll and exit leave no event parked; close with requests running
- * (cancelled, or drained to their end); an engine thread that cannot start
+ * (cancelled, or drained to their end); an engine (its waker thread, the first started) that cannot start
  * reports pthread_create's own error.  A callback that blocks holds the
  * engine still, which is how the queue and timeout cases get a fixed state.
  */
@@ -572,6 +572,34 @@ static void *work(void *arg) {
   return NULL;
 }
 
+/* Polled requests released while they run (a server's client gone
+ * mid-stream): each has had tokens, so it may sit in the waker's list
+ * when its last event comes; nothing may touch it after it is freed
+ * (ASan in .ci/run), and the others go on. */
+static void test_release_running(void) {
+  moejit *m = open_tiny(4, 64);
+  moejit_sampling s = seeded(9);
+  moejit_event ev;
+  for (int round = 0; round < 8; round++) {
+    uint64_t id[4];
+    for (int i = 0; i < 4; i++) id[i] = submit_ids(m, &s, 40, true);
+    for (int i = 0; i < 4; i++) {
+      T_EQ_INT(moejit_poll(m, id[i], &ev, 10000), MOEJIT_OK);
+      T_EQ_INT(moejit_poll(m, id[i], &ev, 10000), MOEJIT_OK);
+      T_EQ_INT(moejit_release(m, id[i]), MOEJIT_OK);
+    }
+  }
+  uint64_t e = submit_ids(m, &s, 3, true);
+  result re;
+  T_CHECK(drain(m, e, &re));
+  T_EQ_INT(re.ntok, 3);
+  moejit_stats st;
+  moejit_get_stats(m, &st);
+  T_EQ_INT(st.requests_finished, 33);
+  T_EQ_INT(st.running, 0);
+  T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
+}
+
 static void test_threads(void) {
   moejit *m = open_tiny(4, 64);
   pthread_t th[8];
@@ -601,10 +629,12 @@ static void test_threads(void) {
   T_CHECK(st.decode_steps < st.decode_rows); /* steps carried several sequences */
   /* A token wakes its own poller only: the 8 pollers' waits ended by an
    * event of another request were most of them when all shared one
-   * condition variable (a broadcast a token). */
+   * condition variable (a broadcast a token: 404 for these 256 tokens).
+   * A few remain possible: a poller may take a token already queued
+   * before the waker's signal for the one before reaches it. */
   uint64_t idle = api_idle_wakeups(m);
-  if (idle > 8) fprintf(stderr, "  %llu wakeups without an event\n", (unsigned long long)idle);
-  T_CHECK(idle <= 8);
+  if (idle * 8 > want) fprintf(stderr, "  %llu wakeups without an event\n", (unsigned long long)idle);
+  T_CHECK(idle * 8 <= want);
   T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
 }
 
@@ -781,6 +811,7 @@ int main(void) {
   T_RUN(test_stop_strings);
   T_RUN(test_queue_full_and_timeout);
   T_RUN(test_cancel);
+  T_RUN(test_release_running);
   T_RUN(test_bad_arguments);
   T_RUN(test_thread_start_error);
   T_RUN(test_threads);
