@@ -65,8 +65,9 @@ struct gpu_model {
   int bmax, pw_max, nq_max;
   CUdeviceptr rows_dev; /* i32 [3][bmax]: token, slot, pos; then u64 [bmax]: the row's sampling seed */
   gop_rows rows;
-  int32_t *hrows;       /* pinned [3][bmax], then [bmax] sampled ids, then u64 [bmax] seeds (hseed) */
-  uint64_t *hseed;
+  int32_t *hrows;       /* pinned: rows_dev's layout (one copy a step), then [bmax] sampled ids (hids) */
+  uint64_t *hseed;      /* the seeds in hrows */
+  int32_t *hids;
   uint64_t *slot_seed;  /* [slots + 1]: each slot's sequence seed for the device draw (gpu_set_seed) */
   CUdeviceptr x, y, xn, P, qa, iw, Q, qlat, iq, sel, olat, o_attn, gu, h, logits, tok_out, attn_scr, dsa_scr,
       stash, sel_stash; /* with trace: routing [layer][bmax][topk], DSA selections [layer][bmax][idx_topk] */
@@ -147,14 +148,19 @@ static size_t carve_weights(gpu_model *g, CUdeviceptr base) {
 static size_t kv_token_bytes(const gop_dims *d) { return (size_t)(d->kv_rank + d->rope) * 2; }
 static size_t ikey_token_bytes(const gop_dims *d, const gpu_layer *l) { return l->indexer ? (size_t)d->idx_dim * 4 : 0; }
 
+/* The rows of a step, on the device and in pinned memory alike: i32
+ * token, slot and pos [bmax] each, then u64 seeds [bmax] at an 8-byte
+ * boundary. */
+static size_t rows_seed_off(size_t B) { return (3 * B * 4 + 7) & ~(size_t)7; }
+static size_t rows_bytes(size_t B) { return rows_seed_off(B) + B * 8; }
+
 /* Activations and caches: slots + 1 cache slots (the last one takes the
  * padding rows). */
 static size_t carve_acts(gpu_model *g, CUdeviceptr base) {
   const gop_dims *d = &g->d;
   size_t off = 0, B = (size_t)g->bmax, H = (size_t)d->hidden, S = (size_t)g->o.slots + 1, T = (size_t)d->max_ctx;
-  g->rows_dev = take(base, &off, 3 * B * 4 + 4 + B * 8);
-  size_t seeds = (3 * B * 4 + 7) & ~(size_t)7;
-  g->rows = (gop_rows){g->rows_dev, g->rows_dev + B * 4, g->rows_dev + 2 * B * 4, g->rows_dev + seeds};
+  g->rows_dev = take(base, &off, rows_bytes(B));
+  g->rows = (gop_rows){g->rows_dev, g->rows_dev + B * 4, g->rows_dev + 2 * B * 4, g->rows_dev + rows_seed_off(B)};
   g->x = take(base, &off, B * H * 4);
   g->y = take(base, &off, B * H * 4);
   g->xn = take(base, &off, B * H * 2);
@@ -299,8 +305,9 @@ static int setup(gpu_model *g, const model_config *c, int sh_inter, const gpu_op
   CU_CHECK(err, cu.cuStreamCreate(&g->s, CU_STREAM_NON_BLOCKING));
   int rc = moe_side_create(&g->side, err);
   if (rc) return rc;
-  CU_CHECK(err, cu.cuMemAllocHost((void **)&g->hrows, (size_t)g->bmax * (4 * 4 + 8)));
-  g->hseed = (uint64_t *)(g->hrows + 4 * (size_t)g->bmax);
+  CU_CHECK(err, cu.cuMemAllocHost((void **)&g->hrows, rows_bytes((size_t)g->bmax) + (size_t)g->bmax * 4));
+  g->hseed = (uint64_t *)((char *)g->hrows + rows_seed_off((size_t)g->bmax));
+  g->hids = (int32_t *)((char *)g->hrows + rows_bytes((size_t)g->bmax));
   /* Until a sequence's own seed is set: the session's seed, a different
    * stream for each slot (the spare slot too). */
   g->slot_seed = mj_xmalloc((size_t)(o->slots + 1) * sizeof *g->slot_seed);
@@ -876,8 +883,7 @@ static int set_rows(gpu_model *g, const int32_t *token, const int32_t *slot, con
     g->hrows[2 * B + i] = real ? pos[i] : 0;
     g->hseed[i] = g->slot_seed[real ? slot[i] : g->o.slots];
   }
-  CU_CHECK(err, cu.cuMemcpyHtoDAsync(g->rows_dev, g->hrows, (size_t)3 * B * 4, g->s));
-  CU_CHECK(err, cu.cuMemcpyHtoDAsync(g->rows.seed, g->hseed, (size_t)B * 8, g->s));
+  CU_CHECK(err, cu.cuMemcpyHtoDAsync(g->rows_dev, g->hrows, rows_bytes((size_t)B), g->s));
   return 0;
 }
 
@@ -902,9 +908,9 @@ static int step_run(gpu_model *g, const int32_t *token, const int32_t *slot, con
 
 static int read_tokens(gpu_model *g, int n, int32_t *out, mj_err *err) {
   if (n < 1 || n > g->bmax) return mj_fail(err, MJ_EINPUT, "gpu: %d rows outside 1..%d", n, g->bmax);
-  CU_CHECK(err, cu.cuMemcpyDtoHAsync(g->hrows + 3 * g->bmax, g->tok_out, (size_t)n * 4, g->s));
+  CU_CHECK(err, cu.cuMemcpyDtoHAsync(g->hids, g->tok_out, (size_t)n * 4, g->s));
   CU_CHECK(err, cu.cuStreamSynchronize(g->s));
-  memcpy(out, g->hrows + 3 * g->bmax, (size_t)n * 4);
+  memcpy(out, g->hids, (size_t)n * 4);
   return 0;
 }
 

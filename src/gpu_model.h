@@ -40,7 +40,7 @@ typedef struct gpu_opts {
   int n_graph_batches;            /* 0 with use_graphs: the default 1,2,4,8,16,32,64 */
   bool use_graphs;
   int max_rows;                   /* rows per step at most (0: the largest captured size, at least 64) */
-  sample_params sampling;          /* the device sampler reads the filters and the seed */
+  sample_params sampling;          /* the device sampler's filters; the seed: each slot's until gpu_set_seed */
   bool quiet;                     /* no progress bar or summary line */
   bool trace;                     /* keep each layer's routing and DSA selection (gpu_read_routing, _sel) */
   /* One rank of a sharded model (shard.h, docs/multigpu.md): --tp, --ep
@@ -91,17 +91,17 @@ int gpu_model_create(const model *m, const gpu_opts *o, gpu_model **out, mj_err 
 int gpu_model_synthetic(const model_config *cfg, uint64_t seed, const gpu_opts *o, gpu_model **out, mj_err *err);
 void gpu_model_destroy(gpu_model *g);
 
-/* Run n rows (see above) and sample one token per row into out[n].
- * logits (may be NULL) receives n * vocab floats (a read-back for tests
- * and tools, outside the graph).  Rows of one slot must be at consecutive
- * positions, and a slot's positions must follow the tokens it already
- * holds (the cache is causal). */
 /* The seed of the sequence in a slot, for the device's draw (gop_sample's
  * rows.seed): its draws then depend on this seed and its positions, not on
  * the slot.  Read at each step's start; until set, a slot draws from the
  * session's seed (gpu_opts.sampling.seed) mixed with the slot number. */
 void gpu_set_seed(gpu_model *g, int slot, uint64_t seed);
 
+/* Run n rows (see above) and sample one token per row into out[n].
+ * logits (may be NULL) receives n * vocab floats (a read-back for tests
+ * and tools, outside the graph).  Rows of one slot must be at consecutive
+ * positions, and a slot's positions must follow the tokens it already
+ * holds (the cache is causal). */
 int gpu_step(gpu_model *g, const int32_t *token, const int32_t *slot, const int32_t *pos, int n, int32_t *out,
              float *logits, mj_err *err);
 

@@ -18,7 +18,8 @@
  * Sampling: on the GPU a sequence is sampled on the device (the sampled id
  * is the only read-back) when its filters are the session's device filters
  * (sess_opts.gpu.sampling) and it has no repetition penalty; the device's
- * draw is keyed by (the session's seed, slot, position).  Otherwise, and
+ * draw is keyed by (the sequence's own seed, position), whatever its slot
+ * (gpu_set_seed).  Otherwise, and
  * always on the CPU, the host draws with the sequence's own sampler
  * (seeded with its own seed) from the logits and the sequence's history.
  *
