@@ -65,7 +65,6 @@ void tune_target_here(const char *arch, tune_target *t) {
   snprintf(t->arch, sizeof t->arch, "%s", d->arch);
   snprintf(t->driver, sizeof t->driver, "%s", drv ? drv : "?");
   snprintf(t->dir, sizeof t->dir, "%s", cfg.dir);
-  t->warm = cfg.mode == CACHE_ASSERT_WARM;
   t->on = true;
 }
 
@@ -107,22 +106,6 @@ static void warn_once(const char *path, const char *why) {
   mj_buf_free(&b);
 }
 
-/* Whether the kernel of plan q's expert kernel id can be had: asked of the
- * front door's memory table and disk cache first (moe_kernels_probe), and
- * only then obtained (moe_kernel_check: loaded, or compiled when missing).
- * Under MOEJIT_CACHE=assert-warm a missing kernel is not compiled: MJ_ECACHE
- * with the reason, before jit_get is asked, so the record is passed over
- * for this run and the warm-up that did not compile it is named. */
-static int tile_kernel(const tune_target *t, const moe_plan *q, moe_kernel_id id, mj_err *e) {
-  bool cached[MOE_NK] = {false};
-  int rc = moe_kernels_probe(q, t->arch, cached, NULL, e);
-  if (rc) return rc;
-  if (!cached[id] && t->warm)
-    return mj_fail(e, MJ_ECACHE, "its kernel is not in the cache, and MOEJIT_CACHE=assert-warm compiles nothing "
-                                 "(moejit warmup compiles it)");
-  return moe_kernel_check(q, id, t->arch, e);
-}
-
 /* tune_moe_plan, and with check false tune_moe_peek: no kernel obtained,
  * no warning. */
 static int apply(const tune_target *t, moe_plan *p, bool tuned[2], bool check, mj_err *err) {
@@ -141,7 +124,10 @@ static int apply(const tune_target *t, moe_plan *p, bool tuned[2], bool check, m
     if (rc == 0 && found) {
       moe_plan q = *p;
       *(mode ? &q.dn : &q.gu) = tile;
-      rc = check ? tile_kernel(t, &q, mode ? MOE_K_down : MOE_K_gate_up, &e) : 0;
+      /* The front door says whether the tile's kernel can be had: refused
+       * by the template, or (MJ_ECACHE) missing under MOEJIT_CACHE=
+       * assert-warm, which compiles nothing: passed over for this run. */
+      rc = check ? moe_kernel_check(&q, mode ? MOE_K_down : MOE_K_gate_up, t->arch, &e) : 0;
       if (rc == MJ_EIO || rc == MJ_ENOMEM) {
         /* Not the record's fault, nor one a plan can step around. */
         free(path);
@@ -149,14 +135,16 @@ static int apply(const tune_target *t, moe_plan *p, bool tuned[2], bool check, m
         mj_err_clear(&e);
         return rc;
       }
-      if (rc && rc != MJ_ECACHE) {
-        char what[200];
-        snprintf(what, sizeof what, "the kernel refuses tile %s", rec.choice);
+      if (rc) {
         mj_err e2 = {0};
-        mj_fail(&e2, MJ_ECACHE, "%s (%.*s)", what, (int)strcspn(e.msg, "\n"), e.msg);
+        if (rc == MJ_ECACHE)
+          mj_fail(&e2, MJ_ECACHE, "its kernel is not in the cache (%.*s; moejit warmup compiles it)",
+                  (int)strcspn(e.msg, "\n"), e.msg);
+        else
+          mj_fail(&e2, MJ_ECACHE, "the kernel refuses tile %s (%.*s)", rec.choice, (int)strcspn(e.msg, "\n"), e.msg);
         mj_err_clear(&e);
         e = e2;
-      } else if (rc == 0) {
+      } else {
         *(mode ? &p->dn : &p->gu) = tile;
         if (tuned) tuned[mode] = true;
       }

@@ -30,7 +30,6 @@ typedef struct tune_target {
   char arch[16];  /* its target */
   char driver[16];
   char dir[1024]; /* the cache folder */
-  bool warm;      /* MOEJIT_CACHE=assert-warm: the front door compiles nothing */
 } tune_target;
 
 /* The GPU at hand as the tuning target, when arch (NULL: the GPU's own) is
@@ -54,9 +53,9 @@ void tune_moe_want(const tune_target *t, const moe_plan *p, int mode, cache_tune
  * cannot be used costs one warning line (once per process) and leaves the
  * built-in tile; a stored tile is checked by obtaining its kernel for
  * t->arch (moe_kernel_check), so one the kernel refuses counts as such.
- * With t->warm (assert-warm) the kernel is probed first and never
- * compiled: a winner whose kernel the cache lacks is one warning and the
- * built-in tile for this run (the next warm-up compiles it).  Errors are
+ * Under MOEJIT_CACHE=assert-warm the front door compiles nothing: a
+ * winner whose kernel the cache lacks is one warning and the built-in
+ * tile for this run (the next warm-up compiles it).  Errors are
  * only those no plan can step around: MJ_EIO, MJ_ENOMEM. */
 int tune_moe_plan(const tune_target *t, moe_plan *p, bool tuned[2], mj_err *err);
 

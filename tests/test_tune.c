@@ -304,7 +304,7 @@ static void test_here(void) {
     T_EQ_INT(tune_moe_run(&t, &o, &err), MJ_ENOGPU); /* t says on, for sm_90a: no device */
   } else {
     tune_target_here(NULL, &here);
-    T_CHECK(here.on && !here.warm);
+    T_CHECK(here.on);
     T_EQ_STR(here.arch, cu_dev()->arch);
     T_EQ_STR(here.gpu, cu_dev()->name);
     T_EQ_STR(here.dir, dir);
@@ -352,33 +352,25 @@ static void test_assert_warm(void) {
   /* Cold: the built-in tile, one warning, nothing compiled. */
   setenv("MOEJIT_CACHE", "assert-warm", 1);
   jit_shutdown();
-  t.warm = true;
   T_EQ_INT(lookup(&t, &p, tuned, w), 1);
   T_CHECK(!tuned[0] && memcmp(&p.gu, &builtin.gu, sizeof p.gu) == 0);
   char line[600];
-  snprintf(line, sizeof line,
-           "moejit: warning: tuning record %s: its kernel is not in the cache, and MOEJIT_CACHE=assert-warm "
-           "compiles nothing (moejit warmup compiles it): the built-in plan is used\n", path);
+  snprintf(line, sizeof line, "moejit: warning: tuning record %s: its kernel is not in the cache (MOEJIT_CACHE=assert-warm: cache miss",
+           path);
   T_EQ_INT(t_count_in(w, line), 1);
-  jit_stats(&st);
-  T_EQ_INT(st.v[CACHE_STAT_compiles], 0);
 
   /* Warmed (the lookup under MOEJIT_CACHE=on compiles and stores the
    * winner's kernel, as warm-up's dry step does), then assert-warm again. */
   setenv("MOEJIT_CACHE", "on", 1);
   jit_shutdown();
-  t.warm = false;
   T_EQ_INT(lookup(&t, &p, tuned, w), 0);
   T_CHECK(tuned[0]);
   jit_stats(&st);
   T_EQ_INT(st.v[CACHE_STAT_compiles], 1);
   setenv("MOEJIT_CACHE", "assert-warm", 1);
   jit_shutdown();
-  t.warm = true;
   T_EQ_INT(lookup(&t, &p, tuned, w), 0);
   T_CHECK(tuned[0] && p.gu.rows == 16 && p.gu.mma == 4);
-  jit_stats(&st);
-  T_EQ_INT(st.v[CACHE_STAT_compiles], 0);
 
   jit_shutdown();
   old_mode ? setenv("MOEJIT_CACHE", old_mode, 1) : unsetenv("MOEJIT_CACHE");
