@@ -81,51 +81,36 @@ void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p) {
   /* Expected rows per active expert: 1 at batch 1, ~1.1 at 8, ~2.3 at 64,
    * ~4 at 128 (glm5.md); MT above that only costs registers. */
   p->mt = bcap <= 1 ? 1 : bcap <= 16 ? 2 : 4;
-  p->gu = (moe_tile){.rows = 2, .threads = 256, .chain = 8, .gx = 0};
-  p->dn = (moe_tile){.rows = 4, .threads = 256, .chain = 8, .gx = 0};
-  if (bcap == 1) {
-    /* Measured on the H200 (bench/results/2026-12-02-moe-2.md):
-     * registers capped for 2-3 blocks per SM beat the default tiles by
-     * 15% (gate_up 47.0 -> 39.9 us, down 25.1 -> 22.0 us). */
-    p->gu = (moe_tile){.rows = 4, .threads = 256, .chain = 8, .gx = 0, .minb = 2};
-    p->dn = (moe_tile){.rows = 4, .threads = 256, .chain = 8, .gx = 0, .minb = 3};
-  }
-  /* From MT 2 the bf16x2 FMAs (0.5 a weight per row of the pass) cost more
-   * than the tensor-core path's fixed 0.5 a weight (the block-scale
-   * multiply); bucket 2 keeps the FMA path because a pass there has one
-   * row most of the time.  Four chunks per load batch: 8 loads of 16 bytes
-   * in flight per lane, as gemv_bf16. */
-  if (bcap >= 4) {
-    p->gu = (moe_tile){.rows = 16, .threads = 256, .chain = 8, .gx = 0, .mma = 4};
-    p->dn = (moe_tile){.rows = 16, .threads = 256, .chain = 8, .gx = 0, .mma = 4};
-  }
-  /* Measured on the H200 (bench/results/2026-12-02-moe-2.md): at bucket 8
-   * the FMA gate_up with registers capped for 2 blocks per SM (264.6 us)
-   * beats the tensor cores (275.8 us), and the down kernel likes 8 chunks
-   * per load batch (133.3 us against 138.4 us); at bucket 64 the capped
-   * registers help gate_up a little (1030.6 us against 1036.5 us). */
-  if (bcap == 8) {
-    p->gu = (moe_tile){.rows = 4, .threads = 256, .chain = 8, .gx = 0, .minb = 2};
-    p->dn.mma = 8;
-  }
-  if (bcap == 64) p->gu.minb = 2;
-  /* The winners of `moejit warmup --tune` on the H200 over the whole
-   * capture set (bench/results/2026-12-04-tune.md): bucket 2 takes bucket
-   * 8's tiles (layer 221.5 -> 124.0 us: the FMA tile of 2 records a warp
-   * was the slow one), 16 its FMA gate_up, and down likes 8 chunks a load
-   * batch from bucket 2 up (32: registers capped for 2 blocks instead). */
-  if (bcap == 2 || bcap == 16) p->gu = (moe_tile){.rows = 4, .threads = 256, .chain = 8, .gx = 0, .minb = 2};
-  if (bcap >= 2 && bcap <= 64) p->dn = (moe_tile){.rows = 16, .threads = 256, .chain = 8, .gx = 0, .mma = 8};
-  if (bcap == 32) p->dn = (moe_tile){.rows = 16, .threads = 256, .chain = 8, .gx = 0, .minb = 2, .mma = 4};
+  /* Buckets not measured follow the instruction count: from MT 2 the
+   * bf16x2 FMAs (0.5 a weight per row of the pass) cost more than the
+   * tensor-core path's fixed 0.5 a weight (the block-scale multiply), so
+   * tensor cores from bucket 4, four chunks a load batch (8 loads of 16
+   * bytes in flight a lane, as gemv_bf16); below, the FMA path. */
+  static const moe_tile fma_gu = {.rows = 2, .threads = 256, .chain = 8}, fma_dn = {.rows = 4, .threads = 256, .chain = 8},
+                        mma4 = {.rows = 16, .threads = 256, .chain = 8, .mma = 4};
+  p->gu = bcap >= 4 ? mma4 : fma_gu;
+  p->dn = bcap >= 4 ? mma4 : fma_dn;
+  /* Buckets 1 to 64 as measured on the H200: bucket 1's capped registers
+   * (bench/results/2026-12-02-moe-2.md: 15% over the uncapped tiles), the
+   * rest `moejit warmup --tune`'s winners over the capture set
+   * (bench/results/2026-12-04-tune.md). */
+  static const moe_tile gu4 = {.rows = 4, .threads = 256, .chain = 8, .minb = 2},
+                        dn1 = {.rows = 4, .threads = 256, .chain = 8, .minb = 3},
+                        gu64 = {.rows = 16, .threads = 256, .chain = 8, .minb = 2, .mma = 4},
+                        mma8 = {.rows = 16, .threads = 256, .chain = 8, .mma = 8},
+                        dn32 = {.rows = 16, .threads = 256, .chain = 8, .minb = 2, .mma = 4};
+  static const struct {
+    int bcap;
+    const moe_tile *gu, *dn;
+  } measured[] = {{1, &gu4, &dn1},  {2, &gu4, &mma8},  {4, &mma4, &mma8}, {8, &gu4, &mma8},
+                  {16, &gu4, &mma8}, {32, &mma4, &dn32}, {64, &gu64, &mma8}};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(measured); i++)
+    if (measured[i].bcap == bcap) p->gu = *measured[i].gu, p->dn = *measured[i].dn;
   p->router_tb = bcap < 8 ? bcap : 8;
   /* MOEJIT_MOE_PATH=fma|mma forces one path for every bucket (diagnosis). */
   const char *force = getenv("MOEJIT_MOE_PATH");
-  if (force && !strcmp(force, "fma")) p->gu.mma = p->dn.mma = 0;
-  if (force && !strcmp(force, "fma") && bcap >= 4) p->gu.rows = 2, p->dn.rows = 4;
-  if (force && !strcmp(force, "mma")) {
-    p->gu = (moe_tile){.rows = 16, .threads = 256, .chain = 8, .gx = 0, .mma = 4};
-    p->dn = (moe_tile){.rows = 16, .threads = 256, .chain = 8, .gx = 0, .mma = 4};
-  }
+  if (force && !strcmp(force, "fma") && (p->gu.mma || p->dn.mma)) p->gu = fma_gu, p->dn = fma_dn;
+  if (force && !strcmp(force, "mma")) p->gu = p->dn = mma4;
 }
 
 void moe_plan_engine(const model_moe_cfg *c, int bcap, bool bf16_shared, moe_plan *p) {
