@@ -34,8 +34,9 @@ extern "C" {
 #endif
 
 /* Raised whenever this header changes incompatibly or grows.
- * 2: moejit_message.content_len. */
-#define MOEJIT_API_VERSION 2
+ * 2: moejit_message.content_len.  3: moejit_stats' engine time between
+ * decode steps (decode_gap_ms_sum, decode_gaps, events_ms_sum). */
+#define MOEJIT_API_VERSION 3
 
 /* The header's MOEJIT_API_VERSION the library was built with (a program
  * may check that it equals its own), and the package version ("0.1.0"). */
@@ -326,6 +327,17 @@ typedef struct moejit_stats {
   /* The kernel cache of the whole process (one per process): kernels found
    * in memory or on disk, kernels missed, and compiled. */
   uint64_t kernel_cache_hits, kernel_cache_misses, kernel_compiles;
+  /* The engine thread's own time between two decode steps in a row (from
+   * the end of one to the start of the next, with no prompt step and no
+   * idle wait between): handing out the first step's tokens, waking
+   * pollers, cancels, waits for the engine's lock.  The device (or the
+   * CPU backend) does nothing meanwhile, so decode_gap_ms_sum / decode_gaps
+   * against decode_step_ms_sum / decode_steps is the engine's overhead per
+   * step.  events_ms_sum is the part spent turning steps' ids into events
+   * (detokenizing, stop strings, event queues, callbacks). */
+  double decode_gap_ms_sum;
+  uint64_t decode_gaps;
+  double events_ms_sum;
 } moejit_stats;
 
 moejit_status moejit_get_stats(moejit *m, moejit_stats *out);

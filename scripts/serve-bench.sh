@@ -177,9 +177,13 @@ EOF
 
 echo "serve-bench.sh: moejit serve on port $port ($backend); warming up" >&2
 python3 "$tmp/client.py" "$port" 0 1 "$ntok" "$tmp/prompts.txt" "$stream"
+# The metrics after the warm-up and after each concurrency: their change over
+# a run is its engine's step and gap times.
+curl -s "http://127.0.0.1:$port/metrics" > "$tmp/metrics.warm" 2> /dev/null || true
 for c in $streams; do
   echo "serve-bench.sh: $c streams x $requests requests of $ntok tokens" >&2
   $cpin python3 "$tmp/client.py" "$port" "$c" "$requests" "$ntok" "$tmp/prompts.txt" "$stream" > "$tmp/serve.$c.json"
+  curl -s "http://127.0.0.1:$port/metrics" > "$tmp/metrics.$c" 2> /dev/null || true
 done
 curl -s "http://127.0.0.1:$port/metrics" > "$tmp/metrics" 2> /dev/null || true
 kill -TERM $spid
@@ -200,19 +204,43 @@ import json, re, sys
 tmp, streams, R, N, backend, model = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
 kind = "streamed" if sys.argv[7] == "1" else "whole (stream false)"
 print("moejit serve, %s, model %s: %s completions of %s tokens, %s requests a stream\n" % (backend, model or "(built-in)", kind, N, R))
-print("| streams | requests | req/s | tok/s (serve) | TTFT p50 ms | TTFT p90 ms | request p50 ms | tok/s (generate --parallel) | errors |")
-print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-for c in streams:
-    s = json.load(open("%s/serve.%s.json" % (tmp, c)))
-    g = "n/a"
+def metrics(path):
+    out = {}
     try:
-        m = re.search(r"tokens in [0-9.]+ ms \(([0-9.]+) tok/s\)", open("%s/gen.%s.err" % (tmp, c)).read())
-        if m: g = m.group(1)
+        for l in open(path).read().splitlines():
+            m = re.match(r"(moejit_[a-z_]+) ([0-9.e+-]+)$", l)
+            if m: out[m.group(1)] = float(m.group(2))
     except OSError:
         pass
-    print("| %s | %d | %.2f | %.1f | %.1f | %.1f | %.1f | %s | %d |" % (c, s["requests"], s["req_s"], s["tok_s"], s["ttft_p50_ms"],
-          s["ttft_p90_ms"], s["total_p50_ms"], g, s["errors"]))
+    return out
+def per_step(c, before):
+    # serve's decode step and the engine's gap between steps, us: the
+    # metrics' change over this concurrency's run
+    a, b = metrics("%s/metrics.%s" % (tmp, before)), metrics("%s/metrics.%s" % (tmp, c))
+    d = lambda k: b.get(k, 0) - a.get(k, 0)
+    steps, gaps = d("moejit_decode_step_seconds_count"), d("moejit_engine_gaps_total")
+    if steps <= 0 or gaps <= 0: return "n/a"
+    return "%.1f / %.1f" % (1e6 * d("moejit_decode_step_seconds_sum") / steps, 1e6 * d("moejit_engine_gap_seconds_total") / gaps)
+print("| streams | requests | req/s | tok/s (serve) | TTFT p50 ms | TTFT p90 ms | request p50 ms | tok/s (generate --parallel) | step / gap us (serve) | step / gap us (generate) | errors |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+before = "warm"
+for c in streams:
+    s = json.load(open("%s/serve.%s.json" % (tmp, c)))
+    g, gs = "n/a", "n/a"
+    try:
+        err = open("%s/gen.%s.err" % (tmp, c)).read()
+        m = re.search(r"tokens in [0-9.]+ ms \(([0-9.]+) tok/s\)", err)
+        if m: g = m.group(1)
+        m = re.search(r"\(([0-9.]+) us each, ([0-9.]+) us of the engine's between them\)", err)
+        if m: gs = "%s / %s" % (m.group(1), m.group(2))
+    except OSError:
+        pass
+    print("| %s | %d | %.2f | %.1f | %.1f | %.1f | %.1f | %s | %s | %s | %d |" % (c, s["requests"], s["req_s"], s["tok_s"], s["ttft_p50_ms"],
+          s["ttft_p90_ms"], s["total_p50_ms"], g, per_step(c, before), gs, s["errors"]))
+    before = c
     if s["first_error"]: print("\nfirst error at %s streams: %s\n" % (c, s["first_error"]))
+print("\nstep / gap: the mean decode step, and the engine thread's own time between two steps in a row"
+      " (tokens out, wake-ups, lock waits), in us.")
 try:
     met = open(tmp + "/metrics").read()
     keep = [l for l in met.splitlines() if re.match(r"moejit_(kernel_compiles_total|kernel_cache_hits_total|decode_step_seconds_(sum|count)|decode_rows_total) ", l)]

@@ -24,8 +24,9 @@
  * other, so a step of n sequences costs n wakeups, not n times the
  * pollers), `waker_cv` (a second thread, the waker, given a step's pollers
  * by the engine thread and waking them while the engine runs the next
- * step), and `closing_cv`, broadcast only while moejit_close runs (close
- * waiting for the engine to run dry and for the pollers to leave).
+ * step; it signals them outside the lock, see waker_main), and
+ * `closing_cv`, broadcast only while moejit_close runs (close waiting for
+ * the engine to run dry and for the pollers to leave).
  *
  * A drawn token becomes text through the tokenizer's streaming decoder
  * (which holds back an unfinished UTF-8 character); the text then waits in
@@ -177,6 +178,8 @@ typedef struct api_req {
   bool cancel;   /* asked; the engine acts at the next step boundary */
   bool released; /* polled, but nobody will take its events */
   int waking;    /* polled: 1 in the engine's wake list, 2 in the waker's pend list (under lock) */
+  bool signalling; /* in the batch the waker signals outside the lock: not to be freed yet (under lock) */
+  bool dead;       /* let go by its owner while signalling: the waker frees it (under lock) */
   bool linked;   /* in the handle's table (find sees it) */
   /* what was asked */
   tok_ids prompt;
@@ -224,6 +227,7 @@ struct moejit {
   int start_rc;
   mj_err start_err, eng_err; /* the session's creation; the first failure after it */
   api_req **owner;           /* [slots]: the request live in each slot (engine thread only) */
+  double gap_from;           /* the end of the last decode step, 0 after a prompt or idle (engine thread only) */
   api_req **wake;            /* [slots]: polled requests given a token since the last wake_pollers */
   int nwake;                 /* (engine thread only; see deliver) */
   pthread_t waker;           /* wakes a step's pollers while the engine runs the next step */
@@ -243,6 +247,7 @@ struct moejit {
   pthread_cond_t waker_cv;   /* the waker waits for pend, or waker_stop */
   api_req **pend;            /* [slots]: the pollers the waker is to wake */
   int npend;
+  api_req **batch;           /* [slots]: the waker's: the pend it took, signalled outside the lock */
   bool waker_stop;
   moejit_stats st;
 };
@@ -262,6 +267,15 @@ static void req_free(api_req *q) {
   for (api_ev *e = q->qhead, *n; e; e = n) n = e->next, free(e);
   pthread_cond_destroy(&q->cv);
   free(q);
+}
+
+/* q's owner lets go of it (under the lock): true when the caller is to
+ * free it; false while the waker is signalling it outside the lock, which
+ * then frees it. */
+static bool req_let_go(api_req *q) {
+  if (!q->signalling) return true;
+  q->dead = true;
+  return false;
 }
 
 /* The table of known requests (under the lock).  Ids are handed out in
@@ -550,6 +564,7 @@ int api_start(moejit *a, const api_start_opts *x, mj_err *err) {
   a->owner = mj_xcalloc((size_t)a->slots, sizeof *a->owner);
   a->wake = mj_xcalloc((size_t)a->slots, sizeof *a->wake);
   a->pend = mj_xcalloc((size_t)a->slots, sizeof *a->pend);
+  a->batch = mj_xcalloc((size_t)a->slots, sizeof *a->batch);
   /* pthread_create returns its error; errno is not set. */
   int pe = pthread_create(&a->waker, NULL, waker_main, a);
   if (pe) return mj_fail(err, MJ_EINTERNAL, "moejit: cannot start the engine's waker thread: %s", strerror(pe));
@@ -826,8 +841,9 @@ static void deliver(moejit *a, api_req *q, moejit_event *ev) {
      * req_free below, frees q, and the waker must not signal it after. */
     if (last && q->waking) unwake(a, q);
     if (q->released) {
+      bool gone = last && req_let_go(q);
       pthread_mutex_unlock(&a->lock);
-      if (last) req_free(q);
+      if (gone) req_free(q);
       return;
     }
     size_t tl = ev->text_len, el = strlen(ev->error);
@@ -856,30 +872,44 @@ static void deliver(moejit *a, api_req *q, moejit_event *ev) {
   if (last) req_free(q);
 }
 
-/* The pollers of the step's tokens, woken after it (the engine thread
- * only): handed to the waker thread, so the engine goes on to the next
- * step while they wake (bench/results/2026-12-04-serve.md: 32 streams went
- * from 74% to 80% of generate's tokens/s).  The waker signals under the
- * lock, and a last event takes its request out of both lists under the
- * lock (unwake) before anything may free it, so the waker never signals a
- * freed request. */
+/* The pollers of the step's tokens, woken after it (the engine thread,
+ * under the lock it takes for its next turn anyway): handed to the waker
+ * thread, so the engine goes on to the next step while they wake
+ * (bench/results/2026-12-04-serve.md: 32 streams went from 74% to 80% of
+ * generate's tokens/s).  A last event takes its request out of both lists
+ * under the lock (unwake), and one the waker has taken is freed by the
+ * waker (req_let_go), so the waker never signals a freed request. */
 static void wake_pollers(moejit *a) {
   if (!a->nwake) return;
-  pthread_mutex_lock(&a->lock);
   for (int i = 0; i < a->nwake; i++) a->pend[a->npend++] = a->wake[i], a->wake[i]->waking = 2;
   a->nwake = 0;
   pthread_cond_signal(&a->waker_cv);
-  pthread_mutex_unlock(&a->lock);
 }
 
+/* The waker takes the pend list as its batch and signals it outside the
+ * lock: each signal is a system call, and a step's worth of them under
+ * the lock kept the engine from starting its next step for as long.  A
+ * request of the batch is marked signalling, so an owner letting go of it
+ * meanwhile (its poller taking the last event, a release) leaves it to the
+ * waker to free (req_let_go). */
 static void *waker_main(void *arg) {
   moejit *a = arg;
+  pthread_setname_np(pthread_self(), "moejit-waker"); /* for top -H, perf and gdb */
   pthread_mutex_lock(&a->lock);
   for (;;) {
     while (!a->npend && !a->waker_stop) pthread_cond_wait(&a->waker_cv, &a->lock);
     if (!a->npend) break;
-    for (int i = 0; i < a->npend; i++) pthread_cond_signal(&a->pend[i]->cv), a->pend[i]->waking = 0;
+    int n = a->npend;
+    for (int i = 0; i < n; i++) a->batch[i] = a->pend[i], a->batch[i]->waking = 0, a->batch[i]->signalling = true;
     a->npend = 0;
+    pthread_mutex_unlock(&a->lock);
+    for (int i = 0; i < n; i++) pthread_cond_signal(&a->batch[i]->cv);
+    pthread_mutex_lock(&a->lock);
+    for (int i = 0; i < n; i++) {
+      api_req *q = a->batch[i];
+      q->signalling = false;
+      if (q->dead) req_free(q);
+    }
   }
   pthread_mutex_unlock(&a->lock);
   return NULL;
@@ -1029,17 +1059,21 @@ static void run_prompt(moejit *a, api_req *q) {
 
 static const double step_bounds[] = MOEJIT_STEP_BUCKETS_MS;
 
-/* One decode step: a row of every live sequence, in slot order. */
-static void decode_step(moejit *a, int32_t *tk, int32_t *sl, int32_t *ids, api_req **who) {
+/* One decode step: a row of every live sequence, in slot order.  Returns
+ * the milliseconds spent handing out its tokens (events_ms_sum, which the
+ * caller adds under the lock it takes next). */
+static double decode_step(moejit *a, int32_t *tk, int32_t *sl, int32_t *ids, api_req **who) {
   int n = 0;
   for (int i = 0; i < a->slots; i++)
     if (a->owner[i]) who[n] = a->owner[i], tk[n] = a->owner[i]->next_tok, sl[n] = i, n++;
-  if (!n) return;
+  if (!n) return 0;
   mj_err e = {0};
-  double t0 = mj_now_ms();
+  double t0 = mj_now_ms(), gap = a->gap_from > 0 ? t0 - a->gap_from : -1;
   int rc = sess_step(a->S, tk, sl, n, ids, NULL, &e);
-  double ms = mj_now_ms() - t0;
+  double t1 = mj_now_ms(), ms = t1 - t0;
+  a->gap_from = t1;
   pthread_mutex_lock(&a->lock);
+  if (gap >= 0) a->st.decode_gap_ms_sum += gap, a->st.decode_gaps++;
   a->st.decode_steps++;
   a->st.decode_rows += (uint64_t)n;
   a->st.decode_step_ms_sum += ms;
@@ -1049,6 +1083,7 @@ static void decode_step(moejit *a, int32_t *tk, int32_t *sl, int32_t *ids, api_r
   pthread_mutex_unlock(&a->lock);
   for (int i = 0; i < n; i++) rc ? end_failed(a, who[i], &e) : take(a, who[i], ids[i]);
   mj_err_clear(&e);
+  return mj_now_ms() - t1;
 }
 
 /* Under the lock: take the cancelled requests, waiting or live, off the
@@ -1094,19 +1129,22 @@ static void engine_loop(moejit *a) {
       q->wnext = NULL;
       a->nwait--, a->nrun++;
       q->state = REQ_RUNNING;
+      a->gap_from = 0; /* the next decode step's gap would hold this prompt */
       pthread_mutex_unlock(&a->lock);
       run_prompt(a, q);
-      wake_pollers(a);
       pthread_mutex_lock(&a->lock);
+      wake_pollers(a);
       continue;
     }
     if (a->nrun > 0) {
       pthread_mutex_unlock(&a->lock);
-      decode_step(a, tk, sl, ids, who);
-      wake_pollers(a);
+      double ev_ms = decode_step(a, tk, sl, ids, who);
       pthread_mutex_lock(&a->lock);
+      wake_pollers(a);
+      a->st.events_ms_sum += ev_ms;
       continue;
     }
+    a->gap_from = 0; /* nothing to step: what follows is idle time, not overhead */
     if (a->closing && !a->whead) break;
     bool cancelled = false;
     for (api_req *q = a->whead; q; q = q->wnext) cancelled |= q->cancel;
@@ -1142,6 +1180,7 @@ static int open_session(moejit *a, mj_err *err) {
 
 static void *engine_main(void *arg) {
   moejit *a = arg;
+  pthread_setname_np(pthread_self(), "moejit-engine");
   mj_err e = {0};
   int rc = open_session(a, &e);
   pthread_mutex_lock(&a->lock);
@@ -1198,7 +1237,7 @@ moejit_status moejit_poll(moejit *a, uint64_t id, moejit_event *ev, int timeout_
     e = q->qhead;
     if (!(q->qhead = e->next)) q->qtail = NULL;
     *ev = e->ev;
-    if (ev->finish != MOEJIT_FINISH_NONE) unlink_req(a, q), req_free(q);
+    if (ev->finish != MOEJIT_FINISH_NONE && (unlink_req(a, q), req_let_go(q))) req_free(q);
   }
   a->pollers--;
   if (a->closing) pthread_cond_broadcast(&a->closing_cv);
@@ -1216,7 +1255,7 @@ moejit_status moejit_release(moejit *a, uint64_t id) {
   if (!q) st = failf(MOEJIT_ENOTFOUND, "moejit_release: no request %llu", (unsigned long long)id);
   else if (q->fn) st = failf(MOEJIT_EINVAL, "moejit_release: request %llu has a callback", (unsigned long long)id);
   else if (q->state == REQ_DONE) {
-    unlink_req(a, q), req_free(q);
+    if ((unlink_req(a, q), req_let_go(q))) req_free(q);
   } else {
     q->released = q->cancel = true;
     for (api_ev *e = q->qhead, *n; e; e = n) n = e->next, free(e);
@@ -1296,7 +1335,7 @@ int api_close(moejit *a, int drain_ms, mj_err *err) {
   sess_destroy(a->S); /* only when the engine never ran */
   if (a->tok) tok_destroy(a->tok);
   if (a->m) model_free(a->m);
-  free(a->owner), free(a->wake), free(a->pend), free(a->path), free(a->name);
+  free(a->owner), free(a->wake), free(a->pend), free(a->batch), free(a->path), free(a->name);
   pthread_mutex_destroy(&a->lock);
   pthread_mutex_destroy(&a->tok_lock);
   pthread_cond_destroy(&a->work);

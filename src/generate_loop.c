@@ -114,9 +114,10 @@ static void print_results(const gen_opts *o, const moejit_info *in, const moejit
   int steps = (int)st->decode_steps;
   if (!o->quiet)
     fprintf(stderr, "moejit: %d prompts, %d at a time: %lld tokens in %.1f ms (%.2f tok/s), %d decode steps of %.1f rows "
-                    "on average, backend %s\n",
+                    "on average (%.1f us each, %.1f us of the engine's between them), backend %s\n",
             np, in->max_parallel, (long long)gen, ms, gen / (ms / 1000.0), steps,
-            steps ? (double)st->decode_rows / steps : 0.0, backend);
+            steps ? (double)st->decode_rows / steps : 0.0, steps ? 1000 * st->decode_step_ms_sum / steps : 0.0,
+            st->decode_gaps ? 1000 * st->decode_gap_ms_sum / (double)st->decode_gaps : 0.0, backend);
 }
 
 int gen_run(const gen_opts *o, moejit *A, gen_seq *s, int np, mj_err *err) {

@@ -428,6 +428,14 @@ static enum MHD_Result metrics(srv *s, struct MHD_Connection *c) {
   }
   mj_buf_printf(&b, "moejit_decode_step_seconds_sum %.9g\nmoejit_decode_step_seconds_count %llu\n",
                 st.decode_step_ms_sum / 1000.0, (unsigned long long)st.decode_steps);
+  metric(&b, "moejit_engine_gap_seconds_total", "counter",
+         "The engine thread's time between two decode steps in a row (tokens out, wake-ups, cancels, lock waits).",
+         st.decode_gap_ms_sum / 1000.0);
+  metric(&b, "moejit_engine_gaps_total", "counter", "Gaps counted in moejit_engine_gap_seconds_total.",
+         (double)st.decode_gaps);
+  metric(&b, "moejit_engine_events_seconds_total", "counter",
+         "The engine thread's time turning decode steps' tokens into events (part of the gaps).",
+         st.events_ms_sum / 1000.0);
   metric(&b, "moejit_kernel_cache_hits_total", "counter", "Kernels found in the memory table or the disk cache.",
          (double)st.kernel_cache_hits);
   metric(&b, "moejit_kernel_cache_misses_total", "counter", "Kernels not in any cache.", (double)st.kernel_cache_misses);

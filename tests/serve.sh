@@ -201,7 +201,9 @@ EOF
 curl -s "http://127.0.0.1:$port/metrics" > "$tmp/m"
 grep -q '^moejit_decode_step_seconds_bucket{le="+Inf"} [1-9]' "$tmp/m" && grep -q '^# TYPE moejit_decode_step_seconds histogram' "$tmp/m" &&
   grep -q '^moejit_kernel_compiles_total ' "$tmp/m" && grep -q '^moejit_queue_depth 0' "$tmp/m" &&
-  ok "metrics: step-time histogram, kernel cache, queue depth" || bad "metrics: $(cat "$tmp/m")"
+  grep -q '^moejit_engine_gaps_total [1-9]' "$tmp/m" && grep -q '^moejit_engine_gap_seconds_total [0-9.e-]*[1-9]' "$tmp/m" &&
+  grep -q '^# TYPE moejit_engine_events_seconds_total counter' "$tmp/m" &&
+  ok "metrics: step-time histogram, the engine's gaps, kernel cache, queue depth" || bad "metrics: $(cat "$tmp/m")"
 rss1=$($probe rss $main_pid)
 
 # ---- hostile clients, while a well-behaved one is served ------------------------------

@@ -604,6 +604,7 @@ static void test_threads(void) {
   moejit *m = open_tiny(4, 64);
   pthread_t th[8];
   worker w[8];
+  double t0 = mj_now_ms();
   for (int t = 0; t < 8; t++) w[t] = (worker){.m = m, .t = t}, pthread_create(&th[t], NULL, work, &w[t]);
   uint64_t want = 0;
   for (int t = 0; t < 8; t++) {
@@ -627,6 +628,13 @@ static void test_threads(void) {
   T_EQ_INT(st.decode_rows, want - 32); /* the first token of each comes from its prompt's step */
   T_EQ_INT(st.decode_step_le[MOEJIT_STEP_BUCKETS - 1], st.decode_steps);
   T_CHECK(st.decode_steps < st.decode_rows); /* steps carried several sequences */
+  /* The engine's time between steps: counted between two decode steps in
+   * a row only (each prompt step breaks the run), and never overlapping a
+   * step, so steps and gaps together fit in the run's wall time. */
+  double wall = mj_now_ms() - t0;
+  T_CHECK(st.decode_gaps > 0 && st.decode_gaps < st.decode_steps);
+  T_CHECK(st.decode_gap_ms_sum > 0 && st.events_ms_sum > 0);
+  T_CHECK(st.decode_step_ms_sum + st.decode_gap_ms_sum <= wall);
   /* A token wakes its own poller only: the 8 pollers' waits ended by an
    * event of another request were most of them when all shared one
    * condition variable (a broadcast a token: 404 for these 256 tokens).
