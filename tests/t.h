@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int t_failures, t_checks;
+static _Atomic int t_failures, t_checks; /* atomic: checks may run on several threads (test_api's workers) */
 static const char *t_current = "";
 
 #define T_CHECK(e)                                                                 \

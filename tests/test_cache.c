@@ -292,7 +292,8 @@ static void test_key_sensitive(void) {
   for (int i = 0; i < n; i++)
     for (int j = i + 1; j < n; j++)
       if (strcmp(hex[i], hex[j]) == 0) {
-        t_checks++, t_failures++;
+        t_checks++;
+        t_failures++;
         fprintf(stderr, "keys %d and %d are equal: %s\n", i, j, hex[i]);
       }
   T_CHECK(n == KEY_FIELDS + 1 + 4);
@@ -396,7 +397,8 @@ static void test_faults(void) {
     int r = load_i(c, 5);
     cache_stats_local(c, &after);
     if (r != 0) {
-      t_checks++, t_failures++;
+      t_checks++;
+        t_failures++;
       fprintf(stderr, "fault '%s': load gave %d, want a miss\n", fault_names[f], r);
     }
     T_EQ_INT(after.v[CACHE_STAT_misses] - before.v[CACHE_STAT_misses], 1);
@@ -409,7 +411,8 @@ static void test_faults(void) {
     if (f == F_DIR) rmdir(p5);
     store_i(c, 5);
     if (load_i(c, 5) != 1) {
-      t_checks++, t_failures++;
+      t_checks++;
+        t_failures++;
       fprintf(stderr, "fault '%s': no good entry after the store\n", fault_names[f]);
     }
     T_EQ_INT(load_i(c, 6), 1);
@@ -714,7 +717,8 @@ static void test_eviction(void) {
   for (int i = 0; i < 30; i++) {
     store_i(c, 728 + 7 * i);
     if (tree_bytes(dir) > cap) {
-      t_checks++, t_failures++;
+      t_checks++;
+        t_failures++;
       fprintf(stderr, "over the cap after store %d: %llu > %llu\n", i,
               (unsigned long long)tree_bytes(dir), (unsigned long long)cap);
       break;

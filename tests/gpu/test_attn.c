@@ -377,13 +377,15 @@ int gpu_test_attn(int argc, char **argv) {
       mj_err_clear(&err);
       if (run_shape(&shapes[i], ties, &err)) {
         mj_err_print(&err, stderr);
-        t_checks++, t_failures++;
+        t_checks++;
+        t_failures++;
       }
     }
   mj_err_clear(&err);
   if (time_glm5(&err)) {
     mj_err_print(&err, stderr);
-    t_checks++, t_failures++;
+    t_checks++;
+        t_failures++;
   }
   jit_shutdown();
   return t_status();

@@ -318,13 +318,15 @@ int gpu_test_mla(int argc, char **argv) {
     mj_err_clear(&err);
     if (run_case(&cases[i], &err)) {
       mj_err_print(&err, stderr);
-      t_checks++, t_failures++;
+      t_checks++;
+        t_failures++;
     }
   }
   mj_err_clear(&err);
   if (time_ops(&err)) {
     mj_err_print(&err, stderr);
-    t_checks++, t_failures++;
+    t_checks++;
+        t_failures++;
   }
   jit_shutdown();
   return t_scratch_done(t_status());

@@ -124,7 +124,8 @@ int gpu_test_rmsnorm(int argc, char **argv) {
     mj_err_clear(&err);
     if (run_shape(&shapes[i], &err)) {
       mj_err_print(&err, stderr);
-      t_checks++, t_failures++;
+      t_checks++;
+        t_failures++;
     }
   }
   /* After a restart the kernel comes from the disk cache and is loaded
@@ -133,7 +134,8 @@ int gpu_test_rmsnorm(int argc, char **argv) {
   mj_err_clear(&err);
   if (run_shape(&shapes[0], &err)) {
     mj_err_print(&err, stderr);
-    t_checks++, t_failures++;
+    t_checks++;
+        t_failures++;
   }
   cache_stats st;
   jit_stats(&st);
