@@ -244,6 +244,7 @@ struct moejit {
   uint64_t idle_wakeups; /* api_idle_wakeups */
   uint64_t next_id;
   bool paused, closing, cancel_all;
+  bool followed; /* a follower's engine has ended (api_follow_wait) */
   pthread_cond_t waker_cv;   /* the waker waits for pend, or waker_stop */
   api_req **pend;            /* [slots]: the pollers the waker is to wake */
   int npend;
@@ -803,6 +804,16 @@ moejit_status moejit_cancel(moejit *a, uint64_t id) {
   return q ? MOEJIT_OK : failf(MOEJIT_ENOTFOUND, "moejit_cancel: no request %llu", (unsigned long long)id);
 }
 
+/* ---- a sharded server's ranks (ctl.h) ---------------------------------------------------- */
+/* Rank 0: the followers are told what this engine does next, in order. */
+static int lead(moejit *a, ctl_kind kind, int32_t slot, int32_t n, const sample_params *sp, const int32_t *tok,
+                const int32_t *slots, mj_err *err) {
+  if (!a->x.ctl || a->x.follow) return 0;
+  ctl_msg m = {.kind = kind, .slot = slot, .n = n, .tok = tok, .slots = slots};
+  if (sp) m.sp = *sp;
+  return ctl_send(a->x.ctl, &m, err);
+}
+
 /* ---- events ---------------------------------------------------------------------------- */
 /* Hand ev to q's callback or queue.  The last event ends q: its slot (if
  * any) is freed, the counters move, and q is forgotten (a callback's after
@@ -823,6 +834,9 @@ static void deliver(moejit *a, api_req *q, moejit_event *ev) {
   bool last = ev->finish != MOEJIT_FINISH_NONE;
   if (last && q->slot >= 0) {
     sess_retire(a->S, q->slot);
+    mj_err le = {0}; /* a channel that broke fails the next admission or step */
+    lead(a, CTL_RETIRE, q->slot, 0, NULL, NULL, NULL, &le);
+    mj_err_clear(&le);
     a->owner[q->slot] = NULL;
     q->slot = -1;
   }
@@ -1040,7 +1054,8 @@ static void run_prompt(moejit *a, api_req *q) {
   size_t n = q->prompt.n;
   int32_t *slot = mj_xmalloc(n * sizeof *slot), *ids = mj_xmalloc(n * sizeof *ids);
   for (size_t i = 0; i < n; i++) slot[i] = q->slot;
-  int rc = sess_step(a->S, q->prompt.v, slot, (int)n, ids, NULL, &e);
+  int rc = lead(a, CTL_ADMIT, q->slot, (int32_t)n, &q->sp, q->prompt.v, NULL, &e);
+  if (!rc) rc = sess_step(a->S, q->prompt.v, slot, (int)n, ids, NULL, &e);
   int32_t id = rc ? -1 : ids[n - 1]; /* a failed step wrote no ids */
   free(slot), free(ids);
   pthread_mutex_lock(&a->lock);
@@ -1069,7 +1084,8 @@ static double decode_step(moejit *a, int32_t *tk, int32_t *sl, int32_t *ids, api
   if (!n) return 0;
   mj_err e = {0};
   double t0 = mj_now_ms(), gap = a->gap_from > 0 ? t0 - a->gap_from : -1;
-  int rc = sess_step(a->S, tk, sl, n, ids, NULL, &e);
+  int rc = lead(a, CTL_STEP, -1, n, NULL, tk, sl, &e);
+  if (!rc) rc = sess_step(a->S, tk, sl, n, ids, NULL, &e);
   double t1 = mj_now_ms(), ms = t1 - t0;
   a->gap_from = t1;
   pthread_mutex_lock(&a->lock);
@@ -1154,6 +1170,81 @@ static void engine_loop(moejit *a) {
   free(tk), free(sl), free(ids), free(who);
 }
 
+/* A follower rank's engine (ctl.h): rank 0's admissions, steps and
+ * retirements replayed in order on this rank's session, every token rank
+ * 0 feeds a slot checked against the one this rank drew for it. */
+static void follow_loop(moejit *a) {
+  int32_t *drawn = mj_xmalloc((size_t)a->slots * sizeof *drawn), *ids = NULL, *slotv = NULL;
+  for (int i = 0; i < a->slots; i++) drawn[i] = -1; /* no draw yet: rank 0 feeds no such slot */
+  size_t cap = 0;
+  mj_err e = {0};
+  ctl_msg m;
+  int rc;
+  while (!(rc = ctl_recv(a->x.ctl, &m, &e)) && m.kind != CTL_END) {
+    if ((size_t)m.n > cap) {
+      cap = (size_t)m.n;
+      free(ids), free(slotv);
+      ids = mj_xmalloc(cap * sizeof *ids), slotv = mj_xmalloc(cap * sizeof *slotv);
+    }
+    bool step = m.kind == CTL_STEP;
+    if (m.kind == CTL_RETIRE || m.kind == CTL_ADMIT) {
+      if (m.slot < 0 || m.slot >= a->slots)
+        rc = mj_fail(&e, MJ_EINTERNAL, "rank 0 names slot %d of %d", m.slot, a->slots);
+    } else {
+      for (int i = 0; i < m.n && !rc; i++) {
+        int s = m.slots[i];
+        if (s < 0 || s >= a->slots) rc = mj_fail(&e, MJ_EINTERNAL, "rank 0 names slot %d of %d", s, a->slots);
+        else if (m.tok[i] != drawn[s])
+          rc = mj_fail(&e, MJ_EINTERNAL,
+                       "rank %d drew token %d for slot %d but rank 0 feeds it %d: the ranks' logits have parted",
+                       a->x.rank, drawn[s], s, m.tok[i]);
+      }
+    }
+    if (rc) break;
+    double t0 = mj_now_ms();
+    if (m.kind == CTL_RETIRE) {
+      sess_retire(a->S, m.slot);
+      continue;
+    }
+    if (m.kind == CTL_ADMIT) {
+      int slot = -1;
+      if (m.n < 1) rc = mj_fail(&e, MJ_EINTERNAL, "rank 0 admitted a sequence with no prompt");
+      else if (!(rc = sess_admit(a->S, &m.sp, &slot, &e)) && slot != m.slot)
+        rc = mj_fail(&e, MJ_EINTERNAL, "rank %d admitted a sequence into slot %d, rank 0 into slot %d: the ranks' sessions have parted",
+                     a->x.rank, slot, m.slot);
+      for (int i = 0; i < m.n; i++) slotv[i] = m.slot;
+      if (!rc) rc = sess_step(a->S, m.tok, slotv, m.n, ids, NULL, &e);
+      if (!rc) drawn[m.slot] = ids[m.n - 1];
+    } else {
+      if (!(rc = sess_step(a->S, m.tok, m.slots, m.n, ids, NULL, &e)))
+        for (int i = 0; i < m.n; i++) drawn[m.slots[i]] = ids[i];
+    }
+    if (rc) break;
+    double ms = mj_now_ms() - t0;
+    pthread_mutex_lock(&a->lock);
+    if (step) {
+      a->st.decode_steps++;
+      a->st.decode_rows += (uint64_t)m.n;
+      a->st.decode_step_ms_sum += ms;
+      for (int b = 0; b < MOEJIT_STEP_BUCKETS; b++)
+        a->st.decode_step_le[b] += b == MOEJIT_STEP_BUCKETS - 1 || ms <= step_bounds[b];
+      a->st.generated_tokens += (uint64_t)m.n;
+    } else {
+      a->st.prompt_steps++;
+      a->st.prompt_tokens += (uint64_t)m.n;
+      a->st.generated_tokens++;
+    }
+    pthread_mutex_unlock(&a->lock);
+  }
+  if (rc) {
+    pthread_mutex_lock(&a->lock);
+    if (a->eng_err.code == MJ_OK) mj_fail(&a->eng_err, e.code, "%s", e.msg);
+    pthread_mutex_unlock(&a->lock);
+  }
+  mj_err_clear(&e);
+  free(drawn), free(ids), free(slotv);
+}
+
 static int open_session(moejit *a, mj_err *err) {
   if (a->backend == SESS_CUDA) {
     int rc = cu_bind_thread(err);
@@ -1190,12 +1281,32 @@ static void *engine_main(void *arg) {
   pthread_cond_broadcast(&a->work);
   pthread_mutex_unlock(&a->lock);
   if (rc) return NULL;
-  engine_loop(a);
+  if (a->x.follow) {
+    follow_loop(a);
+    pthread_mutex_lock(&a->lock);
+    a->followed = true;
+    pthread_cond_broadcast(&a->closing_cv);
+    pthread_mutex_unlock(&a->lock);
+  } else {
+    engine_loop(a);
+    mj_err le = {0};
+    if (lead(a, CTL_END, -1, 0, NULL, NULL, NULL, &le)) mj_err_clear(&le); /* followers gone already: nothing to end */
+  }
   mj_err ce = {0};
   if (sess_close(a->S, &ce) && a->eng_err.code == MJ_OK) a->eng_err = ce;
   else mj_err_clear(&ce);
   a->S = NULL;
   return NULL;
+}
+
+int api_follow_wait(moejit *a, mj_err *err) {
+  if (!a->started || !a->x.follow) return mj_fail(err, MJ_EINTERNAL, "api_follow_wait: not a started follower");
+  pthread_mutex_lock(&a->lock);
+  while (!a->followed) pthread_cond_wait(&a->closing_cv, &a->lock);
+  int rc = a->eng_err.code;
+  if (rc) mj_fail(err, a->eng_err.code, "%s", a->eng_err.msg);
+  pthread_mutex_unlock(&a->lock);
+  return rc;
 }
 
 /* ---- polling ------------------------------------------------------------------------------ */

@@ -18,6 +18,7 @@
 #define MOEJIT_API_H
 
 #include "coll.h"
+#include "ctl.h"
 #include "moejit.h"
 #include "util.h"
 
@@ -34,11 +35,22 @@ typedef struct api_start_opts {
   coll *coll;
   int max_parallel, max_queue; /* > 0: instead of the open options' */
   bool paused;            /* admit nothing until api_resume */
+  /* A sharded server's ranks (ctl.h): rank 0 sends each admission, step
+   * and retirement to the followers through ctl (follow false); a follower
+   * (follow true) takes no requests of its own and replays rank 0's, its
+   * draws checked against the tokens rank 0 feeds, until rank 0's end
+   * message (then api_close returns), or an error (kept for api_close). */
+  ctl *ctl;
+  bool follow;
 } api_start_opts;
 
 /* Create the session on a new engine thread and start it.  On failure the
  * handle stays loaded (api_close frees it). */
 int api_start(moejit *m, const api_start_opts *x, mj_err *err);
+/* A follower (api_start_opts.follow): wait until its engine has ended, at
+ * rank 0's end message or an error; that error (as api_close would give
+ * it), or 0.  The handle's counters are then final; api_close frees it. */
+int api_follow_wait(moejit *m, mj_err *err);
 /* Let a paused engine admit. */
 void api_resume(moejit *m);
 /* moejit_close with the first error of the engine's life (a failed step,

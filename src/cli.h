@@ -99,12 +99,12 @@
     "  --trace F    record each step's MoE shapes to F (docs/trace.md; GPU only)\n" \
     "  --json       print one JSON record instead of streaming\n"             \
     "  --tp N --ep M  tensor / expert parallel over max(N, M) GPUs, one process each\n" \
-    "               (each 1 or that number; docs/multigpu.md: not yet past the NCCL check)\n")           \
+    "               (each 1 or that number; docs/multigpu.md; not yet run on several GPUs)\n")           \
   X(serve, "serve the model over HTTP: OpenAI's completion and chat API, metrics", \
     "moejit serve [-m DIR] [--host 127.0.0.1] [--port 8000] [--parallel P] [--api-key KEY]\n" \
     "             [--backend auto|cpu|cuda] [--max-queue N] [--max-body BYTES] [--ctx N]\n" \
     "             [--shutdown-timeout S] [--max-connections N] [--idle-timeout S]\n" \
-    "             [--request-timeout S] [--threads T] [-q]\n" \
+    "             [--request-timeout S] [--threads T] [--tp N] [--ep M] [-q]\n" \
     "  routes: POST /v1/completions, POST /v1/chat/completions (stream true: server-sent\n" \
     "  events), GET /v1/models, GET /health, GET /metrics (Prometheus); docs/serve.md\n" \
     "  -m DIR             a GLM-5 folder; without it, the built-in model (as moejit generate)\n" \
@@ -119,7 +119,10 @@
     "                     (default 10), the rest are cancelled; then exit 0\n" \
     "  --max-connections N  open connections (default 128)\n" \
     "  --idle-timeout S   close a connection silent for S s (default 60)\n" \
-    "  --request-timeout S  a request's headers and body must arrive within S s (default 30)\n") \
+    "  --request-timeout S  a request's headers and body must arrive within S s (default 30)\n" \
+    "  --tp N --ep M      tensor / expert parallel over max(N, M) GPUs, one process each: rank 0\n" \
+    "                     serves and the others replay its steps (docs/multigpu.md; not yet run\n" \
+    "                     on several GPUs); SIGTERM to this process stops them all in order\n") \
   X(warmup, "compile every kernel a deployment needs into the cache, ahead of serving", \
     "moejit warmup (-m DIR | --synthetic glm5 [--layers N] [--dense D]) [--batches 1,2,4,..]\n" \
     "              [--trace FILE.jsonl] [--arch sm_90a] [-j N] [--ctx N] [--no-graphs] [-q]\n" \

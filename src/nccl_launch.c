@@ -9,6 +9,9 @@
  * other ranks' standard output is dropped (or, with MOEJIT_RANK_LOGS=DIR,
  * their output and errors go to DIR/rank-N.log).  When a rank fails, the
  * others are stopped and the launcher returns the first failure's status.
+ * A command that keeps SIGTERM blocked (serve) has it passed to rank 0,
+ * which stops the job in order (docs/multigpu.md, "Serving on several
+ * GPUs").
  * A process started by a launcher (ours, or mpirun) is a rank: it binds its
  * GPU, joins the NCCL communicator and checks it with an all-reduce and an
  * all-gather (nc_selftest), then hands its collectives (coll.h) back to the
@@ -21,6 +24,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -124,9 +128,26 @@ int nc_spawn(const char *exe, char *const *args, int world, mj_err *err) {
       if (pid[k]) kill(pid[k], SIGTERM);
     kill_at = mj_now_ms() + 5000;
   }
+  /* SIGTERM and SIGINT that the command keeps blocked (serve) are rank
+   * 0's to act on: it stops the job in order (its followers end with it).
+   * A SIGINT from the terminal reached every rank already; one sent to
+   * this process alone (kill -INT) is passed on like SIGTERM. */
+  sigset_t fwd, blocked;
+  sigemptyset(&fwd);
+  pthread_sigmask(SIG_BLOCK, NULL, &blocked);
+  if (sigismember(&blocked, SIGTERM)) sigaddset(&fwd, SIGTERM);
+  if (sigismember(&blocked, SIGINT)) sigaddset(&fwd, SIGINT);
+  bool forward = sigismember(&fwd, SIGTERM) || sigismember(&fwd, SIGINT);
   while (running > 0) {
     int st;
-    pid_t p = waitpid(-1, &st, kill_at > 0 ? WNOHANG : 0);
+    pid_t p = waitpid(-1, &st, kill_at > 0 || forward ? WNOHANG : 0);
+    if (p == 0 && kill_at == 0) { /* forward: none has exited; a signal for rank 0? */
+      struct timespec ts = {0, 20 * 1000 * 1000};
+      siginfo_t si;
+      int sig = sigtimedwait(&fwd, &si, &ts);
+      if (sig > 0 && pid[0] && (sig == SIGTERM || si.si_code == SI_USER || si.si_code == SI_QUEUE)) kill(pid[0], sig);
+      continue;
+    }
     if (p == 0) { /* none has exited yet */
       if (mj_now_ms() < kill_at) {
         struct timespec ts = {0, 10 * 1000 * 1000};

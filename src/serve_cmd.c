@@ -12,6 +12,13 @@
  * seconds to finish, what is left is cancelled (each client still gets an
  * answer), then the connections close, the engine closes, and the command
  * returns 0.  A second signal skips the wait.
+ *
+ * With --tp/--ep the command is the launcher of that many ranks, as
+ * generate's (docs/multigpu.md): rank 0 serves, its engine sending every
+ * admission, step and retirement to the other ranks over a control socket
+ * (ctl.h) beside the NCCL id, and the others replay them on their shares
+ * until rank 0's end message.  The launcher keeps SIGTERM blocked and
+ * passes it to rank 0, so `kill LAUNCHER` is the same staged shutdown.
  */
 #include <errno.h>
 #include <signal.h>
@@ -21,6 +28,9 @@
 
 #include "api.h"
 #include "cli.h"
+#include "coll.h"
+#include "ctl.h"
+#include "nccldrv.h"
 #include "server.h"
 
 /* Wait for SIGTERM or SIGINT up to ms milliseconds (< 0: without bound);
@@ -35,10 +45,26 @@ static int wait_signal(const sigset_t *set, int ms) {
   }
 }
 
+/* The control channel of a rank (ctl.h): a Unix socket in the folder of
+ * the NCCL id file, which moejit's launcher makes private to the job (under
+ * mpirun, MOEJIT_NCCL_ID_FILE must name such a file too).  Rank 0 waits up
+ * to 10 minutes for the others: they reach this point after NCCL has
+ * joined them all, so only a rank that died keeps them away. */
+static int rank_channel(const coll *rc, int world, ctl **out, mj_err *err) {
+  const char *idf = getenv("MOEJIT_NCCL_ID_FILE");
+  const char *slash = idf ? strrchr(idf, '/') : NULL;
+  if (!idf || !*idf)
+    return mj_fail(err, MJ_EUSAGE, "moejit serve: with several ranks, MOEJIT_NCCL_ID_FILE must name a file in a folder "
+                                   "of the job's own (rank 0's control socket goes beside it)");
+  char path[4200];
+  snprintf(path, sizeof path, "%.*s/moejit-ctl.sock", slash ? (int)(slash - idf) : 1, slash ? idf : ".");
+  return rc->rank == 0 ? ctl_leader(path, world - 1, 600 * 1000, out, err) : ctl_follower(path, 600 * 1000, out, err);
+}
+
 int cmd_serve(int argc, char **argv, mj_err *err) {
   const char *dir = NULL, *host = "127.0.0.1", *api_key = NULL, *backend = "auto";
   int64_t port = 8000, parallel = 4, max_queue = 256, max_body = 1 << 20, ctx = 0, shutdown_s = 10, threads = 0,
-          max_conn = 128, idle_s = 60, request_s = 30;
+          max_conn = 128, idle_s = 60, request_s = 30, tp = 1, ep = 1;
   bool quiet = false;
   cli_opt opts[] = {
       {"model", 'm', CLI_STR, &dir},          {"host", 0, CLI_STR, &host},
@@ -48,6 +74,7 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
       {"ctx", 'c', CLI_INT, &ctx},            {"shutdown-timeout", 0, CLI_INT, &shutdown_s},
       {"threads", 't', CLI_INT, &threads},    {"max-connections", 0, CLI_INT, &max_conn},
       {"idle-timeout", 0, CLI_INT, &idle_s},  {"request-timeout", 0, CLI_INT, &request_s},
+      {"tp", 0, CLI_INT, &tp},                {"ep", 0, CLI_INT, &ep},
       {"quiet", 'q', CLI_FLAG, &quiet},
   };
   int r = cli_parse("serve", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
@@ -68,6 +95,10 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
     return mj_fail(err, MJ_EUSAGE, "moejit serve: --max-connections must be 1..65536, not %lld", (long long)max_conn);
   if (idle_s < 1 || idle_s > 86400 || request_s < 1 || request_s > 86400)
     return mj_fail(err, MJ_EUSAGE, "moejit serve: --idle-timeout and --request-timeout must be 1..86400 seconds");
+  int world;
+  if ((r = nc_parallel_check("serve", tp, ep, &world, err))) return r;
+  if (world > 1 && !strcmp(backend, "cpu"))
+    return mj_fail(err, MJ_EUSAGE, "moejit serve: --tp/--ep run on GPUs, not with --backend cpu");
   srv_opts so;
   srv_opts_init(&so);
   so.host = host, so.port = (int)port, so.api_key = api_key;
@@ -92,24 +123,50 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
   pthread_sigmask(SIG_BLOCK, &set, NULL);
   signal(SIGPIPE, SIG_IGN);
 
+  /* Several ranks: this process is the launcher (done when the ranks
+   * are; the signals it holds blocked go to rank 0), or one rank. */
+  coll *rank_coll = NULL;
+  ctl *c = NULL;
+  if (world > 1) {
+    if ((r = nc_parallel_run("serve", NULL, tp, ep, argc, argv, &rank_coll, err)) || !rank_coll) return r;
+    if ((r = rank_channel(rank_coll, world, &c, err))) {
+      coll_destroy(rank_coll);
+      return r;
+    }
+  }
+  bool follower = rank_coll && rank_coll->rank > 0;
+  if (follower) {
+    /* The launcher's SIGTERM (a rank failed; or it died itself) ends a
+     * follower at once; a terminal's SIGINT stays blocked: rank 0 acts. */
+    sigset_t term;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    pthread_sigmask(SIG_UNBLOCK, &term, NULL);
+  }
   moejit *m = NULL;
-  if ((r = api_load(dir, &oo, &m, err))) return r;
-  api_start_opts x = {0}; /* the open options' context, slots and queue */
-  if ((r = api_start(m, &x, err))) {
-    api_close(m, 0, NULL);
-    return r;
+  if ((r = api_load(dir, &oo, &m, err))) goto out;
+  api_start_opts x = {.ctl = c, .follow = follower}; /* the open options' context, slots and queue */
+  if (rank_coll) x.tp = (int)tp, x.ep = (int)ep, x.rank = rank_coll->rank, x.coll = rank_coll;
+  if ((r = api_start(m, &x, err))) goto out;
+  if (follower) {
+    /* no server: rank 0's engine drives this one until its end message */
+    r = api_follow_wait(m, err);
+    goto out;
   }
   moejit_info info;
   moejit_get_info(m, &info);
+  if (rank_coll && strcmp(info.backend, "cuda")) {
+    r = mj_fail(err, MJ_EUSAGE, "moejit serve: --tp/--ep run on GPUs; this model runs on the CPU");
+    goto out;
+  }
   so.model_name = info.name;
   srv *s = NULL;
-  if ((r = srv_start(m, &so, &s, err))) {
-    api_close(m, 0, NULL);
-    return r;
-  }
+  if ((r = srv_start(m, &so, &s, err))) goto out;
   bool v6 = strchr(host, ':') != NULL;
-  fprintf(stderr, "moejit: listening on http://%s%s%s:%d (model %s, backend %s, %d sequences at once, context %d)\n",
-          v6 ? "[" : "", host, v6 ? "]" : "", srv_port(s), info.name, info.backend, info.max_parallel,
+  char ranks[64] = "";
+  if (rank_coll) snprintf(ranks, sizeof ranks, ", %d ranks (--tp %lld --ep %lld)", world, (long long)tp, (long long)ep);
+  fprintf(stderr, "moejit: listening on http://%s%s%s:%d (model %s, backend %s%s, %d sequences at once, context %d)\n",
+          v6 ? "[" : "", host, v6 ? "]" : "", srv_port(s), info.name, info.backend, ranks, info.max_parallel,
           info.context_length);
   fflush(stderr);
 
@@ -135,5 +192,12 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
   if (api_close(m, 0, &ce) && !quiet) fprintf(stderr, "moejit: warning: the engine reported during its run: %s\n", ce.msg);
   mj_err_clear(&ce);
   if (!quiet) fprintf(stderr, "moejit: stopped\n");
+  ctl_close(c);
+  coll_destroy(rank_coll);
   return 0;
+out:
+  api_close(m, 0, NULL);
+  ctl_close(c);
+  coll_destroy(rank_coll);
+  return r;
 }

@@ -48,4 +48,11 @@ n=0
 for k in 0 1 2 3; do grep -qx "fake driver: rank $k opens device $k" "$tmp/err" && n=$((n + 1)); done
 [ $st -eq 5 ] && [ $n -eq 4 ] && grep -qx "moejit: rank 2 of 4 failed (exit status 5); the other ranks were stopped" "$tmp/err" &&
   ok "bench decode --tp 4: four ranks, four devices" || bad "bench decode --tp 4: status $st, $n devices: $(cat "$tmp/err")"
+# serve: the same launcher (rank 0 would serve, rank 1 follow); rank 1 fails first
+env TMPDIR="$tmp/t" MOEJIT_LIBCUDA="$fake" FAKE_GPUS=2 FAKE_FIRST=1 $MOEJIT serve -m "$tmp/m" --port 0 --tp 2 > "$tmp/out" 2> "$tmp/err"
+st=$?
+[ $st -eq 5 ] && grep -qx "fake driver: rank 1 opens device 1" "$tmp/err" &&
+  grep -qx "moejit: rank 1 of 2 failed (exit status 5); the other ranks were stopped" "$tmp/err" &&
+  [ -z "$(ls -A "$tmp/t")" ] && ok "serve --tp 2: two ranks, the first failure's line, the folder removed" ||
+  bad "serve --tp 2: status $st: $(cat "$tmp/err")"
 exit $fail

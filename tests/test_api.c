@@ -31,7 +31,7 @@
 #include "t.h"
 #include "t_fs.h"
 
-static char dir[512];
+static char dir[512], dir2[512]; /* the tiny model; another seed of it */
 
 static moejit *open_tiny(int parallel, int queue) {
   moejit_open_opts o;
@@ -802,6 +802,107 @@ static void test_close_running(void) {
   T_EQ_INT(c.events, 4 * 20);
 }
 
+/* ---- a sharded server's ranks (ctl.h) --------------------------------------------------- */
+/* The tiny model at d opened as a rank of a sharded server: rank 0, which
+ * sends its engine's decisions through c, or a follower replaying them. */
+static moejit *open_rank(const char *d, ctl *c, bool follow) {
+  moejit_open_opts o;
+  moejit_open_opts_init(&o);
+  o.backend = MOEJIT_BACKEND_CPU;
+  o.context_length = 64;
+  o.max_parallel = 4;
+  o.max_queue = 64;
+  o.threads = 1;
+  o.quiet = true;
+  moejit *m = NULL;
+  mj_err err = {0};
+  int r = api_load(d, &o, &m, &err);
+  api_start_opts x = {.ctl = c, .follow = follow, .rank = follow ? 1 : 0};
+  if (!r) r = api_start(m, &x, &err);
+  if (r) fprintf(stderr, "open_rank: %s\n", err.msg);
+  mj_err_clear(&err);
+  T_CHECK(!r && m);
+  return m;
+}
+
+/* A follower's end (api_follow_wait), its counters, then api_close: the
+ * follower's error, or 0. */
+static int api_close_keep_stats(moejit *f, moejit_stats *st, mj_err *err) {
+  int rc = api_follow_wait(f, err);
+  moejit_get_stats(f, st);
+  api_close(f, 0, NULL);
+  return rc;
+}
+
+/* A follower replays rank 0's schedule: eight polling threads' requests,
+ * sequences joining and leaving at every step, and requests released
+ * mid-stream (cancelled at a step boundary).  The follower's own draws
+ * must equal every token rank 0 feeds it (else its engine stops with the
+ * error), and its steps and rows are rank 0's. */
+static void test_follow(void) {
+  ctl *lc = NULL, *fc = NULL;
+  mj_err err = {0};
+  T_EQ_INT(ctl_pair(&lc, &fc, &err), 0);
+  moejit *f = open_rank(dir, fc, true), *m = open_rank(dir, lc, false);
+  pthread_t th[8];
+  worker w[8];
+  for (int t = 0; t < 8; t++) w[t] = (worker){.m = m, .t = t}, pthread_create(&th[t], NULL, work, &w[t]);
+  moejit_sampling s = seeded(9);
+  moejit_event ev;
+  for (int i = 0; i < 4; i++) {
+    uint64_t id = submit_ids(m, &s, 40, true);
+    T_EQ_INT(moejit_poll(m, id, &ev, 10000), MOEJIT_OK);
+    T_EQ_INT(moejit_release(m, id), MOEJIT_OK);
+  }
+  for (int t = 0; t < 8; t++) {
+    pthread_join(th[t], NULL);
+    for (int k = 0; k < 4; k++) T_CHECK(w[t].ok[k] && w[t].same[k]);
+  }
+  moejit_stats ls, fs;
+  do /* the released requests end at a step boundary */
+    moejit_get_stats(m, &ls);
+  while (ls.running || ls.queue_depth);
+  T_EQ_INT(moejit_close(m, -1), MOEJIT_OK); /* its end message ends the follower's engine */
+  mj_err ce = {0};
+  T_EQ_INT(api_close_keep_stats(f, &fs, &ce), 0);
+  if (ce.code) fprintf(stderr, "  follower: %s\n", ce.msg);
+  mj_err_clear(&ce);
+  T_CHECK(ls.decode_steps > 40 && ls.prompt_steps == 36);
+  T_EQ_INT(fs.decode_steps, ls.decode_steps);
+  T_EQ_INT(fs.decode_rows, ls.decode_rows);
+  T_EQ_INT(fs.prompt_steps, ls.prompt_steps);
+  T_EQ_INT(fs.prompt_tokens, ls.prompt_tokens);
+  T_EQ_INT(fs.generated_tokens, ls.generated_tokens);
+  ctl_close(lc), ctl_close(fc);
+
+  /* A follower whose weights differ (another seed of the model) draws
+   * other tokens: it stops at the first one rank 0 feeds, with the line
+   * saying so, while rank 0 finishes its requests. */
+  T_EQ_INT(ctl_pair(&lc, &fc, &err), 0);
+  f = open_rank(dir2, fc, true), m = open_rank(dir, lc, false);
+  uint64_t id = submit_ids(m, &s, 12, true);
+  result r;
+  T_CHECK(drain(m, id, &r));
+  T_EQ_INT(r.last.finish, MOEJIT_FINISH_LENGTH);
+  T_EQ_INT(moejit_close(m, -1), MOEJIT_OK);
+  T_EQ_INT(api_close_keep_stats(f, &fs, &ce), MJ_EINTERNAL);
+  T_CHECK(strstr(ce.msg, "rank 1 drew token") && strstr(ce.msg, "the ranks' logits have parted"));
+  T_CHECK(fs.decode_steps < 11);
+  mj_err_clear(&ce);
+  ctl_close(lc), ctl_close(fc);
+
+  /* Rank 0 gone without its end message (a crash): the follower's engine
+   * stops with the line that says so. */
+  T_EQ_INT(ctl_pair(&lc, &fc, &err), 0);
+  f = open_rank(dir, fc, true);
+  ctl_close(lc);
+  T_EQ_INT(api_close_keep_stats(f, &fs, &ce), MJ_EIO);
+  T_CHECK(strstr(ce.msg, "rank 0 closed the control socket") != NULL);
+  mj_err_clear(&ce);
+  ctl_close(fc);
+  mj_err_clear(&err);
+}
+
 int main(void) {
   if (t_scratch_init("api")) return 1;
   mkmodel_spec s;
@@ -810,6 +911,12 @@ int main(void) {
   snprintf(dir, sizeof dir, "%s/m", t_root);
   mj_err err = {0};
   if (mkmodel_write(&s, dir, true, NULL, &err)) {
+    fprintf(stderr, "%s\n", err.msg);
+    return 1;
+  }
+  s.seed = 6;
+  snprintf(dir2, sizeof dir2, "%s/m2", t_root);
+  if (mkmodel_write(&s, dir2, true, NULL, &err)) {
     fprintf(stderr, "%s\n", err.msg);
     return 1;
   }
@@ -826,5 +933,6 @@ int main(void) {
   T_RUN(test_parked);
   T_RUN(test_many_known);
   T_RUN(test_close_running);
+  T_RUN(test_follow);
   return t_scratch_done(t_status());
 }
