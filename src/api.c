@@ -762,6 +762,7 @@ static int make_req(moejit *a, const moejit_request *r, api_req **out, mj_err *e
 moejit_status moejit_submit(moejit *a, const moejit_request *r, uint64_t *id) {
   if (!a || !r || !id) return failf(MOEJIT_EINVAL, "moejit_submit: NULL argument");
   if (!a->started) return failf(MOEJIT_EINVAL, "moejit_submit: the engine has not started");
+  if (a->x.follow) return failf(MOEJIT_EINVAL, "moejit_submit: a follower rank takes no requests (rank 0's engine drives it)");
   mj_err err = {0};
   api_req *q;
   if (make_req(a, r, &q, &err)) return req_free(q), fail_err(MOEJIT_EINVAL, &err);

@@ -844,6 +844,13 @@ static void test_follow(void) {
   mj_err err = {0};
   T_EQ_INT(ctl_pair(&lc, &fc, &err), 0);
   moejit *f = open_rank(dir, fc, true), *m = open_rank(dir, lc, false);
+  moejit_sampling s0 = seeded(1);
+  moejit_request rq;
+  moejit_request_init(&rq);
+  rq.prompt_ids = prompt, rq.n_prompt_ids = NPROMPT, rq.sampling = &s0;
+  uint64_t none;
+  T_EQ_INT(moejit_submit(f, &rq, &none), MOEJIT_EINVAL);
+  T_CHECK(strstr(moejit_last_error(), "a follower rank takes no requests") != NULL);
   pthread_t th[8];
   worker w[8];
   for (int t = 0; t < 8; t++) w[t] = (worker){.m = m, .t = t}, pthread_create(&th[t], NULL, work, &w[t]);
