@@ -25,6 +25,10 @@
 #                 GPU), cache list's tuning records, bench moe with the tuned
 #                 plan against the built-in one (a table), then warmup under
 #                 assert-warm (a tuned deployment compiles nothing)
+#   serve         scripts/serve-bench.sh at 1, 8 and 32 streams, streamed and
+#                 whole, with the engine's step and gap times (serve's and generate's)
+#   serve-ranks   moejit serve --tp SERVE_TP (several GPUs): a greedy completion
+#                 against generate --tp's text, then SIGTERM to the launcher
 #   replay        moejit replay on synthetic traces: dry run, GPU replay with
 #                 --verify, dry run again (now cached), then --steps
 set -u
@@ -172,6 +176,45 @@ for phase in "$@"; do
         }' "$OUT/tune-bench-builtin.log" "$OUT/tune-bench-tuned.log" >> "$log"
       MOEJIT_CACHE=assert-warm timeout 200 moejit warmup --synthetic glm5 --batches "$bs" >> "$log" 2>&1
       echo "assert-warm warmup (tuned plans, graphs captured): rc=$?" >> "$log" ;;
+    serve)
+      # the serving benchmark (scripts/serve-bench.sh), streamed and whole,
+      # with serve's and generate's mean step and engine gap side by side;
+      # a generate first puts the built-in model's kernels in the cache
+      moejit generate -p "warm up" -n 8 --backend cuda > /dev/null 2>> "$log"
+      for mode in "" --no-stream; do
+        timeout 280 sh scripts/serve-bench.sh --streams "${SERVE_STREAMS:-1 8 32}" -n "${SERVE_TOKENS:-128}" $mode >> "$log" 2>&1
+        echo "serve-bench $mode: rc=$?" >> "$log"
+      done ;;
+    serve-ranks)
+      # moejit serve --tp N (SERVE_TP, default 2) on the built-in model: a
+      # greedy completion equals generate --tp N's text, and SIGTERM to the
+      # launcher stops every rank in order, exit 0
+      n=${SERVE_TP:-2}
+      moejit serve --tp "$n" --port 0 --backend cuda 2> "$OUT/serve-ranks.err" &
+      sp=$!
+      port=
+      for _ in $(seq 600); do
+        port=$(sed -n 's/^moejit: listening on http:\/\/127\.0\.0\.1:\([0-9][0-9]*\) .*/\1/p' "$OUT/serve-ranks.err")
+        [ -n "$port" ] && break
+        kill -0 $sp 2> /dev/null || break
+        sleep 0.5
+      done
+      echo "serve --tp $n: port ${port:-none}" >> "$log"
+      if [ -n "$port" ]; then
+        curl -s "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+          -d '{"prompt":"The sea at night","max_tokens":16,"temperature":0}' > "$OUT/serve-ranks.json"
+        python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"])' "$OUT/serve-ranks.json" \
+          > "$OUT/serve-ranks.txt" 2>> "$log"
+        moejit generate --tp "$n" -p "The sea at night" -n 16 --temp 0 --backend cuda --json 2>> "$log" |
+          python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["text"])' > "$OUT/gen-ranks.txt" 2>> "$log"
+        cmp -s "$OUT/serve-ranks.txt" "$OUT/gen-ranks.txt" && echo "serve --tp $n text == generate --tp $n text" >> "$log" ||
+          echo "DIFFERENT: serve '$(cat "$OUT/serve-ranks.txt")' generate '$(cat "$OUT/gen-ranks.txt")'" >> "$log"
+      fi
+      kill -TERM $sp 2> /dev/null
+      t1=$(date +%s)
+      wait $sp
+      echo "serve --tp $n after SIGTERM: rc=$? in $(( $(date +%s) - t1 )) s" >> "$log"
+      tail -5 "$OUT/serve-ranks.err" >> "$log" ;;
     *) echo "gpu-run: unknown phase $phase" > "$log" ;;
   esac
   echo "== $phase ($(( $(date +%s) - t0 )) s)"
