@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cudrv.h"
+#include "gpu_model.h"
 #include "jit.h"
 #include "tune.h"
 #include "t.h"
@@ -674,6 +675,95 @@ static void test_gemv_assert_warm(void) {
   free(old_mode), free(old_dir), free(path);
 }
 
+/* The engine's side, through the dry step warm-up runs (gpu_warm): the
+ * step's GEMV shapes (gpu_gemv_shapes: GLM-5's projections, a bf16 shared
+ * expert's two), every GEMV of the step among them (the tile table is
+ * strict), and the tuned winners in the warm-up's kernels: with a record
+ * for lm_head's row block of 8, warming batch 8 compiles the winner and
+ * only it (the rest is cached from the first warm-up), obtains as many
+ * tensor-core GEMV kernels as without the record (the winner replaces the
+ * built-in tile, it is not added), and afterwards MOEJIT_CACHE=assert-warm
+ * compiles nothing.  The tuning target is named in gpu_opts (no GPU here
+ * to be one). */
+static void test_gemv_warm(void) {
+  char *old_mode = getenv("MOEJIT_CACHE") ? mj_xstrdup(getenv("MOEJIT_CACHE")) : NULL;
+  char *old_dir = getenv("MOEJIT_CACHE_DIR") ? mj_xstrdup(getenv("MOEJIT_CACHE_DIR")) : NULL;
+  tune_target t = test_target(t_scratch("gwu"));
+  setenv("MOEJIT_CACHE_DIR", t.dir, 1);
+  setenv("MOEJIT_CACHE", "on", 1);
+  mj_arena a;
+  mj_arena_init(&a, 4096);
+  model_config cfg;
+  model_config_glm5(&cfg, 2, 1, &a); /* a dense layer, then a MoE layer */
+  const int sh_inter = cfg.moe_intermediate_size, H = cfg.hidden_size, batch[] = {8};
+  gpu_opts o;
+  gpu_opts_default(&o);
+  o.max_ctx = 256, o.max_rows = 8, o.tune = &t;
+  mj_err err = {0};
+
+  gop_gemv_shape sh[GPU_MAX_GEMV_SHAPES];
+  int n = 0;
+  T_EQ_INT(gpu_gemv_shapes(&cfg, sh_inter, &o, sh, &n, &err), 0);
+  const char *ops[] = {"attn.in_proj", "attn.q_proj", "attn.o_proj", "mlp.gate_up",
+                       "mlp.down",     "moe.shared",  "moe.shared",  "lm_head"};
+  T_EQ_INT(n, (int)MJ_ARRAY_LEN(ops));
+  for (int i = 0; i < n && i < (int)MJ_ARRAY_LEN(ops); i++) T_EQ_STR(sh[i].op, ops[i]);
+  if (n == 8) {
+    T_CHECK(sh[2].N == H && sh[2].K == cfg.num_attention_heads * cfg.v_head_dim);
+    T_CHECK(sh[5].N == 2 * sh_inter && sh[5].K == H && sh[6].N == H && sh[6].K == sh_inter);
+    T_CHECK(sh[7].N == cfg.vocab_size && sh[7].K == H);
+  }
+
+  uint64_t per[KT_N];
+  cache_stats st;
+  jit_shutdown();
+  kt_counts_reset();
+  T_EQ_INT(gpu_warm(&cfg, sh_inter, &o, "sm_90a", batch, 1, NULL, NULL, &err), 0);
+  if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
+  kt_counts(per);
+  uint64_t mma0 = per[KT_gemv_mma];
+  T_EQ_INT(mma0, 8);
+
+  const int N = cfg.vocab_size;
+  gop_gemv_tile b = gop_gemv_builtin(8, N, H), win = b;
+  win.m.kj = b.m.kj == 8 ? 4 : 8; /* a neighbour, as a run might store */
+  char choice[64];
+  tune_gemv_tile_text(&win, choice, sizeof choice);
+  cache_tune rec = gemv_record(&t, 8, N, H, choice);
+  T_EQ_INT(cache_tune_store(t.dir, &rec, &err), 0);
+  jit_shutdown();
+  kt_counts_reset();
+  T_EQ_INT(gpu_warm(&cfg, sh_inter, &o, "sm_90a", batch, 1, NULL, NULL, &err), 0);
+  if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
+  kt_counts(per);
+  jit_stats(&st);
+  T_EQ_INT(per[KT_gemv_mma], mma0);
+  T_EQ_INT(st.v[CACHE_STAT_compiles], 1);
+  /* the one compiled is the winner */
+  char v[8][16];
+  int vals[8] = {N, H, 8, win.m.threads, win.m.mt, win.m.kj, win.m.ksplit, win.m.minb};
+  static const char *const names[8] = {"N", "K", "B", "THREADS", "MT", "KJ", "KSPLIT", "MINB"};
+  dsl_define defs[8];
+  for (int i = 0; i < 8; i++) snprintf(v[i], sizeof v[i], "%d", vals[i]), defs[i] = (dsl_define){names[i], v[i]};
+  jit_request req = {kt_template(KT_gemv_mma), {NULL, defs, 8}, NULL, "sm_90a"};
+  bool cached = false;
+  T_EQ_INT(jit_probe(&req, &cached, &err), 0);
+  T_CHECK(cached);
+
+  setenv("MOEJIT_CACHE", "assert-warm", 1);
+  jit_shutdown();
+  T_EQ_INT(gpu_warm(&cfg, sh_inter, &o, "sm_90a", batch, 1, NULL, NULL, &err), 0);
+  if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
+  jit_stats(&st);
+  T_EQ_INT(st.v[CACHE_STAT_compiles], 0);
+
+  jit_shutdown();
+  mj_arena_free(&a);
+  old_mode ? setenv("MOEJIT_CACHE", old_mode, 1) : unsetenv("MOEJIT_CACHE");
+  old_dir ? setenv("MOEJIT_CACHE_DIR", old_dir, 1) : unsetenv("MOEJIT_CACHE_DIR");
+  free(old_mode), free(old_dir);
+}
+
 int main(int argc, char **argv) {
   if (argc > 2 && strcmp(argv[1], "--populate") == 0) {
     /* For tests/cache_cli.sh: one good record and one bad file in DIR. */
@@ -701,6 +791,7 @@ int main(int argc, char **argv) {
   T_RUN(test_gemv_candidates);
   T_RUN(test_gemv_lookup);
   T_RUN(test_gemv_assert_warm);
+  T_RUN(test_gemv_warm);
   T_RUN(test_here);
   return t_scratch_done(t_status());
 }
