@@ -766,13 +766,16 @@ static void test_gemv_warm(void) {
 
 int main(int argc, char **argv) {
   if (argc > 2 && strcmp(argv[1], "--populate") == 0) {
-    /* For tests/cache_cli.sh: one good record and one bad file in DIR. */
+    /* For tests/cache_cli.sh and warmup.sh: a good record of each kind
+     * (the MoE's, the GEMV's) and one bad file in DIR. */
     tune_target t = test_target(argv[2]);
     model_moe_cfg c = small_cfg();
     moe_plan p;
     moe_plan_default(&c, 8, &p);
     cache_tune r = good_record(&t, &p, 0, "16:256:8:0:0:0:4");
     mj_err err = {0};
+    if (cache_tune_store(t.dir, &r, &err)) return mj_err_print(&err, stderr), 1;
+    r = gemv_record(&t, 8, GN, GK, "256:1:4:8:2");
     if (cache_tune_store(t.dir, &r, &err)) return mj_err_print(&err, stderr), 1;
     r = good_record(&t, &p, 1, "4:256:8:0:0:3:0");
     char *path = cache_tune_path(t.dir, &r);
