@@ -21,14 +21,19 @@
 #   replay        synthetic traces replayed with --verify (batch 1, 8, 32), and --steps
 #   replay1000    a 1000-step synthetic trace replayed: the summary table
 #   warmproof     warmup, then generate --trace and replay under assert-warm
-#   tune          warmup --tune (the MoE expert tiles timed and stored for this
-#                 GPU), cache list's tuning records, bench moe with the tuned
-#                 plan against the built-in one (a table), then warmup under
+#   tune          warmup --tune (the MoE expert tiles and the dense GEMV tiles
+#                 timed and stored for this GPU), cache list's tuning records,
+#                 gputest tune (the GEMV's run, lookup and every candidate tile
+#                 against the CPU reference), bench moe with the tuned plan
+#                 against the built-in one (a table), then warmup under
 #                 assert-warm (a tuned deployment compiles nothing)
 #   serve         scripts/serve-bench.sh at 1, 8 and 32 streams, streamed and
 #                 whole, with the engine's step and gap times (serve's and generate's)
 #   serve-ranks   moejit serve --tp SERVE_TP (several GPUs): a greedy completion
 #                 against generate --tp's text, then SIGTERM to the launcher
+#   tune-decode   after tune, on the same machine: bench decode with the records
+#                 ignored (MOEJIT_TUNE=off) and taken, a table per batch of the
+#                 graph step and of the dense GEMV ops (TUNE_DECODE_BATCHES)
 #   replay        moejit replay on synthetic traces: dry run, GPU replay with
 #                 --verify, dry run again (now cached), then --steps
 set -u
@@ -153,9 +158,11 @@ for phase in "$@"; do
       # TUNE_BATCHES: the buckets (default the capture set).  The tuning
       # itself is timed in its summary line (target: under 3 minutes).
       bs=${TUNE_BATCHES:-1,2,4,8,16,32,64}
-      timeout 400 moejit warmup --synthetic glm5 --batches "$bs" --tune -j 8 >> "$log" 2>&1
+      timeout 500 moejit warmup --synthetic glm5 --batches "$bs" --tune -j 8 >> "$log" 2>&1
       echo "warmup --tune: rc=$?" >> "$log"
       moejit cache list | sed -n '/^tuning records/,$p' >> "$log"
+      timeout ${TEST_TIMEOUT:-420} /tmp/mj/tests/gpu/gputest tune > "$OUT/test-tune.log" 2>&1
+      echo "gputest tune: rc=$? $(tail -1 "$OUT/test-tune.log")" >> "$log"
       for p in builtin tuned; do
         timeout 300 moejit bench moe --batches "$bs" --plan $p > "$OUT/tune-bench-$p.log" 2>&1
         echo "bench moe --plan $p: rc=$? $(grep -c 'correctness: .*(ok)' "$OUT/tune-bench-$p.log") batches correct" >> "$log"
@@ -215,6 +222,30 @@ for phase in "$@"; do
       wait $sp
       echo "serve --tp $n after SIGTERM: rc=$? in $(( $(date +%s) - t1 )) s" >> "$log"
       tail -5 "$OUT/serve-ranks.err" >> "$log" ;;
+    tune-decode)
+      # the whole step with the built-in tiles (MOEJIT_TUNE=off) and with the
+      # tuned ones; per batch the graph step and the sum of the dense GEMV ops
+      # of the profiled eager step (moe.shared counts its silu_mul too)
+      bs=${TUNE_DECODE_BATCHES:-1,8,32,64}
+      for p in builtin tuned; do
+        [ $p = builtin ] && t=off || t=on
+        MOEJIT_TUNE=$t timeout 280 moejit bench decode --layers ${TUNE_LAYERS:-6} --batch "$bs" \
+          > "$OUT/tune-decode-$p.log" 2>&1
+        echo "bench decode ($p tiles): rc=$?" >> "$log"
+      done
+      awk -F'|' '
+        FNR == 1 { p = (FILENAME ~ /tuned/) ? "t" : "b" }
+        /^\| [0-9]+( \(padded\))? \| [0-9.]+ \|/ { b = $2 + 0; s[p, b] = $3 + 0; if (!(b in seen)) { seen[b] = 1; order[n++] = b } }
+        /^### batch / { split($0, w, " "); cur = w[3] + 0 }
+        /^\| (attn\.in_proj|attn\.q_proj|attn\.o_proj|mlp\.gate_up|mlp\.down|moe\.shared|lm_head) \|/ { g[p, cur] += $4 }
+        END {
+          print "| batch | step us built-in | step us tuned | change | GEMV ops us built-in | GEMV ops us tuned | change |"
+          print "|---|---|---|---|---|---|---|"
+          for (i = 0; i < n; i++) { b = order[i]
+            printf "| %s | %.1f | %.1f | %+.1f%% | %.1f | %.1f | %+.1f%% |\n", b, s["b", b], s["t", b],
+              (s["b", b] > 0 ? 100 * (s["t", b] - s["b", b]) / s["b", b] : 0), g["b", b], g["t", b],
+              (g["b", b] > 0 ? 100 * (g["t", b] - g["b", b]) / g["b", b] : 0) }
+        }' "$OUT/tune-decode-builtin.log" "$OUT/tune-decode-tuned.log" >> "$log" ;;
     *) echo "gpu-run: unknown phase $phase" > "$log" ;;
   esac
   echo "== $phase ($(( $(date +%s) - t0 )) s)"

@@ -132,8 +132,9 @@
     "  needed with --arch (sm_90a, or Blackwell: sm_100a, sm_120, sm_120a, never run);\n" \
     "  with a GPU of the target it also captures the graphs.\n" \
     "  -j N splits the compiles between N processes; --tp/--ep: every rank's kernels\n" \
-    "  --tune (GPU): first times the MoE expert kernels' candidate tiles per bucket,\n" \
-    "  stores the winners in the cache (`moejit cache list` shows them) and warms them\n") \
+    "  --tune (GPU): first times the candidate tiles of the MoE expert kernels per\n" \
+    "  bucket and of the dense GEMVs per shape and row block, stores the winners in\n" \
+    "  the cache (`moejit cache list` shows them) and warms them\n") \
   X(info, "load and validate a GLM-5 checkpoint folder and summarise it",     \
     "moejit info -m DIR [--json] [--tp N --ep M [--rank R]] [--read]\n"     \
     "  checks config.json, hf_quant_config.json and every safetensors header,\n" \

@@ -13,8 +13,12 @@
  * that divides into their vectors; length 0 is each one's generic variant
  * (the length passed at run time, the same arguments and grid), chosen
  * here when the length does not divide and by the JIT when a
- * specialisation fails. */
+ * specialisation fails.  The GEMV's tile is a value (gop_gemv_tile): the
+ * built-in rule's by batch and shape, or the one the caller's table gives
+ * for the shape (gop_ctx.gemv: the engine's tuned tiles, tune.h), so one
+ * launch path serves both and the tuning times exactly what the step runs. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu_ops.h"
@@ -90,20 +94,15 @@ int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, const gop_ctx *cx,
 }
 
 /* ---- GEMV ----------------------------------------------------------------------------- */
-#define GOP_GEMV_MAXB 64 /* rows of x per launch (both GEMV kernels' limit) */
-
 /* The FMA kernel's tile (gemv_bf16_b.k) for nb rows of x and N outputs: B *
  * ROWS accumulators a lane, so fewer rows and fewer chunks in flight as nb
  * grows (more rows mean more arithmetic per loaded W chunk, which hides its
  * latency anyway); then the block shrinks until there are two blocks per SM
  * of an H200 where N allows.  nb = 1 is the kernel's default tile, bench
  * gemv's first row. */
-typedef struct gop_tile {
-  int threads, rows, unroll;
-} gop_tile;
-static gop_tile gemv_tile(int nb, int N) {
-  gop_tile t = nb <= 4 ? (gop_tile){256, 2, 4} : nb <= 16 ? (gop_tile){256, 2, 2}
-             : nb <= 32 ? (gop_tile){128, 2, 1} : (gop_tile){128, 1, 2};
+static gop_fma_tile gemv_tile(int nb, int N) {
+  gop_fma_tile t = nb <= 4 ? (gop_fma_tile){256, 2, 4} : nb <= 16 ? (gop_fma_tile){256, 2, 2}
+                 : nb <= 32 ? (gop_fma_tile){128, 2, 1} : (gop_fma_tile){128, 1, 2};
   while (t.threads > 64 && (N + t.rows * t.threads / 32 - 1) / (t.rows * t.threads / 32) < 2 * 132) t.threads /= 2;
   return t;
 }
@@ -122,7 +121,8 @@ static gop_tile gemv_tile(int nb, int N) {
  * partial sums in shared memory, 48 KiB at most: the block shrinks to 128
  * threads where 256 would need more. */
 #define GOP_MMA_WARPS 2048 /* ~16 warps per SM of an H200 */
-static gop_mma_tile gemv_mma_split(gop_mma_tile t, int nt, int N, int K) {
+gop_mma_tile gop_gemv_mma_split(gop_mma_tile t, int nb, int N, int K) {
+  int nt = (nb + 7) / 8;
   t.ksplit = 1;
   long units = (N + 16L * t.mt - 1) / (16L * t.mt); /* warps' worth of rows */
   int steps = K / 8 / (4 * t.kj);                    /* whole steps of K */
@@ -140,39 +140,67 @@ static gop_mma_tile gemv_mma_tile(int nb, int N, int K) {
    * o_proj, mlp.down), one m tile a warp, and KJ 8 to keep 16 loads in
    * flight (190-198 registers, no spills). */
   if (t.mt == 2 && (N + 31L) / 32 * (t.threads / 32) < GOP_MMA_WARPS) t = (gop_mma_tile){256, 1, 8, 1, 1};
-  return gemv_mma_split(t, nt, N, K);
+  return gop_gemv_mma_split(t, nb, N, K);
 }
 
-/* Launch one row block of nb <= 64 rows of x on the chosen kernel (the
- * tensor cores: with tile, when not NULL, for the launcher's). */
-static int gemv_launch(bool mma, const gop_mma_tile *tile, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int nb,
-                       int N, int K, const gop_ctx *cx, mj_err *err) {
+/* The rule for a row block on the given kernel. */
+static gop_gemv_tile tile_on(bool mma, int nb, int N, int K) {
+  gop_gemv_tile t = {.mma = mma};
+  if (mma) t.m = gemv_mma_tile(nb, N, K);
+  else t.f = gemv_tile(nb, N);
+  return t;
+}
+
+gop_gemv_tile gop_gemv_builtin(int nb, int N, int K) { return tile_on(nb >= GOP_GEMV_MMA_FROM, nb, N, K); }
+
+/* The kernel of tile t for a row block (both kernels: N, K, B, then the
+ * tile's constants), through gop_get; *per_block: the rows of W a block
+ * covers. */
+static int gemv_get(const gop_gemv_tile *t, int nb, int N, int K, const gop_ctx *cx, const jit_fn **f, bool *launch,
+                    int *per_block, mj_err *err) {
   static const char *const fma_names[] = {"N", "K", "B", "THREADS", "ROWS", "UNROLL"};
   static const char *const mma_names[] = {"N", "K", "B", "THREADS", "MT", "KJ", "KSPLIT", "MINB"};
-  int vals[8], n, threads, per_block;
-  if (mma) {
-    gop_mma_tile t = !tile ? gemv_mma_tile(nb, N, K) : tile->ksplit ? *tile : gemv_mma_split(*tile, (nb + 7) / 8, N, K);
-    int v[] = {N, K, nb, t.threads, t.mt, t.kj, t.ksplit, t.minb};
+  int vals[8], n;
+  if (t->mma) {
+    int v[] = {N, K, nb, t->m.threads, t->m.mt, t->m.kj, t->m.ksplit, t->m.minb};
     memcpy(vals, v, sizeof v), n = 8;
-    threads = t.threads, per_block = 16 * t.mt * (t.threads / 32 / t.ksplit);
+    *per_block = 16 * t->m.mt * (t->m.threads / 32 / t->m.ksplit);
   } else {
-    gop_tile t = gemv_tile(nb, N);
-    int v[] = {N, K, nb, t.threads, t.rows, t.unroll};
+    int v[] = {N, K, nb, t->f.threads, t->f.rows, t->f.unroll};
     memcpy(vals, v, sizeof v), n = 6;
-    threads = t.threads, per_block = t.rows * t.threads / 32;
+    *per_block = t->f.rows * t->f.threads / 32;
   }
   char v[8][16];
   dsl_define defs[8];
-  gop_defs(mma ? mma_names : fma_names, vals, n, v, defs);
-  const jit_fn *f;
-  bool launch;
-  int rc = gop_get(cx, mma ? KT_gemv_mma : KT_gemv, NULL, defs, n, NULL, &f, &launch, err);
-  if (rc || !launch) return rc; /* compile only: the next row block may need another kernel */
-  void *args[] = {&W, &x, &y};
-  return cu_launch(f->fn, (unsigned)((N + per_block - 1) / per_block), (unsigned)threads, 0, cx->s, args, err);
+  gop_defs(t->mma ? mma_names : fma_names, vals, n, v, defs);
+  return gop_get(cx, t->mma ? KT_gemv_mma : KT_gemv, NULL, defs, n, NULL, f, launch, err);
 }
 
-static int gemv_rows(gop_gemv_kind kind, const gop_mma_tile *tile, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y,
+int gop_gemv_check(const gop_gemv_tile *t, int nb, int N, int K, const char *arch, mj_err *err) {
+  const gop_ctx cx = {NULL, arch, false};
+  const jit_fn *f;
+  bool launch;
+  int per_block;
+  return gemv_get(t, nb, N, K, &cx, &f, &launch, &per_block, err);
+}
+
+/* Launch one row block of nb <= GOP_GEMV_MAXB rows of x on tile t. */
+static int gemv_launch(const gop_gemv_tile *t, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int nb, int N, int K,
+                       const gop_ctx *cx, mj_err *err) {
+  const jit_fn *f;
+  bool launch;
+  int per_block;
+  int rc = gemv_get(t, nb, N, K, cx, &f, &launch, &per_block, err);
+  if (rc || !launch) return rc; /* compile only: the next row block may need another kernel */
+  void *args[] = {&W, &x, &y};
+  unsigned threads = (unsigned)(t->mma ? t->m.threads : t->f.threads);
+  return cu_launch(f->fn, (unsigned)((N + per_block - 1) / per_block), threads, 0, cx->s, args, err);
+}
+
+/* The row blocks of a GEMV, each on its tile: force's (a sweep's), else
+ * cx->gemv's for the shape where it is of the kernel kind asks for, else
+ * the rule's. */
+static int gemv_rows(gop_gemv_kind kind, const gop_mma_tile *force, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y,
                      int B, int N, int K, const gop_ctx *cx, mj_err *err) {
   if (B < 1 || N < 1 || K < 1)
     return mj_fail(err, MJ_EINPUT, "gop_gemv: B %d, N %d and K %d must be positive", B, N, K);
@@ -181,8 +209,14 @@ static int gemv_rows(gop_gemv_kind kind, const gop_mma_tile *tile, CUdeviceptr W
   for (int b0 = 0; b0 < B; b0 += GOP_GEMV_MAXB) {
     int nb = B - b0 < GOP_GEMV_MAXB ? B - b0 : GOP_GEMV_MAXB;
     bool mma = kind == GOP_GEMV_MMA || (kind == GOP_GEMV_AUTO && nb >= GOP_GEMV_MMA_FROM);
+    const gop_gemv_tile *p = cx->gemv ? gop_gemv_tiles_find(cx->gemv, N, K, nb) : NULL;
+    if (!p && cx->gemv && cx->gemv->strict && !force)
+      return mj_fail(err, MJ_EINTERNAL, "gop_gemv: no tile for N %d K %d at %d rows: a GEMV not among the engine's shapes", N,
+                     K, nb);
+    gop_gemv_tile t = force ? (gop_gemv_tile){.mma = true, .m = *force} : p && p->mma == mma ? *p : tile_on(mma, nb, N, K);
+    if (force && !force->ksplit) t.m = gop_gemv_mma_split(*force, nb, N, K);
     CUdeviceptr xb = x + (CUdeviceptr)b0 * (CUdeviceptr)K * 2, yb = y + (CUdeviceptr)b0 * (CUdeviceptr)N * 4;
-    int rc = gemv_launch(mma, tile, W, xb, yb, nb, N, K, cx, err);
+    int rc = gemv_launch(&t, W, xb, yb, nb, N, K, cx, err);
     if (rc) return rc;
   }
   return 0;
@@ -204,6 +238,28 @@ int gop_gemv_mma_tiled(const gop_mma_tile *t, CUdeviceptr W, CUdeviceptr x, CUde
     return mj_fail(err, MJ_EINPUT, "gop_gemv_mma_tiled: tile %d:%d:%d:%d:%d is not THREADS:MT:KJ:KSPLIT:MINB",
                    t->threads, t->mt, t->kj, t->ksplit, t->minb);
   return gemv_rows(GOP_GEMV_MMA, t, W, x, y, B, N, K, cx, err);
+}
+
+/* ---- tiles by shape ------------------------------------------------------------------- */
+const gop_gemv_tile *gop_gemv_tiles_find(const gop_gemv_tiles *tab, int N, int K, int nb) {
+  for (int i = 0; i < tab->n; i++)
+    if (tab->v[i].N == N && tab->v[i].K == K && tab->v[i].nb == nb) return &tab->v[i].t;
+  return NULL;
+}
+
+void gop_gemv_tiles_put(gop_gemv_tiles *tab, int N, int K, int nb, const gop_gemv_tile *t) {
+  gop_gemv_tile *have = (gop_gemv_tile *)gop_gemv_tiles_find(tab, N, K, nb);
+  if (have) {
+    *have = *t;
+    return;
+  }
+  if (tab->n == tab->cap) tab->v = mj_xrealloc(tab->v, (size_t)(tab->cap = tab->cap ? 2 * tab->cap : 16) * sizeof *tab->v);
+  tab->v[tab->n++] = (struct gop_gemv_entry){N, K, nb, *t};
+}
+
+void gop_gemv_tiles_free(gop_gemv_tiles *tab) {
+  free(tab->v);
+  memset(tab, 0, sizeof *tab);
 }
 
 /* ---- sampling ------------------------------------------------------------------------- */

@@ -85,8 +85,10 @@ struct gpu_model {
   const char *arch; /* the target kernels are obtained for (NULL: the GPU's) */
   bool dry;         /* obtain every kernel, launch nothing (gpu_warm) */
   moe_side side; /* the shared expert's gate_up beside the routing (moe_forward_overlap) */
-  tune_target tune; /* whose tuned tiles the buckets take (tune.h), found with the first bucket */
+  tune_target tune; /* whose tuned tiles the buckets and GEMVs take (tune.h), found when first needed */
   bool tune_ready;
+  gop_gemv_tiles gemv; /* the GEMVs' tiles by shape and row block (gemv_setup), handed to gop_gemv */
+  int *gemv_np, n_gemv_np; /* the padded batch sizes whose GEMV tiles are set up */
   CUgraphExec graph[GPU_MAX_GRAPHS];
   gpu_counters cnt;
 };
@@ -600,19 +602,27 @@ fail:
   return rc;
 }
 
+/* What a model's steps free besides its device memory: the MoE buckets'
+ * kernel tables, the GEMV tiles, the layers and the model. */
+static void free_host(gpu_model *g) {
+  for (int i = 0; i < g->nbuckets; i++) moe_kernels_free(&g->buckets[i].k);
+  gop_gemv_tiles_free(&g->gemv);
+  free(g->gemv_np);
+  free(g->L);
+  free(g);
+}
+
 void gpu_model_destroy(gpu_model *g) {
   if (!g) return;
   for (int i = 0; i < GPU_MAX_GRAPHS; i++)
     if (g->graph[i]) cu.cuGraphExecDestroy(g->graph[i]);
-  for (int i = 0; i < g->nbuckets; i++) moe_kernels_free(&g->buckets[i].k);
   if (g->wbase) cu.cuMemFree(g->wbase);
   if (g->abase) cu.cuMemFree(g->abase);
   if (g->hrows) cu.cuMemFreeHost(g->hrows);
   free(g->slot_seed);
   moe_side_destroy(&g->side);
   if (g->s) cu.cuStreamDestroy(g->s);
-  free(g->L);
-  free(g);
+  free_host(g);
 }
 
 int gpu_fill_cache(gpu_model *g, uint64_t seed, mj_err *err) {
@@ -630,6 +640,70 @@ int gpu_fill_cache(gpu_model *g, uint64_t seed, mj_err *err) {
 /* ---- the step --------------------------------------------------------------------- */
 static int read_tokens(gpu_model *g, int n, int32_t *out, mj_err *err);
 static int graph_launch(gpu_model *g, int np, CUstream s, mj_err *err);
+
+/* Whose tuned tiles this model's steps take: the options' target, else
+ * the GPU at hand's where it is of the steps' target (tune_target_here);
+ * found once, when first needed. */
+static const tune_target *tuning(gpu_model *g) {
+  if (!g->tune_ready) {
+    if (g->o.tune) g->tune = *g->o.tune;
+    else tune_target_here(g->arch, &g->tune);
+    g->tune_ready = true;
+  }
+  return &g->tune;
+}
+
+/* Shape (N, K) after the n in out, unless out has it. */
+static int add_shape(gop_gemv_shape *out, int n, const char *op, int N, int K) {
+  for (int j = 0; j < n; j++)
+    if (out[j].N == N && out[j].K == K) return n;
+  MJ_ASSERT(n < GPU_MAX_GEMV_SHAPES);
+  out[n] = (gop_gemv_shape){op, N, K};
+  return n + 1;
+}
+
+/* The GEMVs of enqueue, each shape once, in its order, named by the first
+ * op that has it.  The tile table is strict: a GEMV added to enqueue and
+ * not here fails every step, the dry warm-up's included. */
+static int gemv_shapes(const gpu_model *g, gop_gemv_shape *out) {
+  const gop_dims *d = &g->d;
+  const int H = d->hidden;
+  int n = 0;
+  for (int i = 0; i < g->n_layers; i++) {
+    const gpu_layer *l = &g->L[i];
+    n = add_shape(out, n, "attn.in_proj", l->n_in, H);
+    n = add_shape(out, n, "attn.q_proj", l->n_q, d->q_rank);
+    n = add_shape(out, n, "attn.o_proj", H, d->heads * d->v);
+    if (l->sparse && g->sh_inter) { /* enqueue's l->sh_gu */
+      n = add_shape(out, n, "moe.shared", 2 * g->sh_inter, H);
+      n = add_shape(out, n, "moe.shared", H, g->sh_inter);
+    }
+    if (!l->sparse) {
+      n = add_shape(out, n, "mlp.gate_up", 2 * g->inter, H);
+      n = add_shape(out, n, "mlp.down", H, g->inter);
+    }
+  }
+  return add_shape(out, n, "lm_head", g->vocab_l, H);
+}
+
+/* The GEMVs' tiles for padded batch size np, once per size (the tuning's
+ * records read here, never per step; warm-up's dry step for this GPU
+ * takes the same ones). */
+static int gemv_setup(gpu_model *g, int np, mj_err *err) {
+  for (int i = 0; i < g->n_gemv_np; i++)
+    if (g->gemv_np[i] == np) return 0;
+  gop_gemv_shape sh[GPU_MAX_GEMV_SHAPES];
+  int n = gemv_shapes(g, sh);
+  for (int i = 0; i < n; i++) {
+    int rc = tune_gemv_plan(tuning(g), np, sh[i].N, sh[i].K, &g->gemv, NULL, err);
+    if (rc) return rc;
+  }
+  g->gemv.strict = true;
+  g->gemv_np = mj_xrealloc(g->gemv_np, (size_t)(g->n_gemv_np + 1) * sizeof *g->gemv_np);
+  g->gemv_np[g->n_gemv_np++] = np;
+  return 0;
+}
+
 static int bucket(gpu_model *g, int np, moe_bucket **out, mj_err *err) {
   for (int i = 0; i < g->nbuckets; i++)
     if (g->buckets[i].bcap == np) return *out = &g->buckets[i], 0;
@@ -643,8 +717,7 @@ static int bucket(gpu_model *g, int np, moe_bucket **out, mj_err *err) {
   /* The expert kernels' tuned tiles, where this GPU has records of them
    * (`moejit warmup --tune`): read here, once per bucket when it is set up,
    * never per step; warm-up's dry step for this GPU takes the same ones. */
-  if (!g->tune_ready) tune_target_here(g->arch, &g->tune), g->tune_ready = true;
-  int rc = tune_moe_plan(&g->tune, &b->plan, NULL, err);
+  int rc = tune_moe_plan(tuning(g), &b->plan, NULL, err);
   if (rc) return rc;
   rc = moe_kernels_load(&b->k, &b->plan, g->arch, err);
   if (rc) return rc;
@@ -725,7 +798,8 @@ static int enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err
   float scale = 1.0f / sqrtf((float)(d->nope + d->rope));
   moe_bucket *mb = NULL;
   CUdeviceptr yp = 0, sel = 0;
-  const gop_ctx cx = {s, g->arch, g->dry};
+  if ((rc = gemv_setup(g, np, err))) return rc;
+  const gop_ctx cx = {s, g->arch, g->dry, &g->gemv};
   OP("embed", gop_embed(g->embed, g->rows.token, g->x, np, H, &cx, err));
   for (int i = 0; i < g->n_layers; i++) {
     gpu_layer *l = &g->L[i];
@@ -761,7 +835,7 @@ static int enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err
       moe_bufs lb = g->mb; /* with force_choices, this layer's forced routing */
       if (g->force_route) lb.force = g->force_route + (size_t)i * g->bmax * g->mc.topk * 4;
       bool side = l->sh_gu && !prof && !g->dry;
-      const gop_ctx cxs = {side ? g->side.s : s, g->arch, g->dry};
+      const gop_ctx cxs = {side ? g->side.s : s, g->arch, g->dry, &g->gemv};
       if (side) {
         CU_CHECK(err, cu.cuEventRecord(g->side.fork, s));
         CU_CHECK(err, cu.cuStreamWaitEvent(cxs.s, g->side.fork, 0));
@@ -1008,10 +1082,18 @@ int gpu_warm(const model_config *c, int sh_inter, const gpu_opts *o, const char 
     rc = enqueue(g, batches[i], NULL, NULL, err);
   }
   if (progress && !rc) progress(ctx, nb, nb);
-  for (int i = 0; i < g->nbuckets; i++) moe_kernels_free(&g->buckets[i].k);
-  free(g->L);
-  free(g);
+  free_host(g);
   return rc;
+}
+
+int gpu_gemv_shapes(const model_config *c, int sh_inter, const gpu_opts *o, gop_gemv_shape out[GPU_MAX_GEMV_SHAPES],
+                    int *n, mj_err *err) {
+  gpu_model *g;
+  int rc = dims_only(c, sh_inter, o, &g, err);
+  if (rc) return rc;
+  *n = gemv_shapes(g, out);
+  free_host(g);
+  return 0;
 }
 
 int gpu_footprint_of(const model_config *c, int sh_inter, const gpu_opts *o, gpu_footprint *f, mj_err *err) {
@@ -1025,8 +1107,7 @@ int gpu_footprint_of(const model_config *c, int sh_inter, const gpu_opts *o, gpu
   f->rows = g->bmax;
   size_t all = carve_acts(g, 0), kv = (size_t)(g->o.slots + 1) * (size_t)d->max_ctx * f->kv_per_token;
   f->acts = all > kv ? all - kv : 0; /* less the per-layer rounding to 256 bytes */
-  free(g->L);
-  free(g);
+  free_host(g);
   return 0;
 }
 

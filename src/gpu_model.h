@@ -52,6 +52,8 @@ typedef struct gpu_opts {
   coll *coll;
   bool head_whole;                /* lm_head whole on every rank, not vocabulary-split with an all-gather */
   bool force_choices;             /* tests: each step takes its routing and DSA selections from gpu_force_choices */
+  const struct tune_target *tune; /* whose tuned tiles the steps take (tune.h); NULL: the GPU at hand's records,
+                                     where it is of the steps' target (the tests name one) */
 } gpu_opts;
 
 void gpu_opts_default(gpu_opts *o);
@@ -70,6 +72,13 @@ int gpu_bf16_shared_inter(const model *m);
  * size and once at the end. */
 int gpu_warm(const model_config *c, int sh_inter, const gpu_opts *o, const char *arch, const int *batches, int nb,
              void (*progress)(void *ctx, int i, int n), void *ctx, mj_err *err);
+/* The distinct GEMV shapes of a step of a model of c's widths under o (a
+ * rank's, with --tp/--ep), in the step's order, each named by its first
+ * op: what the engine looks its tuned tiles up for and `moejit warmup
+ * --tune` times.  Needs no GPU. */
+#define GPU_MAX_GEMV_SHAPES 32
+int gpu_gemv_shapes(const model_config *c, int sh_inter, const gpu_opts *o, gop_gemv_shape out[GPU_MAX_GEMV_SHAPES],
+                    int *n, mj_err *err);
 /* What the engine would allocate for a model of c's widths under o (its
  * rank's share when o names --tp/--ep), without a GPU: the weights, the
  * activations and scratch of o.max_rows rows, and the KV cache bytes one

@@ -41,10 +41,12 @@
  * every launcher compile-only), and dry (obtain every kernel, launch
  * nothing, even with a GPU of the target: `moejit warmup` runs a step dry
  * with null pointers).  Passed to every launcher, never kept globally. */
+typedef struct gop_gemv_tiles gop_gemv_tiles;
 typedef struct gop_ctx {
   CUstream s;
   const char *arch;
   bool dry;
+  const gop_gemv_tiles *gemv; /* the GEMV's tiles by shape (below; NULL: the built-in rule's) */
 } gop_ctx;
 /* jit_get for cx's target; *launch is false when the kernel was only
  * compiled (no GPU of the target, or dry): the launcher then returns 0. */
@@ -89,8 +91,9 @@ int gop_add_rmsnorm(CUdeviceptr x, CUdeviceptr y, bool y_bf16, CUdeviceptr w, fl
                     int H, const gop_ctx *cx, mj_err *err);
 
 /* y[b][n] = sum_k W[n][k] * x[b][k]: W bf16 [N][K], x bf16 [B][K], y f32
- * [B][N], f32 accumulation.  Any B >= 1 (large B runs in row blocks of 64
- * and the rest).  A row block of fewer than GOP_GEMV_MMA_FROM rows runs on
+ * [B][N], f32 accumulation.  Any B >= 1 (large B runs in row blocks of
+ * GOP_GEMV_MAXB and the rest).  A row block of fewer than GOP_GEMV_MMA_FROM
+ * rows runs on
  * the CUDA cores (gemv_bf16_b.k: one FMA per weight per row, at the copy
  * bandwidth for one row), a larger one on the tensor cores
  * (gemv_bf16_mma.k: the FMA kernel is bound by its FMAs from batch 8 on;
@@ -98,12 +101,16 @@ int gop_add_rmsnorm(CUdeviceptr x, CUdeviceptr y, bool y_bf16, CUdeviceptr w, fl
  * rows the FMA kernel won every GLM-5 projection, at 8 the tensor cores
  * did (bench/results/2026-12-03-batch-perf.md); 5-7 are not measured.  The FMA kernel's result for a
  * row does not depend on the other rows; the tensor-core kernel's sums run
- * in another order, so a row's rounding differs between the two paths. */
+ * in another order, so a row's rounding differs between the two paths.
+ * Each row block's tile is cx->gemv's for its shape where it has one (the
+ * engine's tuned tiles, tune.h), else the built-in rule's (gop_gemv_builtin). */
 #define GOP_GEMV_MMA_FROM 8
+#define GOP_GEMV_MAXB 64 /* rows of x per launch (both GEMV kernels' limit) */
 int gop_gemv(CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K, const gop_ctx *cx, mj_err *err);
 /* gop_gemv on the kernel kind names: the launcher's choice (GOP_GEMV_AUTO,
  * what gop_gemv does) or one of the two at any batch (the GPU tests and the
- * perf mode, which compare them). */
+ * perf mode, which compare them; a forced kind takes cx->gemv's tile only
+ * where it is of that kind). */
 typedef enum gop_gemv_kind { GOP_GEMV_AUTO, GOP_GEMV_FMA, GOP_GEMV_MMA } gop_gemv_kind;
 int gop_gemv_on(gop_gemv_kind kind, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K,
                 const gop_ctx *cx, mj_err *err);
@@ -112,11 +119,62 @@ int gop_gemv_on(gop_gemv_kind kind, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y,
 typedef struct gop_mma_tile {
   int threads, mt, kj, ksplit, minb;
 } gop_mma_tile;
+/* The FMA kernel's tile: gemv_bf16_b.k's THREADS, ROWS and UNROLL. */
+typedef struct gop_fma_tile {
+  int threads, rows, unroll;
+} gop_fma_tile;
+/* One row block's kernel and its tile. */
+typedef struct gop_gemv_tile {
+  bool mma;       /* the tensor cores (m), else the CUDA cores (f) */
+  gop_fma_tile f;
+  gop_mma_tile m;
+} gop_gemv_tile;
+/* The built-in rule for a row block of nb (1..GOP_GEMV_MAXB) rows of x, N
+ * outputs and K inputs: the kernel by GOP_GEMV_MMA_FROM, then its tile
+ * (gop_dense.c: gemv_tile, gemv_mma_tile).  What the tuning measures
+ * against and falls back to. */
+gop_gemv_tile gop_gemv_builtin(int nb, int N, int K);
+/* The launcher's KSPLIT for tensor-core tile t (t.ksplit is ignored) at nb
+ * rows, N and K, with the block halved where the split-K sums would pass
+ * 48 KiB of shared memory: how a tile given without its split gets one. */
+gop_mma_tile gop_gemv_mma_split(gop_mma_tile t, int nb, int N, int K);
 /* gop_gemv_on(GOP_GEMV_MMA) on tile t instead of the launcher's choice
  * (ksplit 0: the launcher's split for t), for sweeps (gputest perf's
  * MOEJIT_PERF_GEMV_TILES); a tile the kernel refuses fails to compile. */
 int gop_gemv_mma_tiled(const gop_mma_tile *t, CUdeviceptr W, CUdeviceptr x, CUdeviceptr y, int B, int N, int K,
                        const gop_ctx *cx, mj_err *err);
+/* Obtain (compile or find, and load where a GPU of arch is) the kernel of
+ * tile t for a row block of nb rows, N and K, launching nothing: how the
+ * tuning lookup learns whether the kernel takes a stored tile.  Errors are
+ * jit_get's: MJ_EINPUT for a tile the template's static_asserts refuse,
+ * MJ_ECACHE for a miss under MOEJIT_CACHE=assert-warm (nothing compiled). */
+int gop_gemv_check(const gop_gemv_tile *t, int nb, int N, int K, const char *arch, mj_err *err);
+
+/* Tiles by shape: the entry for (N, K, nb) is the tile of a row block of
+ * nb rows of a GEMV of N outputs and K inputs.  The engine keeps one
+ * (gpu_model.c), filled once per shape and padded batch size by the tuning
+ * lookup (tune_gemv_plan), and passes it in gop_ctx.gemv; with strict set,
+ * a row block of a shape it lacks is MJ_EINTERNAL (the engine lists its
+ * GEMV shapes beside its step: a projection added to the step and not to
+ * the list shows at once, in every dry warm-up). */
+struct gop_gemv_tiles {
+  struct gop_gemv_entry {
+    int N, K, nb;
+    gop_gemv_tile t;
+  } *v;
+  int n, cap;
+  bool strict;
+};
+/* The tile for (N, K, nb), or NULL. */
+const gop_gemv_tile *gop_gemv_tiles_find(const gop_gemv_tiles *tab, int N, int K, int nb);
+/* Set the tile for (N, K, nb) (replacing one there). */
+void gop_gemv_tiles_put(gop_gemv_tiles *tab, int N, int K, int nb, const gop_gemv_tile *t);
+void gop_gemv_tiles_free(gop_gemv_tiles *tab);
+/* A GEMV of a step: its op name and shape. */
+typedef struct gop_gemv_shape {
+  const char *op;
+  int N, K;
+} gop_gemv_shape;
 
 /* h[b][i] = bf16(silu(gu[b][i]) * gu[b][I + i]): gu f32 [B][2I] (gate, then up). */
 int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, const gop_ctx *cx, mj_err *err);

@@ -1,18 +1,22 @@
-/* tune.c: tuned tile choices (tune.h): the lookup the engine makes when it
- * sets a bucket up, and the timing run of `moejit warmup --tune`.
+/* tune.c: tuned tile choices (tune.h): the lookups the engine makes when it
+ * sets a bucket or a GEMV shape up, and the timing runs of `moejit warmup
+ * --tune`.
  *
  * The lookup never fails inference on a record's account: whatever is
  * wrong with a record (cache.c's reasons, or a tile the kernel's
  * static_asserts refuse) is one warning, once per process, and the
- * built-in tile stays.  The run measures the way `moejit bench moe` does
+ * built-in tile stays; one function (take) says so for every family.  The
+ * runs measure the way `moejit bench moe` and `gputest perf` do
  * (graph-replay medians, weights rotated over copies so the L2 serves
- * none, inputs rotated over sets), but over a short candidate list per
- * kernel: the tiles that won or came close somewhere in bench/results,
- * both paths (bf16x2 FMA and tensor cores), with and without the register
- * caps.  Measured on an H200: bucket 8's 9 gate_up and 8 down candidates
- * in 7.8 s (bench/results/2026-12-03-batch-perf.md); the capture set,
- * buckets 1 to 64, with both benches of `scripts/gpu-run.sh tune`, in
- * 135 s (bench/results/2026-12-04-tune.md).
+ * none), but over a short candidate list per kernel.  The MoE's: the tiles
+ * that won or came close somewhere in bench/results, both paths (bf16x2
+ * FMA and tensor cores), with and without the register caps.  Measured on
+ * an H200: bucket 8's 9 gate_up and 8 down candidates in 7.8 s
+ * (bench/results/2026-12-03-batch-perf.md); the capture set, buckets 1 to
+ * 64, with both benches of `scripts/gpu-run.sh tune`, in 135 s
+ * (bench/results/2026-12-04-tune.md).  The GEMV's: the built-in rule's
+ * neighbours (tune_gemv_candidates), since no sweep of its tiles has been
+ * recorded yet; not yet run on a GPU.
  */
 #include "tune.h"
 
@@ -27,19 +31,27 @@
 #include "timing.h"
 
 /* ---- tiles as text ------------------------------------------------------------------- */
-int tune_tile_parse(const char *s, moe_tile *t) {
-  int v[7] = {0, 0, 0, 0, 0, 0, 0}, n = 0, used = 0;
+/* Up to max colon-separated numbers of 0..4096 into v (*n of them); the
+ * characters read, or -1 for a number missing or out of range.  A tile
+ * ends there: at the end of s or at a ','. */
+static int parse_ints(const char *s, int *v, int max, int *n) {
   const char *p = s;
-  while (n < 7) {
+  *n = 0;
+  while (*n < max) {
     char *end;
     long x = strtol(p, &end, 10);
-    if (end == p || x < 0 || x > 4096) return 0;
-    v[n++] = (int)x, p = end;
+    if (end == p || x < 0 || x > 4096) return -1;
+    v[(*n)++] = (int)x, p = end;
     if (*p != ':') break;
     p++;
   }
-  used = (int)(p - s);
-  if (n < 4 || (*p && *p != ',')) return 0;
+  return *p && *p != ',' ? -1 : (int)(p - s);
+}
+
+int tune_tile_parse(const char *s, moe_tile *t) {
+  int v[7] = {0, 0, 0, 0, 0, 0, 0}, n;
+  int used = parse_ints(s, v, 7, &n);
+  if (used < 0 || n < 4) return 0;
   *t = (moe_tile){.rows = v[0], .threads = v[1], .chain = v[2], .gx = v[3], .prefetch = v[4], .minb = v[5], .mma = v[6]};
   /* What the launch arithmetic needs; the template judges the rest. */
   if (t->rows < 1 || t->rows > 64 || t->threads < 32 || t->threads > 1024 || t->threads % 32 || t->minb > 32 ||
@@ -68,19 +80,24 @@ void tune_target_here(const char *arch, tune_target *t) {
   t->on = true;
 }
 
-void tune_moe_want(const tune_target *t, const moe_plan *p, int mode, cache_tune *want) {
+/* The record of family k on t, its shape left to the caller. */
+static void want_of(const tune_target *t, kt_id k, cache_tune *want) {
   memset(want, 0, sizeof *want);
   snprintf(want->gpu, sizeof want->gpu, "%s", t->gpu);
   snprintf(want->arch, sizeof want->arch, "%s", t->arch);
   snprintf(want->driver, sizeof want->driver, "%s", t->driver);
-  snprintf(want->family, sizeof want->family, "%s", kt_kernels[KT_moe_expert].name);
+  snprintf(want->family, sizeof want->family, "%s", kt_kernels[k].name);
+  const embed_file *f = embed_find(kt_template(k));
+  if (f) mj_hash_hex(mj_hash128(f->data, f->size), want->source_hash);
+}
+
+void tune_moe_want(const tune_target *t, const moe_plan *p, int mode, cache_tune *want) {
+  want_of(t, KT_moe_expert, want);
   /* What decides the kernel's work besides its tile: the widths, the
    * experts this GPU holds, top-k, the bucket and its rows per pass. */
   const model_moe_cfg *c = &p->cfg;
   snprintf(want->shape, sizeof want->shape, "%s hidden=%d inter=%d experts=%d topk=%d bucket=%d mt=%d",
            mode ? "down" : "gate_up", c->hidden, c->inter, model_moe_local(c), c->topk, p->bcap, p->mt);
-  const embed_file *f = embed_find(kt_template(KT_moe_expert));
-  if (f) mj_hash_hex(mj_hash128(f->data, f->size), want->source_hash);
 }
 
 /* ---- the lookup ------------------------------------------------------------------------ */
@@ -106,52 +123,89 @@ static void warn_once(const char *path, const char *why) {
   mj_buf_free(&b);
 }
 
+/* What a family's lookup hands take(): how a record's choice becomes its
+ * candidate (false: the text is no tile), and how the candidate's kernel
+ * is obtained for a target (the front door's answer). */
+typedef struct taker {
+  bool (*parse)(void *ctx, const char *choice);
+  int (*check)(void *ctx, const char *arch, mj_err *err);
+  void *ctx;
+} taker;
+
+/* want's record on t into k's candidate: *taken when there is one and it
+ * is usable (its kernel obtained, with check).  A record there but not
+ * usable leaves *taken false and, with check, costs one warning (once per
+ * process); without check (a peek) it is passed over silently and no
+ * kernel is obtained.  Returns only what no plan can step around: MJ_EIO,
+ * MJ_ENOMEM from the kernel's check. */
+static int take(const tune_target *t, const cache_tune *want, const taker *k, bool check, bool *taken, mj_err *err) {
+  *taken = false;
+  cache_tune rec;
+  bool found = false;
+  mj_err e = {0};
+  char *path = cache_tune_path(t->dir, want);
+  int rc = cache_tune_find(t->dir, want, &rec, &found, &e);
+  if (rc == 0 && found && !k->parse(k->ctx, rec.choice))
+    rc = mj_fail(&e, MJ_ECACHE, "corrupt (choice '%s' is not a tile)", rec.choice);
+  /* The front door says whether the tile's kernel can be had: refused by
+   * the template, or (MJ_ECACHE) missing under MOEJIT_CACHE=assert-warm,
+   * which compiles nothing: passed over for this run. */
+  int crc = rc == 0 && found && check ? k->check(k->ctx, t->arch, &e) : 0;
+  if (crc == MJ_EIO || crc == MJ_ENOMEM) {
+    /* Not the record's fault, nor one a plan can step around. */
+    free(path);
+    mj_fail(err, (mj_code)crc, "%s", e.msg);
+    mj_err_clear(&e);
+    return crc;
+  }
+  if (crc) {
+    mj_err e2 = {0};
+    if (crc == MJ_ECACHE)
+      rc = mj_fail(&e2, MJ_ECACHE, "its kernel is not in the cache (%.*s; moejit warmup compiles it)",
+                   (int)strcspn(e.msg, "\n"), e.msg);
+    else
+      rc = mj_fail(&e2, MJ_ECACHE, "the kernel refuses tile %s (%.*s)", rec.choice, (int)strcspn(e.msg, "\n"), e.msg);
+    mj_err_clear(&e);
+    e = e2;
+  }
+  *taken = rc == 0 && found;
+  if (rc && check) warn_once(path, e.msg);
+  mj_err_clear(&e);
+  free(path);
+  return 0;
+}
+
+/* The MoE's candidate: plan q with one expert kernel's tile replaced. */
+typedef struct moe_take {
+  moe_plan q;
+  int mode;
+} moe_take;
+static bool moe_parse(void *ctx, const char *choice) {
+  moe_take *m = ctx;
+  return tune_tile_parse(choice, m->mode ? &m->q.dn : &m->q.gu) != 0;
+}
+static int moe_check(void *ctx, const char *arch, mj_err *err) {
+  const moe_take *m = ctx;
+  return moe_kernel_check(&m->q, m->mode ? MOE_K_down : MOE_K_gate_up, arch, err);
+}
+
 /* tune_moe_plan, and with check false tune_moe_peek: no kernel obtained,
  * no warning. */
 static int apply(const tune_target *t, moe_plan *p, bool tuned[2], bool check, mj_err *err) {
   if (tuned) tuned[0] = tuned[1] = false;
   if (!t || !t->on) return 0;
   for (int mode = 0; mode < 2; mode++) {
-    cache_tune want, rec;
+    cache_tune want;
     tune_moe_want(t, p, mode, &want);
-    bool found = false;
-    mj_err e = {0};
-    char *path = cache_tune_path(t->dir, &want);
-    int rc = cache_tune_find(t->dir, &want, &rec, &found, &e);
-    moe_tile tile;
-    if (rc == 0 && found && !tune_tile_parse(rec.choice, &tile))
-      rc = mj_fail(&e, MJ_ECACHE, "corrupt (choice '%s' is not a tile)", rec.choice);
-    if (rc == 0 && found) {
-      moe_plan q = *p;
-      *(mode ? &q.dn : &q.gu) = tile;
-      /* The front door says whether the tile's kernel can be had: refused
-       * by the template, or (MJ_ECACHE) missing under MOEJIT_CACHE=
-       * assert-warm, which compiles nothing: passed over for this run. */
-      rc = check ? moe_kernel_check(&q, mode ? MOE_K_down : MOE_K_gate_up, t->arch, &e) : 0;
-      if (rc == MJ_EIO || rc == MJ_ENOMEM) {
-        /* Not the record's fault, nor one a plan can step around. */
-        free(path);
-        mj_fail(err, (mj_code)rc, "%s", e.msg);
-        mj_err_clear(&e);
-        return rc;
-      }
-      if (rc) {
-        mj_err e2 = {0};
-        if (rc == MJ_ECACHE)
-          mj_fail(&e2, MJ_ECACHE, "its kernel is not in the cache (%.*s; moejit warmup compiles it)",
-                  (int)strcspn(e.msg, "\n"), e.msg);
-        else
-          mj_fail(&e2, MJ_ECACHE, "the kernel refuses tile %s (%.*s)", rec.choice, (int)strcspn(e.msg, "\n"), e.msg);
-        mj_err_clear(&e);
-        e = e2;
-      } else {
-        *(mode ? &p->dn : &p->gu) = tile;
-        if (tuned) tuned[mode] = true;
-      }
+    moe_take m = {*p, mode};
+    taker k = {moe_parse, moe_check, &m};
+    bool taken;
+    int rc = take(t, &want, &k, check, &taken, err);
+    if (rc) return rc;
+    if (taken) {
+      *(mode ? &p->dn : &p->gu) = mode ? m.q.dn : m.q.gu;
+      if (tuned) tuned[mode] = true;
     }
-    if (rc && check) warn_once(path, e.msg);
-    mj_err_clear(&e);
-    free(path);
   }
   return 0;
 }
@@ -161,6 +215,138 @@ int tune_moe_plan(const tune_target *t, moe_plan *p, bool tuned[2], mj_err *err)
 }
 
 void tune_moe_peek(const tune_target *t, moe_plan *p) { apply(t, p, NULL, false, NULL); }
+
+/* ---- the batched GEMV: tiles as text, records, candidates, the lookup --------------------- */
+int tune_gemv_tile_parse(const char *s, gop_gemv_tile *t) {
+  int v[5], n;
+  int used = parse_ints(s, v, 5, &n);
+  if (used < 0 || n != (t->mma ? 5 : 3) || v[0] < 32 || v[0] > 1024 || v[0] % 32) return 0;
+  /* What the launch arithmetic needs; the template judges the rest. */
+  if (t->mma) {
+    t->m = (gop_mma_tile){v[0], v[1], v[2], v[3], v[4]};
+    if (t->m.mt < 1 || t->m.mt > 8 || t->m.kj < 1 || t->m.kj > 32 || t->m.ksplit < 1 || t->m.ksplit > t->m.threads / 32 ||
+        t->m.minb < 1 || t->m.minb > 32)
+      return 0;
+  } else {
+    t->f = (gop_fma_tile){v[0], v[1], v[2]};
+    if (t->f.rows < 1 || t->f.rows > 16 || t->f.unroll < 1 || t->f.unroll > 32) return 0;
+  }
+  return used;
+}
+
+void tune_gemv_tile_text(const gop_gemv_tile *t, char *out, size_t cap) {
+  if (t->mma) snprintf(out, cap, "%d:%d:%d:%d:%d", t->m.threads, t->m.mt, t->m.kj, t->m.ksplit, t->m.minb);
+  else snprintf(out, cap, "%d:%d:%d", t->f.threads, t->f.rows, t->f.unroll);
+}
+
+void tune_gemv_want(const tune_target *t, int nb, int N, int K, cache_tune *want) {
+  want_of(t, gop_gemv_builtin(nb, N, K).mma ? KT_gemv_mma : KT_gemv, want);
+  snprintf(want->shape, sizeof want->shape, "N=%d K=%d B=%d", N, K, nb);
+}
+
+static bool tile_eq(const gop_gemv_tile *a, const gop_gemv_tile *b) {
+  if (a->mma != b->mma) return false;
+  if (a->mma)
+    return a->m.threads == b->m.threads && a->m.mt == b->m.mt && a->m.kj == b->m.kj && a->m.ksplit == b->m.ksplit &&
+           a->m.minb == b->m.minb;
+  return a->f.threads == b->f.threads && a->f.rows == b->f.rows && a->f.unroll == b->f.unroll;
+}
+
+/* gemv_bf16_mma.k's static_asserts for a tile at nb rows (the launcher's
+ * split keeps them too), so that no candidate is one it refuses. */
+static bool mma_fits(const gop_mma_tile *m, int nb) {
+  int warps = m->threads / 32;
+  return m->threads >= 32 && m->threads <= 1024 && m->mt >= 1 && m->kj >= 1 && m->ksplit >= 1 && m->minb >= 1 &&
+         warps % m->ksplit == 0 && (m->ksplit == 1 || warps * m->mt * ((nb + 7) / 8) * 512 <= 48 * 1024);
+}
+
+int tune_gemv_candidates(int nb, int N, int K, gop_gemv_tile out[TUNE_GEMV_MAXCAND]) {
+  gop_gemv_tile b = gop_gemv_builtin(nb, N, K), c[TUNE_GEMV_MAXCAND];
+  int k = 0;
+  if (b.mma) {
+    /* The split of K once more or once less (the rule's GOP_MMA_WARPS
+     * target), half or twice the chunks in flight, the other m tiles a
+     * warp and the other block (each with the launcher's split for it),
+     * the other register cap, and the rule's other row (MT and KJ both). */
+    const gop_mma_tile m = b.m;
+    gop_mma_tile v[] = {
+        {m.threads, m.mt, m.kj, m.ksplit * 2, m.minb},
+        {m.threads, m.mt, m.kj, m.ksplit / 2, m.minb},
+        {m.threads, m.mt, m.kj * 2, m.ksplit, m.minb},
+        {m.threads, m.mt, m.kj / 2, m.ksplit, m.minb},
+        gop_gemv_mma_split((gop_mma_tile){m.threads, 3 - m.mt, m.kj, 0, m.minb}, nb, N, K),
+        gop_gemv_mma_split((gop_mma_tile){m.threads == 256 ? 128 : 256, m.mt, m.kj, 0, m.minb}, nb, N, K),
+        {m.threads, m.mt, m.kj, m.ksplit, m.minb == 1 ? 2 : 1},
+        gop_gemv_mma_split((gop_mma_tile){m.threads, 3 - m.mt, m.kj == 8 ? 4 : 8, 0, m.minb}, nb, N, K),
+    };
+    for (size_t i = 0; i < MJ_ARRAY_LEN(v); i++)
+      if (v[i].kj <= 16 && mma_fits(&v[i], nb)) c[k++] = (gop_gemv_tile){.mma = true, .m = v[i]};
+  } else {
+    /* The block halved and doubled, the rows a warp and the chunks in
+     * flight each halved and doubled, and rows for chunks (the same loads
+     * in flight over more rows). */
+    const gop_fma_tile f = b.f;
+    gop_fma_tile v[] = {{f.threads / 2, f.rows, f.unroll}, {f.threads * 2, f.rows, f.unroll},
+                        {f.threads, f.rows * 2, f.unroll}, {f.threads, f.rows / 2, f.unroll},
+                        {f.threads, f.rows, f.unroll * 2}, {f.threads, f.rows, f.unroll / 2},
+                        {f.threads, f.rows * 2, f.unroll / 2}};
+    for (size_t i = 0; i < MJ_ARRAY_LEN(v); i++)
+      if (v[i].threads >= 32 && v[i].threads <= 512 && v[i].rows >= 1 && v[i].rows <= 8 && v[i].unroll >= 1 &&
+          v[i].unroll <= 16)
+        c[k++] = (gop_gemv_tile){.f = v[i]};
+  }
+  int n = 0;
+  out[n++] = b;
+  for (int i = 0; i < k && n < TUNE_GEMV_MAXCAND; i++) {
+    int j = 0;
+    while (j < n && !tile_eq(&out[j], &c[i])) j++;
+    if (j == n) out[n++] = c[i];
+  }
+  return n;
+}
+
+/* The GEMV's candidate: a row block's tile, of the kernel its record's
+ * family names. */
+typedef struct gemv_take {
+  gop_gemv_tile t;
+  int nb, N, K;
+} gemv_take;
+static bool gemv_parse(void *ctx, const char *choice) {
+  gemv_take *g = ctx;
+  gop_gemv_tile t = {.mma = g->t.mma};
+  int used = tune_gemv_tile_parse(choice, &t);
+  if (!used || choice[used]) return false;
+  g->t = t;
+  return true;
+}
+static int gemv_check(void *ctx, const char *arch, mj_err *err) {
+  const gemv_take *g = ctx;
+  return gop_gemv_check(&g->t, g->nb, g->N, g->K, arch, err);
+}
+
+int tune_gemv_plan(const tune_target *t, int B, int N, int K, gop_gemv_tiles *tab, int *ntuned, mj_err *err) {
+  if (ntuned) *ntuned = 0;
+  for (int b0 = 0; b0 < B; b0 += GOP_GEMV_MAXB) {
+    int nb = B - b0 < GOP_GEMV_MAXB ? B - b0 : GOP_GEMV_MAXB;
+    if (gop_gemv_tiles_find(tab, N, K, nb)) continue; /* looked up before */
+    gemv_take g = {gop_gemv_builtin(nb, N, K), nb, N, K};
+    gop_gemv_tile tile = g.t;
+    if (t && t->on) {
+      cache_tune want;
+      tune_gemv_want(t, nb, N, K, &want);
+      taker k = {gemv_parse, gemv_check, &g};
+      bool taken;
+      int rc = take(t, &want, &k, true, &taken, err);
+      if (rc) return rc;
+      if (taken) {
+        tile = g.t;
+        if (ntuned) (*ntuned)++;
+      }
+    }
+    gop_gemv_tiles_put(tab, N, K, nb, &tile);
+  }
+  return 0;
+}
 
 /* ---- the timing run ------------------------------------------------------------------------ */
 /* The candidates: bench moe's sweeps (docs/moe.md), cut to the tiles that
@@ -200,14 +386,46 @@ static int layer_out(const rig *r, bf16 *host, mj_err *err) {
   return 0;
 }
 
-static double rel_l2(const bf16 *a, const bf16 *ref, size_t n) {
+/* The relative L2 distance of a from ref (n values, bf16 or f32);
+ * INFINITY where a holds a value that is not finite. */
+static double rel_l2(const void *a, const void *ref, size_t n, bool f32) {
   double num = 0, den = 0;
   for (size_t i = 0; i < n; i++) {
-    double x = dt_bf16_to_f32(a[i]), y = dt_bf16_to_f32(ref[i]);
+    double x = f32 ? ((const float *)a)[i] : dt_bf16_to_f32(((const bf16 *)a)[i]);
+    double y = f32 ? ((const float *)ref)[i] : dt_bf16_to_f32(((const bf16 *)ref)[i]);
     if (!isfinite(x)) return INFINITY;
     num += (x - y) * (x - y), den += y * y;
   }
   return den > 0 ? sqrt(num / den) : num > 0 ? INFINITY : 0;
+}
+
+/* A candidate whose output is not the built-in tile's, said. */
+static void say_wrong(FILE *log, const char *kernel, const char *tile, const char *of, double rel) {
+  if (log)
+    fprintf(log, "tune:   %s %s: output differs from the built-in %s's (rel err %.2e): not a candidate\n", kernel, tile,
+            of, rel);
+}
+
+/* The end of one kernel's run: text[i] and us[i] each candidate's tile
+ * and time (0 the built-in's; INFINITY for one refused or wrong).  The
+ * fastest wins where it beats the built-in by 2% or more (noise), else the
+ * built-in stays; either way rec (want's slot) is stored with both, and
+ * one log line headed by what says so. */
+static int verdict(const tune_target *t, cache_tune *rec, char (*text)[64], const double *us, int nc, int refused,
+                   int wrong, const char *what, FILE *log, mj_err *err) {
+  int best = 0;
+  for (int i = 1; i < nc; i++)
+    if (us[i] < us[best] && us[i] < 0.98 * us[0]) best = i;
+  snprintf(rec->choice, sizeof rec->choice, "%.63s", text[best]);
+  snprintf(rec->builtin, sizeof rec->builtin, "%.63s", text[0]);
+  rec->us = us[best], rec->builtin_us = us[0], rec->date = (int64_t)time(NULL);
+  int rc = cache_tune_store(t->dir, rec, err);
+  if (rc) return rc;
+  if (log)
+    fprintf(log, "tune: %s: %s %.1f us (built-in %s %.1f us, %+.1f%%); %d candidates, %d refused, %d wrong\n", what,
+            rec->choice, rec->us, rec->builtin, rec->builtin_us, 100.0 * (rec->us - rec->builtin_us) / rec->builtin_us,
+            nc, refused, wrong);
+  return 0;
 }
 
 /* One expert kernel of one bucket: the built-in tile, then each candidate;
@@ -226,9 +444,12 @@ static int tune_one(const tune_target *t, rig *r, const moe_plan *base, int mode
   }
   moe_kernel_id id = mode ? MOE_K_down : MOE_K_gate_up;
   size_t n = (size_t)r->B * base->cfg.hidden;
-  double builtin_us = INFINITY, best_us = INFINITY;
-  int best = 0, refused = 0, wrong = 0, rc = 0;
-  for (int i = 0; i < nc; i++) {
+  char text[16][64];
+  double us[16];
+  int refused = 0, wrong = 0, rc = 0;
+  for (int i = 0; i < nc && !rc; i++) {
+    tune_tile_text(&cand[i], text[i], sizeof text[i]);
+    us[i] = INFINITY;
     moe_plan q = *base;
     *(mode ? &q.dn : &q.gu) = cand[i];
     moe_kernels k;
@@ -241,38 +462,24 @@ static int tune_one(const tune_target *t, rig *r, const moe_plan *base, int mode
     }
     rig c = *r;
     c.k = &k, c.p = &q, c.which = id;
-    double us = INFINITY;
     /* correctness first, against the built-in plan's output; the run also
      * leaves set 0's routing in the buffers for the timing */
     if ((rc = layer_out(&c, out, err))) break;
-    double rel = rel_l2(out, ref, n);
+    double rel = rel_l2(out, ref, n, false);
     if (!(rel <= 2e-2)) {
       if (i == 0) return mj_fail(err, MJ_EINTERNAL, "tune: the built-in plan differs from itself (%.2e)", rel);
       wrong++;
-      if (log) {
-        char tx[64];
-        tune_tile_text(&cand[i], tx, sizeof tx);
-        fprintf(log, "tune:   %s %s: output differs from the built-in plan's (rel err %.2e): not a candidate\n",
-                moe_kernel_names[id], tx, rel);
-      }
+      say_wrong(log, moe_kernel_names[id], text[i], "plan", rel);
       continue;
     }
-    if ((rc = tm_graph_us(rig_launch, &c, 20, 11, &us, err))) break;
-    if (i == 0) builtin_us = best_us = us;
-    else if (us < best_us && us < 0.98 * builtin_us) best_us = us, best = i;
+    rc = tm_graph_us(rig_launch, &c, 20, 11, &us[i], err);
   }
   if (rc) return rc;
   cache_tune rec;
   tune_moe_want(t, base, mode, &rec);
-  tune_tile_text(&cand[best], rec.choice, sizeof rec.choice);
-  tune_tile_text(bt, rec.builtin, sizeof rec.builtin);
-  rec.us = best_us, rec.builtin_us = builtin_us, rec.date = (int64_t)time(NULL);
-  if ((rc = cache_tune_store(t->dir, &rec, err))) return rc;
-  if (log)
-    fprintf(log, "tune: bucket %d %s: %s %.1f us (built-in %s %.1f us, %+.1f%%); %d candidates, %d refused, %d wrong\n",
-            base->bcap, moe_kernel_names[id], rec.choice, best_us, rec.builtin, builtin_us,
-            100.0 * (best_us - builtin_us) / builtin_us, nc, refused, wrong);
-  return 0;
+  char what[64];
+  snprintf(what, sizeof what, "bucket %d %s", base->bcap, moe_kernel_names[id]);
+  return verdict(t, &rec, text, us, nc, refused, wrong, what, log, err);
 }
 
 int tune_moe_run(const tune_target *t, const tune_opts *o, mj_err *err) {
@@ -339,5 +546,134 @@ out:
     if (x[s]) cu.cuMemFree(x[s]);
   moe_random_free(&R);
   free(router), free(xh), free(bias);
+  return rc;
+}
+
+/* ---- the GEMV's timing run ------------------------------------------------------------------ */
+#define TUNE_GEMV_COPIES_MAX 32
+#define TUNE_GEMV_LAUNCHES 20 /* launches in a captured graph (one a copy of W where there are more) */
+#define TUNE_GEMV_REPS 15     /* timed replays (after two untimed) */
+#define TUNE_L2_TIMES 3       /* a replay reads W copies of three L2s' worth */
+
+typedef struct gemv_rig {
+  CUdeviceptr W[TUNE_GEMV_COPIES_MAX], x, y; /* identical copies of W; x [nb][K], y [nb][N] */
+  int copies, nb, N, K;
+  gop_gemv_tiles one; /* the candidate: the table's only entry, as the engine's table gives it */
+} gemv_rig;
+
+static int gemv_rig_launch(void *ctx, int i, CUstream s, mj_err *err) {
+  const gemv_rig *r = ctx;
+  const gop_ctx cx = {.s = s, .gemv = &r->one};
+  return gop_gemv(r->W[i % r->copies], r->x, r->y, r->nb, r->N, r->K, &cx, err);
+}
+
+/* The candidate's y on copy 0 of W into out, y poisoned first (all bits
+ * set: NaN), so that an output it did not write is not finite. */
+static int gemv_out(gemv_rig *r, float *out, mj_err *err) {
+  size_t bytes = (size_t)r->nb * r->N * 4;
+  CU_CHECK(err, cu.cuMemsetD8(r->y, 0xFF, bytes));
+  int rc = gemv_rig_launch(r, 0, NULL, err);
+  if (rc) return rc;
+  CU_CHECK(err, cu.cuCtxSynchronize());
+  CU_CHECK(err, cu.cuMemcpyDtoH(out, r->y, bytes));
+  return 0;
+}
+
+/* One row block size of one shape: the built-in tile (whose y is ref),
+ * then each candidate; the record stored. */
+static int gemv_one(const tune_target *t, gemv_rig *r, const gop_gemv_shape *sh, float *ref, float *out, FILE *log,
+                    mj_err *err) {
+  gop_gemv_tile cand[TUNE_GEMV_MAXCAND];
+  int nc = tune_gemv_candidates(r->nb, r->N, r->K, cand);
+  const char *family = kt_kernels[cand[0].mma ? KT_gemv_mma : KT_gemv].name;
+  size_t n = (size_t)r->nb * r->N;
+  char text[TUNE_GEMV_MAXCAND][64];
+  double us[TUNE_GEMV_MAXCAND];
+  int refused = 0, wrong = 0, rc = 0;
+  for (int i = 0; i < nc && !rc; i++) {
+    tune_gemv_tile_text(&cand[i], text[i], sizeof text[i]);
+    us[i] = INFINITY;
+    r->one.n = 0;
+    gop_gemv_tiles_put(&r->one, r->N, r->K, r->nb, &cand[i]);
+    /* Its kernel obtained and run once: correctness first. */
+    mj_err e = {0};
+    rc = gemv_out(r, i ? out : ref, &e);
+    if (rc && i > 0 && (rc == MJ_EINPUT || rc == MJ_ECOMPILE)) { /* the template refuses it */
+      if (log) fprintf(log, "tune:   %s %s: refused (%.*s)\n", family, text[i], (int)strcspn(e.msg, "\n"), e.msg);
+      mj_err_clear(&e);
+      refused++, rc = 0;
+      continue;
+    }
+    if (rc) {
+      mj_fail(err, (mj_code)rc, "%s", e.msg);
+      mj_err_clear(&e);
+      break;
+    }
+    double rel = rel_l2(i ? out : ref, ref, n, true);
+    if (!(rel <= TUNE_GEMV_TOL)) {
+      if (i == 0)
+        return mj_fail(err, MJ_EINTERNAL, "tune: %s N=%d K=%d B=%d: the built-in tile left outputs unwritten or not finite",
+                       family, r->N, r->K, r->nb);
+      wrong++;
+      say_wrong(log, family, text[i], "tile", rel);
+      continue;
+    }
+    rc = tm_graph_us(gemv_rig_launch, r, MJ_MAX(r->copies, TUNE_GEMV_LAUNCHES), TUNE_GEMV_REPS, &us[i], err);
+  }
+  if (rc) return rc;
+  cache_tune rec;
+  tune_gemv_want(t, r->nb, r->N, r->K, &rec);
+  char what[256];
+  snprintf(what, sizeof what, "%s %s %s", family, sh->op, rec.shape);
+  return verdict(t, &rec, text, us, nc, refused, wrong, what, log, err);
+}
+
+/* Every row block size of one shape, on W copies and x made for it. */
+static int gemv_shape(const tune_target *t, const gop_gemv_shape *sh, const bool *sizes, int maxnb, FILE *log,
+                      mj_err *err) {
+  gemv_rig r = {.N = sh->N, .K = sh->K};
+  const size_t wn = (size_t)sh->N * sh->K;
+  double c = ceil(TUNE_L2_TIMES * (double)cu_dev()->l2_bytes / ((double)wn * 2));
+  r.copies = c < 2 ? 2 : c > TUNE_GEMV_COPIES_MAX ? TUNE_GEMV_COPIES_MAX : (int)c;
+  float *ref = mj_xmalloc((size_t)maxnb * sh->N * 4), *out = mj_xmalloc((size_t)maxnb * sh->N * 4);
+  const gop_ctx cx = {0};
+  const float a = sqrtf(3.0f / (float)sh->K); /* y of unit variance */
+  int rc = 0;
+  /* The timing does not depend on the values: random ones made on the
+   * device, every copy of W from the same seed. */
+  for (int i = 0; i < r.copies && !rc; i++)
+    if (!(rc = cu_alloc(&r.W[i], wn * 2, "tuning weights", err))) rc = gop_fill(r.W[i], wn, false, 20261205, -a, a, &cx, err);
+  if (!rc && !(rc = cu_alloc(&r.x, (size_t)maxnb * sh->K * 2, "tuning inputs", err)))
+    rc = gop_fill(r.x, (size_t)maxnb * sh->K, false, 20261206, -1.0f, 1.0f, &cx, err);
+  if (!rc) rc = cu_alloc(&r.y, (size_t)maxnb * sh->N * 4, "tuning outputs", err);
+  for (int nb = 1; nb <= GOP_GEMV_MAXB && !rc; nb++)
+    if (sizes[nb]) r.nb = nb, rc = gemv_one(t, &r, sh, ref, out, log, err);
+  for (int i = 0; i < r.copies; i++)
+    if (r.W[i]) cu.cuMemFree(r.W[i]);
+  if (r.x) cu.cuMemFree(r.x);
+  if (r.y) cu.cuMemFree(r.y);
+  gop_gemv_tiles_free(&r.one);
+  free(ref), free(out);
+  return rc;
+}
+
+int tune_gemv_run(const tune_target *t, const tune_opts *o, mj_err *err) {
+  const cu_device *d = cu_dev();
+  if (!t->on || !d || strcmp(d->arch, t->arch) != 0)
+    return mj_fail(err, MJ_ENOGPU, "tune: needs a GPU of the target, and the cache on");
+  /* The row block sizes the batch sizes run: each size up to
+   * GOP_GEMV_MAXB, and a larger one's blocks of GOP_GEMV_MAXB and the rest. */
+  bool sizes[GOP_GEMV_MAXB + 1] = {false};
+  int maxnb = 0;
+  for (int i = 0; i < o->nbuckets; i++) {
+    int b = o->buckets[i];
+    if (b < 1) continue;
+    if (b >= GOP_GEMV_MAXB) sizes[GOP_GEMV_MAXB] = true;
+    if (b % GOP_GEMV_MAXB) sizes[b % GOP_GEMV_MAXB] = true;
+  }
+  for (int nb = 1; nb <= GOP_GEMV_MAXB; nb++)
+    if (sizes[nb]) maxnb = nb;
+  int rc = 0;
+  for (int s = 0; s < o->ngemv && maxnb && !rc; s++) rc = gemv_shape(t, &o->gemv[s], sizes, maxnb, o->log, err);
   return rc;
 }

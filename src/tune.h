@@ -3,16 +3,19 @@
  *
  * Families with tile choices time their candidates on the GPU (`moejit
  * warmup --tune`), each candidate's output first checked against the
- * built-in plan's, and the winner of each (GPU name, target, driver,
- * kernel source, shape) is stored.  Today that is the MoE expert kernels
- * (moe_expert.k: gate_up and down, per capacity bucket), the choice the
- * measurements showed to matter most (docs/moe.md); the batched GEMV's
- * tile (gop_dense.c gemv_tile) is a launcher choice too and is not tuned
- * yet.  The engine asks once per bucket, when it sets the bucket up (never
- * per step): a usable record replaces the built-in tile, anything else
- * (none, corrupt, of another GPU, driver or template, a tile the kernel
- * refuses) leaves the built-in plan, with one warning line for a record
- * that was there but could not be used.  Prefix: tune_.
+ * built-in tile's, and the winner of each (GPU name, target, driver,
+ * kernel source, shape) is stored.  Two kinds today: the MoE expert
+ * kernels (family moe_expert: gate_up and down, per capacity bucket; the
+ * choice the measurements showed to matter most, docs/moe.md), and the
+ * batched GEMV of the dense projections (families gemv_mma, the tensor
+ * cores, and gemv, the CUDA cores below GOP_GEMV_MMA_FROM rows: per shape
+ * and row block of x; gop_dense.c's gemv_mma_tile and gemv_tile are the
+ * built-in rule, docs/decode.md).  The engine asks once per bucket or per
+ * GEMV shape and padded batch size, when it first needs it (never per
+ * step): a usable record replaces the built-in tile, anything else (none,
+ * corrupt, of another GPU, driver or template, a tile the kernel refuses)
+ * leaves the built-in one, with one warning line for a record that was
+ * there but could not be used.  Prefix: tune_.
  */
 #ifndef MOEJIT_TUNE_H
 #define MOEJIT_TUNE_H
@@ -21,6 +24,7 @@
 #include <stdio.h>
 
 #include "cache.h"
+#include "gpu_ops.h"
 #include "moe.h"
 
 /* Whose tuning: the GPU and the cache folder its records live in. */
@@ -67,13 +71,52 @@ void tune_moe_peek(const tune_target *t, moe_plan *p);
  * of warm-up, whose parent says the same). */
 void tune_set_quiet(bool on);
 
-/* ---- the timing run (needs a GPU of t->arch) -------------------------------------------- */
+/* ---- the batched GEMV (families gemv_mma and gemv) ---------------------------------------- */
+/* A row block's tile in its kernel's words: the tensor cores'
+ * THREADS:MT:KJ:KSPLIT:MINB ("256:1:8:8:1", the split given), the CUDA
+ * cores' THREADS:ROWS:UNROLL ("256:2:4").  parse reads the words of the
+ * kernel t->mma names (the caller sets it) and returns the characters
+ * read (then ',' or the end may follow), or 0 for text that is not such a
+ * tile of sane values (the kernel judges the rest). */
+int tune_gemv_tile_parse(const char *s, gop_gemv_tile *t);
+void tune_gemv_tile_text(const gop_gemv_tile *t, char *out, size_t cap);
+
+/* The record of a row block of nb rows of x (1..GOP_GEMV_MAXB), N outputs
+ * and K inputs on t: family gemv_mma or gemv by the built-in rule's kernel
+ * for nb (gop_gemv_builtin), shape "N=6144 K=16384 B=64", the template's
+ * hash; results empty. */
+void tune_gemv_want(const tune_target *t, int nb, int N, int K, cache_tune *want);
+
+/* What the timing run tries for a row block: the built-in tile first, then
+ * its neighbours, each one or two of its constants moved (tensor cores: the
+ * split of K, the chunks in flight, the m tiles a warp, the block, the
+ * register cap; CUDA cores: the block, the rows a warp, the chunks in
+ * flight), distinct and within the template's static_asserts.  Returns
+ * the count, at most TUNE_GEMV_MAXCAND. */
+#define TUNE_GEMV_MAXCAND 10
+int tune_gemv_candidates(int nb, int N, int K, gop_gemv_tile out[TUNE_GEMV_MAXCAND]);
+
+/* The tiles of every row block of a GEMV of B rows (blocks of
+ * GOP_GEMV_MAXB and the rest) into tab, each (N, K, row block) looked up
+ * once (one already in tab is left as it is): the stored winner where t
+ * has a usable record, else the built-in rule's tile.  As tune_moe_plan:
+ * a record there but unusable is one warning (once per process) and the
+ * built-in tile; a stored tile's kernel is obtained for t->arch
+ * (gop_gemv_check), so one the kernel refuses, or under
+ * MOEJIT_CACHE=assert-warm one the cache lacks, is such a record.  t NULL
+ * or off: the built-in tiles, no record read.  *ntuned (may be NULL): the
+ * row blocks that took a record.  Errors: MJ_EIO, MJ_ENOMEM only. */
+int tune_gemv_plan(const tune_target *t, int B, int N, int K, gop_gemv_tiles *tab, int *ntuned, mj_err *err);
+
+/* ---- the timing runs (need a GPU of t->arch) -------------------------------------------- */
 typedef struct tune_opts {
   model_moe_cfg cfg;   /* the layer's widths (GLM-5's, or a model's) */
-  const int *buckets;  /* capacity buckets to tune (the capture set's sizes) */
+  const int *buckets;  /* capacity buckets to tune (the capture set's sizes); the GEMV's batch sizes */
   int nbuckets;
   int copies;          /* copies of every expert's weights (0: 2), rotated so L2 serves none */
-  FILE *log;           /* one line per kernel and bucket (NULL: none) */
+  FILE *log;           /* one line per kernel and bucket or shape (NULL: none) */
+  const gop_gemv_shape *gemv; /* the step's GEMV shapes (gpu_gemv_shapes), for tune_gemv_run */
+  int ngemv;
 } tune_opts;
 
 /* For every bucket and expert kernel: time the built-in tile and the
@@ -84,5 +127,18 @@ typedef struct tune_opts {
  * the built-in, with both times) as t's record.  MJ_ENOGPU without a GPU
  * of t->arch. */
 int tune_moe_run(const tune_target *t, const tune_opts *o, mj_err *err);
+
+/* For every GEMV shape of o->gemv and every row block size of o->buckets
+ * (a size up to GOP_GEMV_MAXB itself, a larger one its blocks of
+ * GOP_GEMV_MAXB and the rest): time the built-in tile and its candidates
+ * (tune_gemv_candidates) as CUDA-graph replay medians (tm_graph_us) over
+ * copies of W rotated so the L2 serves none (three L2s' worth a replay, at
+ * least two copies), a candidate's output first compared with the built-in
+ * tile's on the same W and x (relative L2 <= TUNE_GEMV_TOL, every value
+ * written and finite: else it may not win), and store the fastest that
+ * beats the built-in by 2% or more (else the built-in, with both times) as
+ * t's record.  MJ_ENOGPU without a GPU of t->arch. */
+#define TUNE_GEMV_TOL 1e-4 /* the tiles differ only in the order of their f32 sums: ~1e-6 */
+int tune_gemv_run(const tune_target *t, const tune_opts *o, mj_err *err);
 
 #endif

@@ -15,6 +15,9 @@
  * whose key hash falls to it (jit_set_shard); the disk cache is safe for
  * concurrent writers.  The parent then walks everything once more: that
  * pass must find every kernel on disk, and its counts are the summary's.
+ * --tune first times the tiles of the MoE expert kernels and of the dense
+ * GEMVs on the GPU at hand and stores the winners (tune.h), which the dry
+ * step then takes, so the warm-up compiles them.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -171,6 +174,15 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
     tune_opts to = {.cfg = model_moe_of(&cfg), .buckets = batches, .nbuckets = nb, .log = quiet ? NULL : stdout};
     if ((rc = tune_moe_run(&tt, &to, err))) goto out;
     if (!quiet) printf("warmup: tuned %d buckets x 2 expert kernels on %s in %.1f s\n", nb, tt.gpu, (mj_now_ms() - tt0) / 1e3);
+    /* The dense GEMVs: every shape of the step at every batch size. */
+    tt0 = mj_now_ms();
+    gop_gemv_shape shapes[GPU_MAX_GEMV_SHAPES];
+    if ((rc = gpu_gemv_shapes(&cfg, sh, &o, shapes, &to.ngemv, err))) goto out;
+    to.gemv = shapes;
+    if ((rc = tune_gemv_run(&tt, &to, err))) goto out;
+    if (!quiet)
+      printf("warmup: tuned %d GEMV shapes at %d batch sizes on %s in %.1f s\n", to.ngemv, nb, tt.gpu,
+             (mj_now_ms() - tt0) / 1e3);
   }
   double t0 = mj_now_ms();
   uint64_t child_compiles = 0, child_failures = 0;

@@ -93,16 +93,18 @@ t=$dir/tuned
 "$here/test_cache" --populate "$t" 2 || fail "populate entries"
 expect 0 "^moe_expert  gate_up hidden=2048 inter=1024 experts=64 topk=8 bucket=8 mt=2  winner 16:256:8:0:0:0:4 250.5 us  built-in 4:256:8:0:0:2:0 264.2 us (-5.2%)  Test GPU 141GB sm_90a driver 13.0  2025-12-03 19:26 UTC$" \
   "$MOEJIT" cache list --dir "$t"
+expect 0 "^gemv_mma  N=2784 K=6144 B=8  winner 256:1:4:8:2 12.5 us  built-in 256:1:8:8:1 14.0 us (-10.7%)  Test GPU 141GB sm_90a driver 13.0  2025-12-03 19:26 UTC$" \
+  "$MOEJIT" cache list --dir "$t"
 expect 0 "^1 bad tuning record (never used" "$MOEJIT" cache list --dir "$t"
 expect 0 "^$t/tune/[0-9a-f]\{32\}: no check line at the end$" "$MOEJIT" cache list --dir "$t"
 # verify reads the records too: the bad one named with its reason, exit 7.
 expect 7 "^$t/tune/[0-9a-f]\{32\}: no check line at the end$" "$MOEJIT" cache verify --dir "$t"
-expect 7 "^2 tuning records checked, 1 bad$" "$MOEJIT" cache verify --dir "$t"
+expect 7 "^3 tuning records checked, 1 bad$" "$MOEJIT" cache verify --dir "$t"
 expect 7 "^2 entries checked, 0 bad$" "$MOEJIT" cache verify --dir "$t"
 expect 7 "^moejit: $t: 1 bad tuning record (never used" "$MOEJIT" cache verify --dir "$t"
 expect 0 "^removed 2 entries from $t$" "$MOEJIT" cache clear --dir "$t"
 expect 0 "winner 16:256:8:0:0:0:4" "$MOEJIT" cache list --dir "$t"
-expect 0 "^removed 2 tuning records from $t$" "$MOEJIT" cache clear --tuning --dir "$t"
+expect 0 "^removed 3 tuning records from $t$" "$MOEJIT" cache clear --tuning --dir "$t"
 n=$("$MOEJIT" cache list --dir "$t" | grep -c "winner\|bad tuning")
 [ "$n" = 0 ] || fail "cache clear --tuning left $n tuning lines"
 expect 0 "^0 tuning records checked, 0 bad$" "$MOEJIT" cache verify --dir "$t"

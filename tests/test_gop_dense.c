@@ -121,6 +121,86 @@ static void test_dry_compile(void) {
   jit_shutdown();
 }
 
+/* Whether the GEMV kernel of tile t for a row block (nb, N, K) is in the
+ * front door (compiled by this process: the cache is off). */
+static bool gemv_obtained(const gop_gemv_tile *t, int nb, int N, int K) {
+  char v[8][16];
+  int vals[8] = {N, K, nb, t->mma ? t->m.threads : t->f.threads, t->mma ? t->m.mt : t->f.rows,
+                 t->mma ? t->m.kj : t->f.unroll, t->m.ksplit, t->m.minb};
+  static const char *const names[2][8] = {{"N", "K", "B", "THREADS", "ROWS", "UNROLL"},
+                                          {"N", "K", "B", "THREADS", "MT", "KJ", "KSPLIT", "MINB"}};
+  dsl_define defs[8];
+  int n = t->mma ? 8 : 6;
+  for (int i = 0; i < n; i++) snprintf(v[i], sizeof v[i], "%d", vals[i]), defs[i] = (dsl_define){names[t->mma][i], v[i]};
+  jit_request req = {kt_template(t->mma ? KT_gemv_mma : KT_gemv), {NULL, defs, n}, NULL, "sm_90a"};
+  bool cached = false;
+  mj_err err = {0};
+  T_EQ_INT(jit_probe(&req, &cached, &err), 0);
+  mj_err_clear(&err);
+  return cached;
+}
+
+/* Tiles by shape (gop_ctx.gemv, what the engine's tuned tiles ride in): a
+ * row block takes its shape's tile from the table, the built-in rule's
+ * where the table has none (or, with the kernel forced, one of the other
+ * kernel); a strict table refuses a shape it lacks; gop_gemv_builtin is
+ * the rule the launcher runs; gop_gemv_check obtains a tile's kernel and
+ * passes on the template's refusal. */
+static void test_gemv_tiles(void) {
+  jit_shutdown();
+  mj_err err = {0};
+  const CUdeviceptr z = 0;
+  gop_gemv_tiles tab = {0};
+  gop_ctx cx = DRY;
+  cx.arch = "sm_90a", cx.gemv = &tab;
+  /* The rule: docs/decode.md's table (in_proj at batch 8: MT 1, KJ 8, K
+   * split 8 ways; 3 rows: the CUDA cores, the block halved to 128 for two
+   * blocks an SM). */
+  gop_gemv_tile b8 = gop_gemv_builtin(8, 2784, 6144), b3 = gop_gemv_builtin(3, 2784, 6144);
+  T_CHECK(b8.mma && b8.m.threads == 256 && b8.m.mt == 1 && b8.m.kj == 8 && b8.m.ksplit == 8 && b8.m.minb == 1);
+  T_CHECK(!b3.mma && b3.f.threads == 128 && b3.f.rows == 2 && b3.f.unroll == 4);
+  /* An empty table: the rule's kernel. */
+  T_EQ_INT(gop_gemv(z, z, z, 8, 2784, 6144, &cx, &err), 0);
+  T_CHECK(gemv_obtained(&b8, 8, 2784, 6144));
+  /* A tile in the table replaces the rule's for its shape and row block. */
+  jit_shutdown();
+  gop_gemv_tile t8 = {.mma = true, .m = {256, 1, 4, 8, 2}}, t3 = {.mma = false, .f = {256, 1, 8}};
+  gop_gemv_tiles_put(&tab, 2784, 6144, 8, &b8);
+  gop_gemv_tiles_put(&tab, 2784, 6144, 8, &t8); /* replaces */
+  gop_gemv_tiles_put(&tab, 2784, 6144, 3, &t3);
+  T_EQ_INT(tab.n, 2);
+  T_EQ_INT(gop_gemv(z, z, z, 8, 2784, 6144, &cx, &err), 0);
+  T_EQ_INT(gop_gemv(z, z, z, 3, 2784, 6144, &cx, &err), 0);
+  T_CHECK(gemv_obtained(&t8, 8, 2784, 6144) && !gemv_obtained(&b8, 8, 2784, 6144));
+  T_CHECK(gemv_obtained(&t3, 3, 2784, 6144) && !gemv_obtained(&b3, 3, 2784, 6144));
+  /* Forced onto the other kernel: that kernel's rule. */
+  T_EQ_INT(gop_gemv_on(GOP_GEMV_FMA, z, z, z, 8, 2784, 6144, &cx, &err), 0);
+  gop_gemv_tile f8 = {.mma = false, .f = {128, 2, 2}};
+  T_CHECK(gemv_obtained(&f8, 8, 2784, 6144));
+  /* Row blocks: 72 rows are 64 and 8, the 64 not in the table: the rule's,
+   * or with strict an internal error naming the shape. */
+  T_EQ_INT(gop_gemv(z, z, z, 72, 2784, 6144, &cx, &err), 0);
+  gop_gemv_tile b64 = gop_gemv_builtin(64, 2784, 6144);
+  T_CHECK(gemv_obtained(&b64, 64, 2784, 6144));
+  tab.strict = true;
+  T_EQ_INT(gop_gemv(z, z, z, 72, 2784, 6144, &cx, &err), MJ_EINTERNAL);
+  T_EQ_STR(err.msg, "gop_gemv: no tile for N 2784 K 6144 at 64 rows: a GEMV not among the engine's shapes");
+  mj_err_clear(&err);
+  T_EQ_INT(gop_gemv(z, z, z, 8, 2784, 6144, &cx, &err), 0);
+  /* gop_gemv_check: a tile's kernel obtained, launching nothing; a tile the
+   * template refuses is its compile error. */
+  jit_shutdown();
+  T_EQ_INT(gop_gemv_check(&t8, 8, 2784, 6144, "sm_90a", &err), 0);
+  T_CHECK(gemv_obtained(&t8, 8, 2784, 6144));
+  gop_gemv_tile bad = {.mma = true, .m = {256, 1, 8, 3, 1}};
+  T_EQ_INT(gop_gemv_check(&bad, 8, 2784, 6144, "sm_90a", &err), MJ_EINPUT);
+  T_CHECK(strstr(err.msg, "KSPLIT must divide") != NULL);
+  mj_err_clear(&err);
+  gop_gemv_tiles_free(&tab);
+  T_EQ_INT(tab.n, 0);
+  jit_shutdown();
+}
+
 /* ---- references by hand ------------------------------------------------------------ */
 static void test_ref_embed_gemv(void) {
   bf16 table[3 * 8];
@@ -325,6 +405,7 @@ int main(void) {
   setenv("MOEJIT_CACHE", "off", 1);
   T_RUN(test_kernel_table);
   T_RUN(test_dry_compile);
+  T_RUN(test_gemv_tiles);
   T_RUN(test_ref_embed_gemv);
   T_RUN(test_ref_add_rmsnorm);
   T_RUN(test_ref_silu_mul);

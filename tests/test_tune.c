@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cudrv.h"
+#include "gpu_model.h"
 #include "jit.h"
 #include "tune.h"
 #include "t.h"
@@ -56,6 +57,37 @@ static void write_at(const tune_target *t, const cache_tune *want, const cache_t
   T_EQ_INT(mj_write_file_atomic(path, b.data, b.len, NULL), 0);
   free(path);
   mj_buf_free(&b);
+}
+
+/* Field name of r set to value (the fields a foreign record differs in). */
+static void set_field(cache_tune *r, const char *field, const char *value) {
+  struct {
+    const char *name;
+    char *v;
+    size_t cap;
+  } f[] = {{"gpu", r->gpu, sizeof r->gpu},          {"driver", r->driver, sizeof r->driver},
+           {"source_hash", r->source_hash, sizeof r->source_hash}, {"arch", r->arch, sizeof r->arch},
+           {"shape", r->shape, sizeof r->shape},      {"family", r->family, sizeof r->family},
+           {"choice", r->choice, sizeof r->choice}};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(f); i++)
+    if (!strcmp(field, f[i].name)) snprintf(f[i].v, f[i].cap, "%s", value);
+}
+
+/* The warnings file w holds exactly one warning for the record at path
+ * with reason why, and one "built-in" line; else what it holds is shown. */
+static void warned_once(const char *w, const char *path, const char *why) {
+  char line[600];
+  snprintf(line, sizeof line, "moejit: warning: tuning record %s: %s", path, why);
+  int hits = t_count_in(w, line);
+  T_EQ_INT(hits, 1);
+  if (hits != 1) {
+    char *got = NULL;
+    size_t n;
+    mj_read_file(w, &got, &n, NULL);
+    fprintf(stderr, "  want: %s\n  got:  %s", line, got ? got : "(nothing)\n");
+    free(got);
+  }
+  T_EQ_INT(t_count_in(w, ": the built-in plan is used\n"), 1);
 }
 
 static void test_record_text(void) {
@@ -175,27 +207,11 @@ static void test_lookup(void) {
   char *path = cache_tune_path(t.dir, &want);
   for (size_t i = 0; i < MJ_ARRAY_LEN(cases); i++) {
     cache_tune r = good;
-    if (!strcmp(cases[i].field, "gpu")) snprintf(r.gpu, sizeof r.gpu, "%s", cases[i].value);
-    if (!strcmp(cases[i].field, "driver")) snprintf(r.driver, sizeof r.driver, "%s", cases[i].value);
-    if (!strcmp(cases[i].field, "source_hash")) snprintf(r.source_hash, sizeof r.source_hash, "%s", cases[i].value);
-    if (!strcmp(cases[i].field, "arch")) snprintf(r.arch, sizeof r.arch, "%s", cases[i].value);
-    if (!strcmp(cases[i].field, "shape")) snprintf(r.shape, sizeof r.shape, "%s", cases[i].value);
-    if (!strcmp(cases[i].field, "choice")) snprintf(r.choice, sizeof r.choice, "%s", cases[i].value);
+    set_field(&r, cases[i].field, cases[i].value);
     write_at(&t, &want, &r);
     T_EQ_INT(lookup(&t, &p, tuned, w), 1);
     T_CHECK(!tuned[0] && memcmp(&p.gu, &builtin.gu, sizeof p.gu) == 0);
-    char line[600];
-    snprintf(line, sizeof line, "moejit: warning: tuning record %s: %s", path, cases[i].why);
-    int hits = t_count_in(w, line);
-    T_EQ_INT(hits, 1);
-    if (hits != 1) {
-      char *got = NULL;
-      size_t n;
-      mj_read_file(w, &got, &n, NULL);
-      fprintf(stderr, "  want: %s\n  got:  %s", line, got ? got : "(nothing)\n");
-      free(got);
-    }
-    T_EQ_INT(t_count_in(w, ": the built-in plan is used\n"), 1);
+    warned_once(w, path, cases[i].why);
     /* Once per process: the same record asked again warns no more. */
     T_EQ_INT(lookup(&t, &p, tuned, w), 0);
     T_CHECK(!tuned[0]);
@@ -302,6 +318,8 @@ static void test_here(void) {
     tune_target_here("sm_90a", &here);
     T_CHECK(!here.on);
     T_EQ_INT(tune_moe_run(&t, &o, &err), MJ_ENOGPU); /* t says on, for sm_90a: no device */
+    mj_err_clear(&err);
+    T_EQ_INT(tune_gemv_run(&t, &o, &err), MJ_ENOGPU);
   } else {
     tune_target_here(NULL, &here);
     T_CHECK(here.on);
@@ -319,6 +337,8 @@ static void test_here(void) {
     T_CHECK(!here.on);
     snprintf(t.arch, sizeof t.arch, "sm_1"); /* a target this GPU is not */
     T_EQ_INT(tune_moe_run(&t, &o, &err), MJ_ENOGPU);
+    mj_err_clear(&err);
+    T_EQ_INT(tune_gemv_run(&t, &o, &err), MJ_ENOGPU);
   }
   mj_err_clear(&err);
   old_mode ? setenv("MOEJIT_CACHE", old_mode, 1) : unsetenv("MOEJIT_CACHE");
@@ -378,15 +398,384 @@ static void test_assert_warm(void) {
   free(old_mode), free(old_dir), free(path);
 }
 
+/* ---- the batched GEMV: families gemv_mma and gemv ------------------------------------------- */
+/* attn.in_proj's shape at GLM-5's widths: 174 m16 tiles, K split 8 ways
+ * by the rule at 8 rows (docs/decode.md). */
+enum { GN = 2784, GK = 6144 };
+
+static void test_gemv_tiles_text(void) {
+  gop_gemv_tile t = {.mma = true};
+  T_EQ_INT(tune_gemv_tile_parse("256:1:8:8:1", &t), 11);
+  T_CHECK(t.m.threads == 256 && t.m.mt == 1 && t.m.kj == 8 && t.m.ksplit == 8 && t.m.minb == 1);
+  T_EQ_INT(tune_gemv_tile_parse("128:2:4:4:2,256:1:8:8:1", &t), 11);
+  char s[64];
+  tune_gemv_tile_text(&t, s, sizeof s);
+  T_EQ_STR(s, "128:2:4:4:2");
+  gop_gemv_tile f = {.mma = false};
+  T_EQ_INT(tune_gemv_tile_parse("256:2:4", &f), 7);
+  T_CHECK(f.f.threads == 256 && f.f.rows == 2 && f.f.unroll == 4);
+  tune_gemv_tile_text(&f, s, sizeof s);
+  T_EQ_STR(s, "256:2:4");
+  /* Each kernel's words only, and sane values (the template judges the
+   * rest: a KSPLIT that does not divide the warps parses). */
+  const char *bad_mma[] = {"",          "256:2:4",      "256:1:8:8",     "256:1:8:8:1:1", "100:1:8:8:1",
+                           "2048:1:8:8:1", "256:0:8:8:1", "256:1:0:8:1",  "256:1:8:0:1",   "256:1:8:16:1",
+                           "256:1:8:8:0", "256:1:64:8:1", "256:1:8:8:1x", "-256:1:8:8:1"};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(bad_mma); i++) {
+    gop_gemv_tile b = {.mma = true};
+    T_EQ_INT(tune_gemv_tile_parse(bad_mma[i], &b), 0);
+  }
+  T_EQ_INT(tune_gemv_tile_parse("256:1:8:3:1", &t), 11);
+  const char *bad_fma[] = {"", "256:1:8:8:1", "256:2", "16:2:4", "256:0:4", "256:2:0", "256:17:4", "256:2:33"};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(bad_fma); i++) {
+    gop_gemv_tile b = {.mma = false};
+    T_EQ_INT(tune_gemv_tile_parse(bad_fma[i], &b), 0);
+  }
+}
+
+/* A GEMV record as warmup --tune writes it, for a row block of nb rows. */
+static cache_tune gemv_record(const tune_target *t, int nb, int N, int K, const char *choice) {
+  cache_tune r;
+  tune_gemv_want(t, nb, N, K, &r);
+  snprintf(r.choice, sizeof r.choice, "%s", choice);
+  gop_gemv_tile b = gop_gemv_builtin(nb, N, K);
+  tune_gemv_tile_text(&b, r.builtin, sizeof r.builtin);
+  r.us = 12.5, r.builtin_us = 14.0, r.date = 1764790000;
+  return r;
+}
+
+static void test_gemv_record_text(void) {
+  tune_target t = test_target(t_scratch("gr"));
+  cache_tune m = gemv_record(&t, 8, GN, GK, "256:1:4:8:1"), f = gemv_record(&t, 4, GN, GK, "256:2:4"), back;
+  /* The family is the kernel the rule runs at that many rows. */
+  T_EQ_STR(m.family, "gemv_mma");
+  T_EQ_STR(m.shape, "N=2784 K=6144 B=8");
+  T_EQ_STR(m.builtin, "256:1:8:8:1");
+  T_EQ_STR(f.family, "gemv");
+  T_EQ_STR(f.shape, "N=2784 K=6144 B=4");
+  T_EQ_STR(f.builtin, "128:2:4");
+  /* Each family holds to its own template's hash. */
+  T_EQ_INT(strlen(m.source_hash), 32);
+  T_EQ_INT(strlen(f.source_hash), 32);
+  T_CHECK(strcmp(m.source_hash, f.source_hash) != 0);
+  mj_buf b = {0};
+  cache_tune_format(&m, &b);
+  mj_err err = {0};
+  T_EQ_INT(cache_tune_parse(b.data, b.len, &back, &err), 0);
+  T_EQ_STR(back.family, "gemv_mma");
+  T_EQ_STR(back.shape, "N=2784 K=6144 B=8");
+  T_EQ_STR(back.choice, "256:1:4:8:1");
+  T_EQ_STR(back.source_hash, m.source_hash);
+  T_NEAR(back.us, 12.5, 1e-9);
+  mj_buf_free(&b);
+  /* Stored in the slot the engine reads, and found there. */
+  T_EQ_INT(cache_tune_store(t.dir, &m, &err), 0);
+  cache_tune want;
+  tune_gemv_want(&t, 8, GN, GK, &want);
+  bool found = false;
+  T_EQ_INT(cache_tune_find(t.dir, &want, &back, &found, &err), 0);
+  T_CHECK(found);
+  T_EQ_STR(back.choice, "256:1:4:8:1");
+  /* Another row block of the same shape is another slot. */
+  tune_gemv_want(&t, 16, GN, GK, &want);
+  T_EQ_INT(cache_tune_find(t.dir, &want, &back, &found, &err), 0);
+  T_CHECK(!found);
+}
+
+/* The timing run's candidates: the built-in tile first, at most
+ * TUNE_GEMV_MAXCAND, distinct, each one its own text's tile and each one
+ * the template takes (compiled for sm_90a: no slot of the run goes to a
+ * tile the kernel refuses). */
+static void test_gemv_candidates(void) {
+  static const int shapes[][2] = {{GN, GK}, {6144, 16384}, {154880, 6144}, {130, 1032}};
+  static const int nbs[] = {1, 4, 8, 17, 64};
+  mj_err err = {0};
+  int compiled = 0;
+  for (size_t s = 0; s < MJ_ARRAY_LEN(shapes); s++)
+    for (size_t j = 0; j < MJ_ARRAY_LEN(nbs); j++) {
+      int N = shapes[s][0], K = shapes[s][1], nb = nbs[j];
+      gop_gemv_tile c[TUNE_GEMV_MAXCAND], b = gop_gemv_builtin(nb, N, K);
+      int n = tune_gemv_candidates(nb, N, K, c);
+      T_CHECK(n >= 5 && n <= TUNE_GEMV_MAXCAND);
+      char tb[64], tc[64];
+      tune_gemv_tile_text(&b, tb, sizeof tb);
+      tune_gemv_tile_text(&c[0], tc, sizeof tc);
+      T_EQ_STR(tc, tb);
+      for (int i = 0; i < n; i++) {
+        T_CHECK(c[i].mma == b.mma);
+        tune_gemv_tile_text(&c[i], tc, sizeof tc);
+        gop_gemv_tile back = {.mma = c[i].mma};
+        T_EQ_INT(tune_gemv_tile_parse(tc, &back), (int)strlen(tc));
+        for (int k = 0; k < i; k++) {
+          char tk[64];
+          tune_gemv_tile_text(&c[k], tk, sizeof tk);
+          T_CHECK(strcmp(tk, tc) != 0);
+        }
+        /* The compile is the slow part: the odd shape's and one GLM-5
+         * shape's (every tile's kernel at each row block size). */
+        if (s == 0 || s == 3) {
+          int rc = gop_gemv_check(&c[i], nb, N, K, "sm_90a", &err);
+          if (rc) fprintf(stderr, "  N=%d K=%d B=%d %s: %s\n", N, K, nb, tc, err.msg);
+          T_EQ_INT(rc, 0);
+          mj_err_clear(&err);
+          compiled++;
+        }
+      }
+    }
+  printf("  %d candidate kernels compiled\n", compiled);
+  jit_shutdown();
+}
+
+/* The GEMV lookup on one row block; returns the warnings file's lines. */
+static int gemv_lookup(const tune_target *t, int B, gop_gemv_tiles *tab, int *ntuned, const char *warn_file) {
+  mj_err err = {0};
+  t_stderr_to(warn_file);
+  int rc = tune_gemv_plan(t, B, GN, GK, tab, ntuned, &err);
+  t_stderr_back();
+  T_EQ_INT(rc, 0);
+  if (rc) mj_err_print(&err, stderr);
+  return t_count_in(warn_file, "\n");
+}
+
+static bool same_tile(const gop_gemv_tile *a, const gop_gemv_tile *b) {
+  char ta[64], tb[64];
+  tune_gemv_tile_text(a, ta, sizeof ta);
+  tune_gemv_tile_text(b, tb, sizeof tb);
+  return a->mma == b->mma && strcmp(ta, tb) == 0;
+}
+
+static void test_gemv_lookup(void) {
+  tune_target t = test_target(t_scratch("gl"));
+  const char *w = t_scratch("gwarn");
+  mj_err err = {0};
+  gop_gemv_tiles tab = {0};
+  int ntuned = -1;
+  const gop_gemv_tile b8 = gop_gemv_builtin(8, GN, GK), b4 = gop_gemv_builtin(4, GN, GK);
+
+  /* No record: the built-in tiles, silently, every row block in the table
+   * (100 rows: 64 and 36). */
+  T_EQ_INT(gemv_lookup(&t, 100, &tab, &ntuned, w), 0);
+  T_EQ_INT(ntuned, 0);
+  T_EQ_INT(tab.n, 2);
+  gop_gemv_tile b64 = gop_gemv_builtin(64, GN, GK), b36 = gop_gemv_builtin(36, GN, GK);
+  T_CHECK(same_tile(gop_gemv_tiles_find(&tab, GN, GK, 64), &b64));
+  T_CHECK(same_tile(gop_gemv_tiles_find(&tab, GN, GK, 36), &b36));
+
+  /* Good records of both families: taken. */
+  cache_tune good = gemv_record(&t, 8, GN, GK, "256:1:4:8:2"), fgood = gemv_record(&t, 4, GN, GK, "256:1:8");
+  T_EQ_INT(cache_tune_store(t.dir, &good, &err), 0);
+  T_EQ_INT(cache_tune_store(t.dir, &fgood, &err), 0);
+  T_EQ_INT(gemv_lookup(&t, 8, &tab, &ntuned, w), 0);
+  T_EQ_INT(ntuned, 1);
+  const gop_gemv_tile *got = gop_gemv_tiles_find(&tab, GN, GK, 8);
+  T_CHECK(got && got->mma && got->m.threads == 256 && got->m.kj == 4 && got->m.ksplit == 8 && got->m.minb == 2);
+  T_EQ_INT(gemv_lookup(&t, 4, &tab, &ntuned, w), 0);
+  T_EQ_INT(ntuned, 1);
+  got = gop_gemv_tiles_find(&tab, GN, GK, 4);
+  T_CHECK(got && !got->mma && got->f.threads == 256 && got->f.rows == 1 && got->f.unroll == 8);
+  /* Once per shape and row block: a table that has the row block is not
+   * looked up again (the record replaced since is not read). */
+  cache_tune other = gemv_record(&t, 8, GN, GK, "128:1:8:4:1");
+  T_EQ_INT(cache_tune_store(t.dir, &other, &err), 0);
+  T_EQ_INT(gemv_lookup(&t, 8, &tab, &ntuned, w), 0);
+  T_EQ_INT(ntuned, 0);
+  got = gop_gemv_tiles_find(&tab, GN, GK, 8);
+  T_CHECK(got && got->m.threads == 256 && got->m.kj == 4);
+  /* Off (no GPU of the target, the cache or tuning off): the built-in tile. */
+  gop_gemv_tiles_free(&tab);
+  tune_target off = t;
+  off.on = false;
+  T_EQ_INT(gemv_lookup(&off, 8, &tab, &ntuned, w), 0);
+  T_CHECK(ntuned == 0 && same_tile(gop_gemv_tiles_find(&tab, GN, GK, 8), &b8));
+  gop_gemv_tiles_free(&tab);
+
+  /* Foreign and broken records where the engine looks: one warning each,
+   * naming the file and the reason, and the built-in tile. */
+  struct {
+    int nb;
+    const char *field, *value, *why;
+  } cases[] = {
+      {8, "gpu", "NVIDIA H100 80GB HBM3", "tuned on NVIDIA H100 80GB HBM3, not Test GPU 141GB"},
+      {8, "driver", "12.8", "tuned with driver 12.8, not 13.0"},
+      {8, "source_hash", "00000000000000000000000000000000", "tuned with another version of the gemv_mma kernel"},
+      {4, "source_hash", "00000000000000000000000000000000", "tuned with another version of the gemv kernel"},
+      {8, "arch", "sm_120", "tuned for sm_120, not sm_90a"},
+      {8, "shape", "N=2784 K=6144 B=16", "a record of gemv_mma N=2784 K=6144 B=16, not gemv_mma N=2784 K=6144 B=8"},
+      {8, "family", "gemv", "a record of gemv N=2784 K=6144 B=8, not gemv_mma N=2784 K=6144 B=8"},
+      {8, "choice", "fast", "corrupt (choice 'fast' is not a tile)"},
+      {8, "choice", "256:2:4", "corrupt (choice '256:2:4' is not a tile)"},
+      {8, "choice", "256:1:8:8:1,128:1:8:4:1", "corrupt (choice '256:1:8:8:1,128:1:8:4:1' is not a tile)"},
+      {4, "choice", "256:1:8:8:1", "corrupt (choice '256:1:8:8:1' is not a tile)"},
+      {8, "choice", "256:1:8:3:1", "the kernel refuses tile 256:1:8:3:1 ("},
+  };
+  for (size_t i = 0; i < MJ_ARRAY_LEN(cases); i++) {
+    int nb = cases[i].nb;
+    cache_tune want, r = nb == 8 ? good : fgood;
+    tune_gemv_want(&t, nb, GN, GK, &want);
+    set_field(&r, cases[i].field, cases[i].value);
+    write_at(&t, &want, &r);
+    T_EQ_INT(gemv_lookup(&t, nb, &tab, &ntuned, w), 1);
+    T_EQ_INT(ntuned, 0);
+    T_CHECK(same_tile(gop_gemv_tiles_find(&tab, GN, GK, nb), nb == 8 ? &b8 : &b4));
+    char *path = cache_tune_path(t.dir, &want);
+    warned_once(w, path, cases[i].why);
+    free(path);
+    /* Once per process: a new engine's lookup of the same record warns no more. */
+    gop_gemv_tiles_free(&tab);
+    T_EQ_INT(gemv_lookup(&t, nb, &tab, &ntuned, w), 0);
+    gop_gemv_tiles_free(&tab);
+  }
+  uint64_t removed;
+  T_EQ_INT(cache_tune_clear(t.dir, &removed, &err), 0);
+}
+
+/* Under MOEJIT_CACHE=assert-warm a GEMV winner whose kernel the cache
+ * lacks is one warning and the built-in tile; once a warm-up has compiled
+ * it, taken without a compile (as the MoE's, test_assert_warm). */
+static void test_gemv_assert_warm(void) {
+  char *old_mode = getenv("MOEJIT_CACHE") ? mj_xstrdup(getenv("MOEJIT_CACHE")) : NULL;
+  char *old_dir = getenv("MOEJIT_CACHE_DIR") ? mj_xstrdup(getenv("MOEJIT_CACHE_DIR")) : NULL;
+  tune_target t = test_target(t_scratch("gwarm"));
+  setenv("MOEJIT_CACHE_DIR", t.dir, 1);
+  mj_err err = {0};
+  cache_tune good = gemv_record(&t, 8, GN, GK, "256:1:4:8:2");
+  T_EQ_INT(cache_tune_store(t.dir, &good, &err), 0);
+  char *path = cache_tune_path(t.dir, &good), line[600];
+  const char *w = t_scratch("gwarn-warm");
+  gop_gemv_tiles tab = {0};
+  int ntuned;
+  const gop_gemv_tile b8 = gop_gemv_builtin(8, GN, GK);
+  cache_stats st;
+
+  setenv("MOEJIT_CACHE", "assert-warm", 1);
+  jit_shutdown();
+  T_EQ_INT(gemv_lookup(&t, 8, &tab, &ntuned, w), 1);
+  T_CHECK(ntuned == 0 && same_tile(gop_gemv_tiles_find(&tab, GN, GK, 8), &b8));
+  snprintf(line, sizeof line,
+           "moejit: warning: tuning record %s: its kernel is not in the cache (MOEJIT_CACHE=assert-warm: cache miss", path);
+  T_EQ_INT(t_count_in(w, line), 1);
+  gop_gemv_tiles_free(&tab);
+
+  /* Warmed (a lookup under MOEJIT_CACHE=on compiles the winner, as
+   * warm-up's dry step does), then assert-warm: taken, nothing compiled. */
+  const char *modes[] = {"on", "assert-warm"};
+  for (int i = 0; i < 2; i++) {
+    setenv("MOEJIT_CACHE", modes[i], 1);
+    jit_shutdown();
+    T_EQ_INT(gemv_lookup(&t, 8, &tab, &ntuned, w), 0);
+    T_EQ_INT(ntuned, 1);
+    jit_stats(&st);
+    T_EQ_INT(st.v[CACHE_STAT_compiles], i == 0);
+    gop_gemv_tiles_free(&tab);
+  }
+
+  jit_shutdown();
+  old_mode ? setenv("MOEJIT_CACHE", old_mode, 1) : unsetenv("MOEJIT_CACHE");
+  old_dir ? setenv("MOEJIT_CACHE_DIR", old_dir, 1) : unsetenv("MOEJIT_CACHE_DIR");
+  free(old_mode), free(old_dir), free(path);
+}
+
+/* The engine's side, through the dry step warm-up runs (gpu_warm): the
+ * step's GEMV shapes (gpu_gemv_shapes: GLM-5's projections, a bf16 shared
+ * expert's two), every GEMV of the step among them (the tile table is
+ * strict), and the tuned winners in the warm-up's kernels: with a record
+ * for lm_head's row block of 8, warming batch 8 compiles the winner and
+ * only it (the rest is cached from the first warm-up), obtains as many
+ * tensor-core GEMV kernels as without the record (the winner replaces the
+ * built-in tile, it is not added), and afterwards MOEJIT_CACHE=assert-warm
+ * compiles nothing.  The tuning target is named in gpu_opts (no GPU here
+ * to be one). */
+static void test_gemv_warm(void) {
+  char *old_mode = getenv("MOEJIT_CACHE") ? mj_xstrdup(getenv("MOEJIT_CACHE")) : NULL;
+  char *old_dir = getenv("MOEJIT_CACHE_DIR") ? mj_xstrdup(getenv("MOEJIT_CACHE_DIR")) : NULL;
+  tune_target t = test_target(t_scratch("gwu"));
+  setenv("MOEJIT_CACHE_DIR", t.dir, 1);
+  setenv("MOEJIT_CACHE", "on", 1);
+  mj_arena a;
+  mj_arena_init(&a, 4096);
+  model_config cfg;
+  model_config_glm5(&cfg, 2, 1, &a); /* a dense layer, then a MoE layer */
+  const int sh_inter = cfg.moe_intermediate_size, H = cfg.hidden_size, batch[] = {8};
+  gpu_opts o;
+  gpu_opts_default(&o);
+  o.max_ctx = 256, o.max_rows = 8, o.tune = &t;
+  mj_err err = {0};
+
+  gop_gemv_shape sh[GPU_MAX_GEMV_SHAPES];
+  int n = 0;
+  T_EQ_INT(gpu_gemv_shapes(&cfg, sh_inter, &o, sh, &n, &err), 0);
+  const char *ops[] = {"attn.in_proj", "attn.q_proj", "attn.o_proj", "mlp.gate_up",
+                       "mlp.down",     "moe.shared",  "moe.shared",  "lm_head"};
+  T_EQ_INT(n, (int)MJ_ARRAY_LEN(ops));
+  for (int i = 0; i < n && i < (int)MJ_ARRAY_LEN(ops); i++) T_EQ_STR(sh[i].op, ops[i]);
+  if (n == 8) {
+    T_CHECK(sh[2].N == H && sh[2].K == cfg.num_attention_heads * cfg.v_head_dim);
+    T_CHECK(sh[5].N == 2 * sh_inter && sh[5].K == H && sh[6].N == H && sh[6].K == sh_inter);
+    T_CHECK(sh[7].N == cfg.vocab_size && sh[7].K == H);
+  }
+
+  uint64_t per[KT_N];
+  cache_stats st;
+  jit_shutdown();
+  kt_counts_reset();
+  T_EQ_INT(gpu_warm(&cfg, sh_inter, &o, "sm_90a", batch, 1, NULL, NULL, &err), 0);
+  if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
+  kt_counts(per);
+  uint64_t mma0 = per[KT_gemv_mma];
+  T_EQ_INT(mma0, 8);
+
+  const int N = cfg.vocab_size;
+  gop_gemv_tile b = gop_gemv_builtin(8, N, H), win = b;
+  win.m.kj = b.m.kj == 8 ? 4 : 8; /* a neighbour, as a run might store */
+  char choice[64];
+  tune_gemv_tile_text(&win, choice, sizeof choice);
+  cache_tune rec = gemv_record(&t, 8, N, H, choice);
+  T_EQ_INT(cache_tune_store(t.dir, &rec, &err), 0);
+  jit_shutdown();
+  kt_counts_reset();
+  T_EQ_INT(gpu_warm(&cfg, sh_inter, &o, "sm_90a", batch, 1, NULL, NULL, &err), 0);
+  if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
+  kt_counts(per);
+  jit_stats(&st);
+  T_EQ_INT(per[KT_gemv_mma], mma0);
+  T_EQ_INT(st.v[CACHE_STAT_compiles], 1);
+  /* the one compiled is the winner */
+  char v[8][16];
+  int vals[8] = {N, H, 8, win.m.threads, win.m.mt, win.m.kj, win.m.ksplit, win.m.minb};
+  static const char *const names[8] = {"N", "K", "B", "THREADS", "MT", "KJ", "KSPLIT", "MINB"};
+  dsl_define defs[8];
+  for (int i = 0; i < 8; i++) snprintf(v[i], sizeof v[i], "%d", vals[i]), defs[i] = (dsl_define){names[i], v[i]};
+  jit_request req = {kt_template(KT_gemv_mma), {NULL, defs, 8}, NULL, "sm_90a"};
+  bool cached = false;
+  T_EQ_INT(jit_probe(&req, &cached, &err), 0);
+  T_CHECK(cached);
+
+  setenv("MOEJIT_CACHE", "assert-warm", 1);
+  jit_shutdown();
+  T_EQ_INT(gpu_warm(&cfg, sh_inter, &o, "sm_90a", batch, 1, NULL, NULL, &err), 0);
+  if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
+  jit_stats(&st);
+  T_EQ_INT(st.v[CACHE_STAT_compiles], 0);
+
+  jit_shutdown();
+  mj_arena_free(&a);
+  old_mode ? setenv("MOEJIT_CACHE", old_mode, 1) : unsetenv("MOEJIT_CACHE");
+  old_dir ? setenv("MOEJIT_CACHE_DIR", old_dir, 1) : unsetenv("MOEJIT_CACHE_DIR");
+  free(old_mode), free(old_dir);
+}
+
 int main(int argc, char **argv) {
   if (argc > 2 && strcmp(argv[1], "--populate") == 0) {
-    /* For tests/cache_cli.sh: one good record and one bad file in DIR. */
+    /* For tests/cache_cli.sh and warmup.sh: a good record of each kind
+     * (the MoE's, the GEMV's) and one bad file in DIR. */
     tune_target t = test_target(argv[2]);
     model_moe_cfg c = small_cfg();
     moe_plan p;
     moe_plan_default(&c, 8, &p);
     cache_tune r = good_record(&t, &p, 0, "16:256:8:0:0:0:4");
     mj_err err = {0};
+    if (cache_tune_store(t.dir, &r, &err)) return mj_err_print(&err, stderr), 1;
+    r = gemv_record(&t, 8, GN, GK, "256:1:4:8:2");
     if (cache_tune_store(t.dir, &r, &err)) return mj_err_print(&err, stderr), 1;
     r = good_record(&t, &p, 1, "4:256:8:0:0:3:0");
     char *path = cache_tune_path(t.dir, &r);
@@ -400,6 +789,12 @@ int main(int argc, char **argv) {
   T_RUN(test_tiles);
   T_RUN(test_lookup);
   T_RUN(test_assert_warm);
+  T_RUN(test_gemv_tiles_text);
+  T_RUN(test_gemv_record_text);
+  T_RUN(test_gemv_candidates);
+  T_RUN(test_gemv_lookup);
+  T_RUN(test_gemv_assert_warm);
+  T_RUN(test_gemv_warm);
   T_RUN(test_here);
   return t_scratch_done(t_status());
 }

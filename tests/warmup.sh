@@ -62,15 +62,18 @@ expect 1 "moejit: moejit warmup: --arch h200: unknown target (use sm_80, sm_86, 
 expect 1 "moejit: moejit warmup: -j must be 1..256" $MOEJIT warmup -m "$tmp/m" --arch sm_90a -j 0
 # --tune times tiles on the GPU at hand: without one it is one line, status 3,
 # whatever else is named, and the tuning records already in the cache are
-# left as they were (the folder is seeded with a good and a bad one first,
-# so a run that stored, replaced or removed any would show; `cache list`
-# proves the records are where this cache keeps them).
+# left as they were (the folder is seeded with a good one of each kind, the
+# MoE's and the GEMV's, and a bad one first, so a run that stored, replaced or
+# removed any would show; `cache list` proves the records are where this
+# cache keeps them).
 expect 3 "moejit: moejit warmup --tune: needs a GPU" $MOEJIT warmup --synthetic glm5 --tune
 "$(dirname "$MOEJIT")/tests/test_tune" --populate "$tmp/cache" || bad "seed tuning records"
 records() { find "$tmp/cache/tune" -type f | sort | xargs cksum 2>&1; }
 before=$(records)
 n=$(MOEJIT_CACHE=on $MOEJIT cache list | grep -c "winner\|bad tuning record")
-[ "$n" = 2 ] && ok "the seeded tuning records are this cache's" || bad "cache list shows $n tuning lines, want 2"
+[ "$n" = 3 ] && ok "the seeded tuning records are this cache's" || bad "cache list shows $n tuning lines, want 3"
+MOEJIT_CACHE=on $MOEJIT cache list | grep -q "^gemv_mma  N=2784 K=6144 B=8  winner 256:1:4:8:2 " &&
+  ok "cache list shows the GEMV's record" || bad "cache list: $(MOEJIT_CACHE=on $MOEJIT cache list | tail -4)"
 MOEJIT_CACHE=on expect 3 "moejit: moejit warmup --tune: needs a GPU" $MOEJIT warmup --synthetic glm5 --arch sm_90a --tune
 [ "$(records)" = "$before" ] && ok "--tune without a GPU left the tuning records as they were" ||
   bad "--tune without a GPU changed $tmp/cache/tune: $(records)"

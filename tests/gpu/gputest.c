@@ -16,7 +16,7 @@
  * returns 0 or 2 (having said why); NULL for a test that takes none. */
 #define GPU_TESTS(X)                                                                                                  \
   X(gemv, NULL) X(rmsnorm, NULL) X(moe, NULL) X(dense, NULL) X(mla, NULL) X(attn, NULL) X(decode, NULL)             \
-  X(replay, NULL) X(nccl, NULL) X(shard, NULL) X(perf, gpu_perf_args)
+  X(replay, NULL) X(nccl, NULL) X(shard, NULL) X(perf, gpu_perf_args) X(tune, NULL)
 
 int gpu_perf_args(int argc, char **argv);
 #define X(name, check) int gpu_test_##name(int argc, char **argv);

@@ -1,0 +1,230 @@
+/* test_tune.c (GPU): `gputest tune`, the batched GEMV's tuned tiles on the
+ * GPU at hand (tune.h; docs/decode.md, "Tuned tiles").  Run by gputest,
+ * which exits 77 without a GPU.  The records go to a scratch cache.
+ *
+ * (a) The timing run (tune_gemv_run) on two shapes, attn.in_proj's 2784 x
+ * 6144 and an odd 130 x 1032 (a partial m16 tile, a K tail of one chunk),
+ * at batch sizes 3, 8, 17 and 100 (row blocks 3, 8, 17, 36 and 64): a
+ * record for every shape and row block, of the family of the kernel the
+ * rule runs there, its built-in tile the rule's, its winner a tile of that
+ * kernel, both times positive, and the winner the built-in tile or 2%
+ * faster than it.
+ * (b) The engine's lookup (tune_gemv_plan) takes each record without a
+ * warning, and gop_gemv on the tiles it gives (100 rows: both row blocks)
+ * matches the CPU reference, ref_gemv_b, within the kernel table's
+ * tolerance of the kernel that ran, every output written and a poisoned
+ * guard row past the output untouched.
+ * (c) Records written by hand of every candidate of every row block, one
+ * at a time (tiles the rule never picks: other splits of K, chunks in
+ * flight, blocks, register caps), each taken by the lookup and held to the
+ * CPU reference the same way: a tuned tile answers to the tolerance the
+ * rule's does, whatever the run measured.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpu_ops.h"
+#include "jit.h"
+#include "ref.h"
+#include "t.h"
+#include "t_fs.h"
+#include "tune.h"
+
+#define MAXB 100 /* rows of x: row blocks of 64 and 36 */
+
+static const int row_blocks[] = {3, 8, 17, 36, 64};
+
+/* One shape's host data, its CPU reference for MAXB rows, and device
+ * copies (y with a guard row past MAXB). */
+typedef struct shape {
+  int N, K;
+  bf16 *W, *x;
+  float *want, *got;
+  CUdeviceptr dW, dx, dy;
+} shape;
+
+/* The tuning target and the shapes, set up once for the cases. */
+static tune_target target;
+static shape shapes[2];
+
+static uint64_t rng;
+static float frand(void) { /* uniform in [-1, 1) */
+  rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+  return (float)((rng >> 40) & 0xFFFFFF) / 8388608.0f - 1.0f;
+}
+
+static bool shape_make(shape *s, int N, int K) {
+  memset(s, 0, sizeof *s);
+  s->N = N, s->K = K;
+  size_t wn = (size_t)N * K, xn = (size_t)MAXB * K, yn = (size_t)(MAXB + 1) * N;
+  s->W = mj_xmalloc(wn * 2), s->x = mj_xmalloc(xn * 2);
+  s->want = mj_xmalloc((size_t)MAXB * N * 4), s->got = mj_xmalloc(yn * 4);
+  for (size_t i = 0; i < wn; i++) s->W[i] = dt_f32_to_bf16(frand());
+  for (size_t i = 0; i < xn; i++) s->x[i] = dt_f32_to_bf16(frand());
+  ref_gemv_b(s->W, s->x, s->want, MAXB, N, K); /* a row's sum does not depend on the others */
+  mj_err err = {0};
+  int rc = cu_alloc(&s->dW, wn * 2, "W", &err);
+  if (!rc) rc = cu_alloc(&s->dx, xn * 2, "x", &err);
+  if (!rc) rc = cu_alloc(&s->dy, yn * 4, "y", &err);
+  if (rc) mj_err_print(&err, stderr);
+  T_EQ_INT(rc, 0);
+  if (!rc) {
+    T_EQ_INT(cu.cuMemcpyHtoD(s->dW, s->W, wn * 2), CUDA_SUCCESS);
+    T_EQ_INT(cu.cuMemcpyHtoD(s->dx, s->x, xn * 2), CUDA_SUCCESS);
+  }
+  return rc == 0;
+}
+
+static void shape_free(shape *s) {
+  if (s->dW) cu.cuMemFree(s->dW);
+  if (s->dx) cu.cuMemFree(s->dx);
+  if (s->dy) cu.cuMemFree(s->dy);
+  free(s->W), free(s->x), free(s->want), free(s->got);
+}
+
+/* gop_gemv of B rows on tab's tiles against the reference: every output
+ * written and finite, the relative L2 error within the kernel table's
+ * tolerance (the tensor cores' where any row block ran on them), and the
+ * poisoned row past the output untouched.  what: the line's label. */
+static void against_ref(shape *s, const gop_gemv_tiles *tab, int B, const char *what) {
+  mj_err err = {0};
+  const size_t n = (size_t)B * s->N, all = n + (size_t)s->N;
+  T_EQ_INT(cu.cuMemsetD8(s->dy, 0xFF, all * 4), CUDA_SUCCESS);
+  const gop_ctx cx = {.gemv = tab};
+  int rc = gop_gemv(s->dW, s->dx, s->dy, B, s->N, s->K, &cx, &err);
+  if (rc) mj_err_print(&err, stderr), mj_err_clear(&err);
+  T_EQ_INT(rc, 0);
+  T_EQ_INT(cu.cuCtxSynchronize(), CUDA_SUCCESS);
+  T_EQ_INT(cu.cuMemcpyDtoH(s->got, s->dy, all * 4), CUDA_SUCCESS);
+  size_t bad = 0, guard = 0;
+  for (size_t i = 0; i < n; i++) bad += !isfinite(s->got[i]);
+  const unsigned char *g = (const unsigned char *)(s->got + n);
+  for (size_t i = 0; i < (size_t)s->N * 4; i++) guard += g[i] != 0xFF;
+  bool mma = false;
+  for (int b0 = 0; b0 < B; b0 += GOP_GEMV_MAXB) {
+    const gop_gemv_tile *t = gop_gemv_tiles_find(tab, s->N, s->K, B - b0 < GOP_GEMV_MAXB ? B - b0 : GOP_GEMV_MAXB);
+    T_CHECK(t != NULL);
+    mma |= t && t->mma;
+  }
+  double e = ref_rel_err(s->got, s->want, n), tol = kt_kernels[mma ? KT_gemv_mma : KT_gemv].tol;
+  bool pass = bad == 0 && guard == 0 && e <= tol;
+  printf("  N=%-6d K=%-5d B=%-3d %-28s rel err %.2e (tol %.0e)  non-finite %zu  guard %zu  %s\n", s->N, s->K, B,
+         what, e, tol, bad, guard, pass ? "ok" : "FAIL");
+  T_CHECK(pass);
+}
+
+/* The lookup of B rows of s on t into a fresh table: every row block taken
+ * from its record, no warning. */
+static void lookup(const tune_target *t, const shape *s, int B, gop_gemv_tiles *tab) {
+  const char *w = t_scratch("warnings");
+  mj_err err = {0};
+  int ntuned = 0, blocks = (B + GOP_GEMV_MAXB - 1) / GOP_GEMV_MAXB;
+  gop_gemv_tiles_free(tab);
+  t_stderr_to(w);
+  int rc = tune_gemv_plan(t, B, s->N, s->K, tab, &ntuned, &err);
+  t_stderr_back();
+  if (rc) mj_err_print(&err, stderr), mj_err_clear(&err);
+  T_EQ_INT(rc, 0);
+  T_EQ_INT(ntuned, blocks);
+  T_EQ_INT(t_count_in(w, "warning"), 0);
+}
+
+/* (a) and (b): the run's records, read back and run. */
+static void test_run(void) {
+  const tune_target *t = &target;
+  shape *sh = shapes;
+  const int nsh = (int)MJ_ARRAY_LEN(shapes);
+  static const int batches[] = {3, 8, 17, 100};
+  gop_gemv_shape gs[MJ_ARRAY_LEN(shapes)];
+  for (int i = 0; i < nsh; i++) gs[i] = (gop_gemv_shape){i ? "odd" : "attn.in_proj", sh[i].N, sh[i].K};
+  tune_opts o = {.buckets = batches, .nbuckets = (int)MJ_ARRAY_LEN(batches), .log = stdout, .gemv = gs, .ngemv = nsh};
+  mj_err err = {0};
+  double t0 = mj_now_ms();
+  int rc = tune_gemv_run(t, &o, &err);
+  if (rc) mj_err_print(&err, stderr), mj_err_clear(&err);
+  T_EQ_INT(rc, 0);
+  printf("  tuned %d shapes at %d batch sizes in %.1f s\n", nsh, (int)MJ_ARRAY_LEN(batches), (mj_now_ms() - t0) / 1e3);
+  gop_gemv_tiles tab = {0};
+  for (int i = 0; i < nsh; i++) {
+    shape *s = &sh[i];
+    for (size_t j = 0; j < MJ_ARRAY_LEN(row_blocks); j++) {
+      int nb = row_blocks[j];
+      cache_tune want, rec;
+      bool found = false;
+      tune_gemv_want(t, nb, s->N, s->K, &want);
+      T_EQ_INT(cache_tune_find(t->dir, &want, &rec, &found, &err), 0);
+      mj_err_clear(&err);
+      T_CHECK(found);
+      if (!found) continue;
+      gop_gemv_tile b = gop_gemv_builtin(nb, s->N, s->K), won = {.mma = b.mma};
+      char bt[64];
+      tune_gemv_tile_text(&b, bt, sizeof bt);
+      T_EQ_STR(rec.family, kt_kernels[b.mma ? KT_gemv_mma : KT_gemv].name);
+      T_EQ_STR(rec.builtin, bt);
+      T_EQ_INT(tune_gemv_tile_parse(rec.choice, &won), (int)strlen(rec.choice));
+      T_CHECK(rec.us > 0 && rec.builtin_us > 0 && isfinite(rec.us) && isfinite(rec.builtin_us));
+      T_CHECK(strcmp(rec.choice, rec.builtin) == 0 || rec.us <= 0.98 * rec.builtin_us + 1e-3); /* times kept to 1e-3 us */
+      lookup(t, s, nb, &tab);
+      char what[96];
+      snprintf(what, sizeof what, "run's winner %s", rec.choice);
+      against_ref(s, &tab, nb, what);
+    }
+    lookup(t, s, MAXB, &tab);
+    against_ref(s, &tab, MAXB, "run's winners, 64 + 36");
+  }
+  gop_gemv_tiles_free(&tab);
+}
+
+/* (c): every candidate as a record of its own. */
+static void test_candidates(void) {
+  const tune_target *t = &target;
+  shape *sh = shapes;
+  const int nsh = (int)MJ_ARRAY_LEN(shapes);
+  mj_err err = {0};
+  gop_gemv_tiles tab = {0};
+  for (int i = 0; i < nsh; i++) {
+    shape *s = &sh[i];
+    for (size_t j = 0; j < MJ_ARRAY_LEN(row_blocks); j++) {
+      int nb = row_blocks[j];
+      gop_gemv_tile c[TUNE_GEMV_MAXCAND];
+      int n = tune_gemv_candidates(nb, s->N, s->K, c);
+      for (int k = 0; k < n; k++) {
+        cache_tune rec;
+        tune_gemv_want(t, nb, s->N, s->K, &rec);
+        tune_gemv_tile_text(&c[k], rec.choice, sizeof rec.choice);
+        tune_gemv_tile_text(&c[0], rec.builtin, sizeof rec.builtin);
+        rec.us = 1, rec.builtin_us = 1, rec.date = (int64_t)time(NULL);
+        T_EQ_INT(cache_tune_store(t->dir, &rec, &err), 0);
+        mj_err_clear(&err);
+        lookup(t, s, nb, &tab);
+        char what[96];
+        snprintf(what, sizeof what, "candidate %s", rec.choice);
+        against_ref(s, &tab, nb, what);
+      }
+    }
+  }
+  gop_gemv_tiles_free(&tab);
+}
+
+int gpu_test_tune(int argc, char **argv) {
+  if (t_scratch_init("gputune")) return 1;
+  setenv("MOEJIT_CACHE_DIR", t_root, 1);
+  setenv("MOEJIT_CACHE", "on", 1);
+  unsetenv("MOEJIT_TUNE");
+  jit_shutdown(); /* the front door reads the cache's settings again */
+  rng = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid();
+  printf("seed %llu\n", (unsigned long long)rng);
+  tune_target_here(NULL, &target);
+  T_CHECK(target.on);
+  if (target.on && shape_make(&shapes[0], 2784, 6144) && shape_make(&shapes[1], 130, 1032)) {
+    printf("tuning target: %s (%s), driver %s, records in %s\n", target.gpu, target.arch, target.driver, target.dir);
+    T_RUN(test_run);
+    T_RUN(test_candidates);
+  }
+  for (size_t i = 0; i < MJ_ARRAY_LEN(shapes); i++) shape_free(&shapes[i]);
+  jit_shutdown();
+  return t_scratch_done(t_status());
+}
