@@ -35,8 +35,9 @@ extern "C" {
 
 /* Raised whenever this header changes incompatibly or grows.
  * 2: moejit_message.content_len.  3: moejit_stats' engine time between
- * decode steps (decode_gap_ms_sum, decode_gaps, events_ms_sum). */
-#define MOEJIT_API_VERSION 3
+ * decode steps (decode_gap_ms_sum, decode_gaps, events_ms_sum).
+ * 4: moejit_request.stop_lens. */
+#define MOEJIT_API_VERSION 4
 
 /* The header's MOEJIT_API_VERSION the library was built with (a program
  * may check that it equals its own), and the package version ("0.1.0"). */
@@ -260,6 +261,8 @@ typedef struct moejit_request {
   const char *const *stop;       /* stop strings (non-empty, copied at submit); the text ends before the
                                     first match, found across token boundaries */
   size_t n_stop;
+  const size_t *stop_lens;       /* NULL (default): each stop string up to its NUL; else stop[i] is
+                                    stop_lens[i] bytes, which may hold NUL (0: up to its NUL) */
   bool ignore_eos;               /* end-of-sequence ids do not end the request (default false) */
 
   moejit_event_fn on_event;      /* NULL (default): the events queue for moejit_poll */

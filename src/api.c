@@ -185,7 +185,8 @@ typedef struct api_req {
   tok_ids prompt;
   sample_params sp;
   int64_t max_tokens;
-  char **stop;
+  char **stop;      /* each its stop_len[i] bytes, which may hold NUL */
+  size_t *stop_len;
   size_t n_stop, stop_max;
   bool ignore_eos;
   moejit_event_fn fn;
@@ -263,7 +264,7 @@ static void req_free(api_req *q) {
   if (!q) return;
   tok_ids_free(&q->prompt);
   for (size_t i = 0; i < q->n_stop; i++) free(q->stop[i]);
-  free(q->stop);
+  free(q->stop), free(q->stop_len);
   mj_buf_free(&q->pend);
   for (api_ev *e = q->qhead, *n; e; e = n) n = e->next, free(e);
   pthread_cond_destroy(&q->cv);
@@ -714,6 +715,12 @@ moejit_status moejit_chat_template(moejit *a, const moejit_message *msgs, size_t
 }
 
 /* ---- submitting ------------------------------------------------------------------------- */
+/* The length of r's stop string i: stop_lens[i] when given and not 0, else
+ * up to its NUL (callers older than stop_lens leave it NULL). */
+static size_t stop_len_of(const moejit_request *r, size_t i) {
+  return r->stop_lens && r->stop_lens[i] ? r->stop_lens[i] : strlen(r->stop[i]);
+}
+
 /* Everything about r that can be checked without the lock, into a new
  * request. */
 static int make_req(moejit *a, const moejit_request *r, api_req **out, mj_err *err) {
@@ -727,7 +734,7 @@ static int make_req(moejit *a, const moejit_request *r, api_req **out, mj_err *e
   if (rc) return rc;
   if (r->n_stop && !r->stop) return mj_fail(err, MJ_EUSAGE, "moejit_submit: %zu stop strings but stop is NULL", r->n_stop);
   for (size_t i = 0; i < r->n_stop; i++)
-    if (!r->stop[i] || !r->stop[i][0]) return mj_fail(err, MJ_EUSAGE, "moejit_submit: stop string %zu is empty", i);
+    if (!r->stop[i] || !stop_len_of(r, i)) return mj_fail(err, MJ_EUSAGE, "moejit_submit: stop string %zu is empty", i);
   api_req *q = req_new(a);
   *out = q;
   if (r->prompt) rc = encode(a, r->prompt, r->prompt_len ? r->prompt_len : strlen(r->prompt), true, &q->prompt, err);
@@ -748,9 +755,12 @@ static int make_req(moejit *a, const moejit_request *r, api_req **out, mj_err *e
   q->sp = s ? params_of(s, s->seed >= 0 ? (uint64_t)s->seed : 0) : a->dflt;
   q->n_stop = r->n_stop;
   q->stop = mj_xcalloc(r->n_stop ? r->n_stop : 1, sizeof *q->stop);
+  q->stop_len = mj_xcalloc(r->n_stop ? r->n_stop : 1, sizeof *q->stop_len);
   for (size_t i = 0; i < r->n_stop; i++) {
-    q->stop[i] = mj_xstrdup(r->stop[i]);
-    size_t l = strlen(r->stop[i]);
+    size_t l = stop_len_of(r, i);
+    q->stop[i] = mj_xmalloc(l);
+    memcpy(q->stop[i], r->stop[i], l);
+    q->stop_len[i] = l;
     q->stop_max = l > q->stop_max ? l : q->stop_max;
   }
   q->ignore_eos = r->ignore_eos;
@@ -977,7 +987,7 @@ static void end_failed(moejit *a, api_req *q, const mj_err *e) {
 static long find_stop(const api_req *q, int *which) {
   long best = -1;
   for (size_t i = 0; i < q->n_stop; i++) {
-    const char *p = memmem(q->pend.data ? q->pend.data : "", q->pend.len, q->stop[i], strlen(q->stop[i]));
+    const char *p = memmem(q->pend.data ? q->pend.data : "", q->pend.len, q->stop[i], q->stop_len[i]);
     if (p && (best < 0 || p - q->pend.data < best)) best = p - q->pend.data, *which = (int)i;
   }
   return best;
@@ -991,7 +1001,7 @@ static size_t hold_back(const api_req *q) {
     const char *s = q->pend.data + len - k;
     if (((unsigned char)*s & 0xC0) == 0x80) continue; /* inside a character */
     for (size_t i = 0; i < q->n_stop; i++)
-      if (strlen(q->stop[i]) > k && !memcmp(q->stop[i], s, k)) return k;
+      if (q->stop_len[i] > k && !memcmp(q->stop[i], s, k)) return k;
   }
   return 0;
 }

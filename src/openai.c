@@ -61,10 +61,10 @@ static int get_bool(const json *o, const char *key, bool *out, oai_error *e) {
 static int add_stop(oai_request *r, const json *s, oai_error *e) {
   if (s->type != JSON_STR) return BAD(e, "stop", "'stop' must be a string or an array of strings, not %s", json_type_name(s->type));
   if (s->len == 0) return BAD(e, "stop", "'stop' strings must not be empty");
-  /* The engine's stop strings end at their NUL: one holding "\u0000" would
-   * silently be cut there and match a shorter text than asked. */
-  if (memchr(s->str, 0, s->len)) return BAD(e, "stop", "'stop' strings must not hold NUL (\\u0000)");
   if (r->n_stop == OAI_MAX_STOP) return BAD(e, "stop", "'stop' holds at most %d strings", OAI_MAX_STOP);
+  /* With its length: a "\u0000" in it is a character of the stop string,
+   * as in a message's content. */
+  r->stop_len[r->n_stop] = s->len;
   r->stop[r->n_stop++] = mj_arena_strndup(&r->mem, s->str, s->len);
   return 0;
 }

@@ -47,7 +47,8 @@ typedef struct oai_request {
   double min_p;            /* default 0 */
   int64_t top_k;           /* default 0: off (-1 is read as off too, vLLM's way) */
   int64_t max_tokens;      /* >= 1; -1 when absent (the server picks) */
-  const char *stop[OAI_MAX_STOP]; /* NUL-terminated (one holding NUL is refused), as moejit_request takes them */
+  const char *stop[OAI_MAX_STOP]; /* stop_len[i] bytes each (a "\u0000" is a NUL byte of it), NUL-terminated */
+  size_t stop_len[OAI_MAX_STOP];  /* as moejit_request.stop_lens takes them */
   int n_stop;
   bool has_seed;
   int64_t seed;            /* any int64, as OpenAI takes */

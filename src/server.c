@@ -349,7 +349,7 @@ static enum MHD_Result completion(srv_req *q) {
   rq.sampling = &sp;
   int64_t mt = q->q.max_tokens > 0 ? q->q.max_tokens : q->q.kind == OAI_COMPLETION ? s->o.default_max_tokens : 0;
   rq.max_tokens = mt > INT32_MAX ? INT32_MAX : (int32_t)mt;
-  rq.stop = q->q.n_stop ? q->q.stop : NULL, rq.n_stop = (size_t)q->q.n_stop;
+  rq.stop = q->q.n_stop ? q->q.stop : NULL, rq.n_stop = (size_t)q->q.n_stop, rq.stop_lens = q->q.stop_len;
   rq.ignore_eos = q->q.ignore_eos;
   uint64_t id = 0;
   /* The body may have finished arriving after the drain began. */

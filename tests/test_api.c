@@ -6,7 +6,8 @@
  * when make check names the program ($MOEJIT), to `moejit generate --json`
  * for the same prompt and parameters.  Checked besides: the same seed twice
  * gives the same tokens and another seed others; stop strings, one of them
- * spanning two tokens, cut the text before the match; cancel of a running
+ * spanning two tokens and one holding a NUL byte (stop_lens), cut the text
+ * before the match; cancel of a running
  * request frees its slot for the next, and of a waiting one ends it before
  * it runs; a full wait queue refuses with MOEJIT_EQUEUE_FULL; bad arguments
  * give their status and a message; 8 threads submitting and polling at once
@@ -307,6 +308,55 @@ static void test_stop_strings(void) {
   T_EQ_INT(res.len, all_len);
   T_CHECK(!memcmp(res.text, all, all_len));
   T_EQ_INT(res.last.finish, MOEJIT_FINISH_LENGTH);
+  /* A stop string may hold NUL, given its length (stop_lens).  This text
+   * holds a NUL byte (a token of the byte-level vocabulary): the character
+   * before its first NUL and the NUL end the text there. */
+  const char *z = memchr(all, 0, all_len);
+  T_CHECK(z != NULL && z > all);
+  if (!z || z == all) return (void)moejit_close(m, 0);
+  const char *c0 = z - 1;
+  while (c0 > all && ((unsigned char)*c0 & 0xC0) == 0x80) c0--;
+  char nul[8];
+  size_t nl = (size_t)(z + 1 - c0);
+  memcpy(nul, c0, nl);
+  const char *stops3[] = {nul, "\0"};
+  size_t lens3[] = {nl, 1};
+  r.stop = stops3, r.n_stop = 1, r.stop_lens = lens3;
+  T_EQ_INT(moejit_submit(m, &r, &id), MOEJIT_OK);
+  T_CHECK(drain(m, id, &res));
+  T_EQ_INT(res.len, (size_t)(c0 - all));
+  T_CHECK(!memcmp(res.text, all, res.len));
+  T_EQ_INT(res.last.finish, MOEJIT_FINISH_STOP);
+  T_EQ_INT(res.last.stop_index, 0);
+  /* A NUL alone, as the second stop string: found at the same NUL. */
+  r.n_stop = 2;
+  T_EQ_INT(moejit_submit(m, &r, &id), MOEJIT_OK);
+  T_CHECK(drain(m, id, &res));
+  T_EQ_INT(res.len, (size_t)(c0 - all));
+  T_EQ_INT(res.last.stop_index, 0);
+  lens3[0] = 0; /* 0: up to its NUL, the character alone; the NUL, one byte, ends the text later */
+  T_EQ_INT(moejit_submit(m, &r, &id), MOEJIT_OK);
+  T_CHECK(drain(m, id, &res));
+  const char *ch = memmem(all, all_len, c0, (size_t)(z - c0));
+  T_EQ_INT(res.len, (size_t)(ch - all));
+  T_EQ_INT(res.last.stop_index, 0);
+  /* The character, the NUL and a byte the text lacks: no match, the
+   * whole text (cut at its NUL, the stop string would match the character). */
+  nul[nl] = '\x7f';
+  lens3[0] = nl + 1;
+  r.n_stop = 1;
+  T_EQ_INT(moejit_submit(m, &r, &id), MOEJIT_OK);
+  T_CHECK(drain(m, id, &res));
+  T_EQ_INT(res.len, all_len);
+  T_CHECK(!memcmp(res.text, all, all_len));
+  T_EQ_INT(res.last.finish, MOEJIT_FINISH_LENGTH);
+  /* stop_lens NULL, as callers before it: each stop string up to its NUL,
+   * the character alone again. */
+  r.stop_lens = NULL;
+  T_EQ_INT(moejit_submit(m, &r, &id), MOEJIT_OK);
+  T_CHECK(drain(m, id, &res));
+  T_EQ_INT(res.len, (size_t)(ch - all));
+  T_EQ_INT(res.last.finish, MOEJIT_FINISH_STOP);
   T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
 }
 

@@ -29,6 +29,7 @@ static void test_completion_fields(void) {
   T_EQ_INT(r.max_tokens, 7);
   T_EQ_INT(r.n_stop, 2);
   T_EQ_STR(r.stop[1], "bc");
+  T_CHECK(r.stop_len[0] == 1 && r.stop_len[1] == 2);
   T_CHECK(r.has_seed && r.seed == -3);
   T_CHECK(r.stream && r.include_usage && r.ignore_eos);
   oai_request_free(&r);
@@ -37,6 +38,14 @@ static void test_completion_fields(void) {
   T_CHECK(r.model == NULL && r.temperature == 1 && r.top_p == 1 && r.min_p == 0 && r.top_k == 0);
   T_EQ_INT(r.max_tokens, -1);
   T_CHECK(r.n_stop == 1 && !strcmp(r.stop[0], "\n") && !r.has_seed && !r.stream);
+  oai_request_free(&r);
+  /* "\u0000" in a stop string is a character of it, as in content: kept,
+   * with the length that says so (it was a 400 while the engine's stop
+   * strings ended at their NUL) */
+  T_EQ_INT(parse(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\\u0000c\",\"\\u0000\"]}", &r, &e), 0);
+  T_EQ_INT(r.n_stop, 3);
+  T_CHECK(r.stop_len[1] == 3 && !memcmp(r.stop[1], "b\0c", 3));
+  T_CHECK(r.stop_len[2] == 1 && r.stop[2][0] == 0);
   oai_request_free(&r);
 }
 
@@ -105,7 +114,7 @@ static void test_errors(void) {
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"ignore_eos\":\"yes\"}", "ignore_eos", "'ignore_eos' must be a boolean, not string");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", "'stop' holds at most 4 strings");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":[1]}", "stop", "'stop' must be a string or an array of strings, not number");
-  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\\u0000c\"]}", "stop", "'stop' strings must not hold NUL (\\u0000)");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":[\"a\",\"\"]}", "stop", "'stop' strings must not be empty");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"seed\":\"1\"}", "seed", "'seed' must be an integer, not string");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":\"yes\"}}", "stream_options",
       "'stream_options.include_usage' must be a boolean");
