@@ -329,43 +329,61 @@ static void unlink_req(moejit *a, api_req *q) {
  * only its own thread ever touches it.  The key's destructor frees the list
  * when the thread exits.  An event holds no pointer into its handle: one
  * left by a thread whose handle another thread closed waits harmlessly for
- * that thread's exit. */
+ * that thread's exit.
+ *
+ * n_parked counts the events parked in the whole process, for the tests
+ * (api_parked_events: threads that exit leave none behind).  A thread's
+ * count can not be read once the thread is gone, so the count is shared;
+ * but it moves only when a thread gains or loses its event of a handle (a
+ * first event, a poll that times out, release, close, the thread's exit),
+ * not when a poll replaces one parked event by the next, as it does for
+ * every token of a stream. */
 static pthread_key_t park_key;
 static pthread_once_t park_once = PTHREAD_ONCE_INIT;
 static int park_key_err;        /* pthread_key_create's error, checked at open */
 static atomic_size_t n_parked;  /* in the whole process (api_parked_events) */
 
 static void park_free(void *list) {
-  for (api_ev *e = list, *n; e; e = n) n = e->next, free(e), atomic_fetch_sub(&n_parked, 1);
+  size_t n = 0;
+  for (api_ev *e = list, *next; e; e = next) next = e->next, free(e), n++;
+  atomic_fetch_sub(&n_parked, n);
 }
 
 static void park_key_init(void) { park_key_err = pthread_key_create(&park_key, park_free); }
 
 size_t api_parked_events(void) { return atomic_load(&n_parked); }
 
-/* Free the event this thread took from a before (its text was valid until
- * now). */
-static void unpark(const moejit *a) {
+/* The event this thread took from a before, out of its list (NULL: none);
+ * park_put frees it. */
+static api_ev *park_take(const moejit *a) {
   api_ev *head = pthread_getspecific(park_key), **p = &head;
   while (*p && (*p)->handle != a) p = &(*p)->next;
-  if (!*p) return;
   api_ev *e = *p;
+  if (!e) return NULL;
   *p = e->next;
-  free(e);
-  atomic_fetch_sub(&n_parked, 1);
   pthread_setspecific(park_key, head); /* a value already set: cannot fail */
+  return e;
 }
 
-/* Keep e, just taken from a, until this thread's next call on a (unpark(a)
- * has run). */
-static void park(const moejit *a, api_ev *e) {
-  e->handle = a;
-  e->next = pthread_getspecific(park_key);
-  /* It fails only when glibc cannot allocate a key block, which moejit, as
-   * for any small host allocation, treats as fatal. */
-  MJ_ASSERT(pthread_setspecific(park_key, e) == 0);
-  atomic_fetch_add(&n_parked, 1);
+/* Keep e (NULL: nothing), just taken from a, until this thread's next call
+ * on a, in place of old (park_take's, its text valid until now). */
+static void park_put(const moejit *a, api_ev *old, api_ev *e) {
+  free(old);
+  if (e) {
+    e->handle = a;
+    e->next = pthread_getspecific(park_key);
+    /* It fails only when glibc cannot allocate a key block, which moejit, as
+     * for any small host allocation, treats as fatal. */
+    MJ_ASSERT(pthread_setspecific(park_key, e) == 0);
+  }
+  if (!old != !e) {
+    if (e) atomic_fetch_add(&n_parked, 1);
+    else atomic_fetch_sub(&n_parked, 1);
+  }
 }
+
+/* Free the event this thread took from a before. */
+static void unpark(const moejit *a) { park_put(a, park_take(a), NULL); }
 
 /* ---- the built-in model --------------------------------------------------------------- */
 /* The data folder: MOEJIT_DATA_DIR, else $XDG_DATA_HOME/moejit, else
@@ -1338,8 +1356,7 @@ moejit_status moejit_poll(moejit *a, uint64_t id, moejit_event *ev, int timeout_
     if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
   }
   moejit_status st = MOEJIT_OK;
-  unpark(a);
-  api_ev *e = NULL;
+  api_ev *old = park_take(a), *e = NULL;
   pthread_mutex_lock(&a->lock);
   a->pollers++;
   api_req *q = find(a, id);
@@ -1364,7 +1381,7 @@ moejit_status moejit_poll(moejit *a, uint64_t id, moejit_event *ev, int timeout_
   a->pollers--;
   if (a->closing) pthread_cond_broadcast(&a->closing_cv);
   pthread_mutex_unlock(&a->lock);
-  if (e) park(a, e);
+  park_put(a, old, e);
   return st;
 }
 

@@ -733,7 +733,23 @@ static void test_parked(void) {
   T_CHECK(drain(m2, b, &rb)); /* another handle's polls leave m1's event alone */
   T_EQ_INT(api_parked_events(), base + 2);
   T_CHECK(strlen(ev1.text) == ev1.text_len && !strcmp(ev1.text, keep));
+  /* A stream polled token by token: each event takes the place of the one
+   * before (one event of m2 parked throughout); a poll that takes nothing
+   * frees it. */
+  uint64_t d = submit_ids(m2, NULL, 4, true);
+  for (int i = 0; i < 4; i++) {
+    moejit_event ev;
+    T_EQ_INT(moejit_poll(m2, d, &ev, 10000), MOEJIT_OK);
+    T_EQ_INT(ev.finish, i < 3 ? MOEJIT_FINISH_NONE : MOEJIT_FINISH_LENGTH);
+    T_EQ_INT(api_parked_events(), base + 2);
+  }
+  moejit_event ev2;
+  T_EQ_INT(moejit_poll(m2, d, &ev2, 0), MOEJIT_ENOTFOUND); /* d's last event is taken: d is forgotten */
+  T_EQ_INT(api_parked_events(), base + 1);
+  T_CHECK(strlen(ev1.text) == ev1.text_len && !strcmp(ev1.text, keep)); /* m1's event stays */
   T_EQ_INT(moejit_close(m1, 0), MOEJIT_OK); /* frees this thread's event of m1 */
+  T_EQ_INT(api_parked_events(), base);
+  T_CHECK(drain(m2, submit_ids(m2, NULL, 2, true), &rb));
   T_EQ_INT(api_parked_events(), base + 1);
   T_EQ_INT(moejit_close(m2, 0), MOEJIT_OK);
   T_EQ_INT(api_parked_events(), base);
