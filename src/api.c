@@ -572,8 +572,23 @@ int api_load(const char *dir, const moejit_open_opts *o, moejit **out, mj_err *e
 
 static void *engine_main(void *arg);
 
+/* One rank of a sharded engine whose ranks each run their own copy of the
+ * requests (moejit generate --tp/--ep: every rank is handed the same
+ * prompts) and so must each pick the same seeds.  A server's ranks do not:
+ * the followers take rank 0's sampling, seed included, with each admission
+ * (ctl.h). */
+static bool self_seeded_rank(const api_start_opts *x) { return (x->tp > 1 || x->ep > 1) && !x->ctl; }
+
 int api_start(moejit *a, const api_start_opts *x, mj_err *err) {
   if (a->started) return mj_fail(err, MJ_EINTERNAL, "moejit: the engine has started already");
+  /* Such a rank draws the same ids as the others (each embeds them next)
+   * only from a seed they share: the default sampling's, from which the
+   * seedless requests' seeds come too (seedless_seed). */
+  if (self_seeded_rank(x) && a->o.default_sampling.seed < 0)
+    return mj_fail(err, MJ_EUSAGE,
+                   "moejit: a sharded engine (tp %d, ep %d) needs default_sampling.seed >= 0: a seed from the clock "
+                   "differs between the ranks, which must draw the same tokens",
+                   x->tp, x->ep);
   a->x = *x;
   const model_config *c = &a->m->cfg;
   int64_t mp = c->max_position_embeddings > 0 ? c->max_position_embeddings : 4096;
@@ -787,6 +802,16 @@ static int make_req(moejit *a, const moejit_request *r, api_req **out, mj_err *e
   return 0;
 }
 
+/* The seed of request id, submitted with a seed below 0: one from the
+ * clock, its id mixed in so two submitted in the same tick differ.  But the
+ * ranks of a self-seeded sharded engine must draw alike, and their clocks
+ * differ: there the seed comes from the default sampling's (the ranks share
+ * it: api_start refuses one from the clock) and the id, which agrees
+ * between ranks as every rank submits the same requests in the same order. */
+static uint64_t seedless_seed(const moejit *a, uint64_t id) {
+  return (self_seeded_rank(&a->x) ? a->dflt.seed : mj_now_ns()) ^ (id * 0x9E3779B97F4A7C15ull);
+}
+
 moejit_status moejit_submit(moejit *a, const moejit_request *r, uint64_t *id) {
   if (!a || !r || !id) return failf(MOEJIT_EINVAL, "moejit_submit: NULL argument");
   if (!a->started) return failf(MOEJIT_EINVAL, "moejit_submit: the engine has not started");
@@ -805,9 +830,7 @@ moejit_status moejit_submit(moejit *a, const moejit_request *r, uint64_t *id) {
     return st;
   }
   q->id = ++a->next_id;
-  /* A request without a seed gets one from the clock, its id mixed in so
-   * two submitted in the same tick differ. */
-  if (r->sampling && r->sampling->seed < 0) q->sp.seed = mj_now_ns() ^ (q->id * 0x9E3779B97F4A7C15ull);
+  if (r->sampling && r->sampling->seed < 0) q->sp.seed = seedless_seed(a, q->id);
   q->t_submit = mj_now_ms();
   link_req(a, q);
   if (a->wtail) a->wtail->wnext = q;

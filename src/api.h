@@ -31,7 +31,10 @@ typedef struct api_start_opts {
   int64_t context_length;  /* 0: the open options' (or the model's, at most 4096) */
   const char *trace_path;  /* GPU: record every step's MoE shapes there (docs/trace.md) */
   const char *model_name;  /* the trace header's model */
-  int tp, ep, rank;        /* one rank of a sharded model (docs/multigpu.md), with coll */
+  int tp, ep, rank;        /* one rank of a sharded model (docs/multigpu.md), with coll; without
+                              ctl (each rank runs its own copy of the requests, as generate's) it
+                              needs the open's default_sampling.seed >= 0, shared by the ranks, and
+                              the seed of a request without one comes from it and the request's id */
   coll *coll;
   int max_parallel, max_queue; /* > 0: instead of the open options' */
   bool paused;            /* admit nothing until api_resume */

@@ -13,6 +13,7 @@
  * give their status and a message; 8 threads submitting and polling at once
  * get exactly the tokens they asked for, each poller woken by its own
  * request's events only; 300 requests known at once are each found by id;
+ * requests without a seed draw alike on two ranks of a sharded engine;
  * threads that poll and exit leave no event parked; close with requests running
  * (cancelled, or drained to their end); an engine (its waker thread, the first started) that cannot start
  * reports pthread_create's own error.  A callback that blocks holds the
@@ -696,6 +697,83 @@ static void test_threads(void) {
   T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
 }
 
+/* ---- a sharded engine ------------------------------------------------------------------- */
+/* One rank of a sharded engine (api_start's tp; on the CPU the session
+ * runs whole, but the API takes its seeds as a rank's would), self-seeded
+ * (c NULL, as generate's ranks) or a server's rank 0 or follower (ctl.h). */
+static moejit *open_sharded(int64_t default_seed, int tp, int rank, ctl *c, mj_err *err) {
+  moejit_open_opts o;
+  moejit_open_opts_init(&o);
+  o.backend = MOEJIT_BACKEND_CPU, o.context_length = 64, o.max_parallel = 2, o.threads = 1, o.quiet = true;
+  o.default_sampling.seed = default_seed;
+  moejit *m = NULL;
+  T_CHECK(api_load(dir, &o, &m, err) == 0);
+  api_start_opts x = {.tp = tp, .rank = rank, .ctl = c, .follow = c && rank > 0};
+  if (m && api_start(m, &x, err)) api_close(m, 0, NULL), m = NULL;
+  return m;
+}
+
+/* The ranks of a sharded engine must draw the same tokens, and a request
+ * without a seed took one from the clock, which differs between them.  On
+ * a self-seeded rank (each rank runs its own copy of the requests, as
+ * generate's do) it comes from the open's default seed and the request's
+ * id, so two ranks given the same requests draw alike (and the requests of
+ * one rank differ); a default seed from the clock is refused there.  An
+ * engine alone keeps the clock's seeds, and so does a server's rank 0,
+ * whose followers take its seeds with each admission (ctl.h). */
+static void test_sharded_seedless(void) {
+  mj_err err = {0};
+  moejit *unseeded = open_sharded(-1, 2, 0, NULL, &err);
+  T_CHECK(unseeded == NULL);
+  if (unseeded) api_close(unseeded, 0, NULL);
+  T_EQ_INT(err.code, MJ_EUSAGE);
+  T_CHECK(strstr(err.msg, "needs default_sampling.seed >= 0") != NULL);
+  mj_err_clear(&err);
+  moejit_sampling none = seeded(-1);
+  result got[2][2];
+  for (int rank = 0; rank < 2; rank++) {
+    moejit *m = open_sharded(11, 2, rank, NULL, &err);
+    T_CHECK(m != NULL);
+    if (!m) return;
+    uint64_t a = submit_ids(m, &none, 12, true), b = submit_ids(m, &none, 12, true);
+    T_CHECK(drain(m, a, &got[rank][0]) && drain(m, b, &got[rank][1]));
+    T_EQ_INT(api_close(m, 0, &err), 0);
+  }
+  for (int k = 0; k < 2; k++) T_CHECK(got[0][k].ntok == 12 && !memcmp(got[0][k].tok, got[1][k].tok, sizeof got[0][k].tok));
+  T_CHECK(memcmp(got[0][0].tok, got[0][1].tok, sizeof got[0][0].tok) != 0);
+  result alone[2];
+  for (int run = 0; run < 2; run++) { /* alone: the clock's */
+    moejit *m = open_sharded(11, 1, 0, NULL, &err);
+    T_CHECK(m != NULL);
+    if (!m) return;
+    T_CHECK(drain(m, submit_ids(m, &none, 12, true), &alone[run]));
+    T_EQ_INT(api_close(m, 0, &err), 0);
+  }
+  T_CHECK(memcmp(alone[0].tok, alone[1].tok, sizeof alone[0].tok) != 0);
+  /* A server's ranks: a follower whose default seed is the clock's is
+   * accepted, and rank 0's seedless request (the clock's seed, not the one
+   * a self-seeded rank 0 of the same default seed drew) is replayed by the
+   * follower token for token (its engine checks every token). */
+  ctl *lc = NULL, *fc = NULL;
+  T_EQ_INT(ctl_pair(&lc, &fc, &err), 0);
+  moejit *f = open_sharded(-1, 2, 1, fc, &err), *m = open_sharded(11, 2, 0, lc, &err);
+  T_CHECK(f && m);
+  result r;
+  if (m) T_CHECK(drain(m, submit_ids(m, &none, 12, true), &r));
+  if (m) T_CHECK(r.ntok == 12 && memcmp(r.tok, got[0][0].tok, sizeof r.tok) != 0);
+  if (m) T_EQ_INT(moejit_close(m, -1), MOEJIT_OK); /* its end message ends the follower's engine */
+  else ctl_close(lc), lc = NULL;                    /* as would a rank 0 gone */
+  if (f) {
+    mj_err fe = {0};
+    T_EQ_INT(api_follow_wait(f, &fe), 0);
+    if (fe.code) fprintf(stderr, "  follower: %s\n", fe.msg);
+    mj_err_clear(&fe);
+    api_close(f, 0, NULL);
+  }
+  ctl_close(lc), ctl_close(fc);
+  mj_err_clear(&err);
+}
+
 /* ---- parked events ------------------------------------------------------------------------ */
 static void *drain_one(void *arg) {
   moejit *m = arg;
@@ -1003,6 +1081,7 @@ int main(void) {
   T_RUN(test_bad_arguments);
   T_RUN(test_thread_start_error);
   T_RUN(test_threads);
+  T_RUN(test_sharded_seedless);
   T_RUN(test_parked);
   T_RUN(test_many_known);
   T_RUN(test_close_running);
