@@ -79,9 +79,11 @@ size_t ref_sample_keep(const float *logits, int V, const sample_params *sp, uint
 /* The hash behind the draw: a row's key, and token i's uniform in (0, 1]. */
 uint64_t ref_sample_row_hash(uint64_t seed, int32_t slot, int32_t pos);
 float ref_sample_uniform(uint64_t row, int32_t i);
-/* out[b] = the token drawn for row b of logits [B][V]. */
+/* out[b] = the token drawn for row b of logits [B][V], keyed by (sp->seed,
+ * slot[b], pos[b]), or with rowseed (NULL: none) by (rowseed[b], 0,
+ * pos[b]): gop_sample's rows.seed, each row's sequence seed. */
 void ref_sample(const float *logits, int B, int V, const sample_params *sp, const int32_t *slot,
-                const int32_t *pos, int32_t *out);
+                const int32_t *pos, const uint64_t *rowseed, int32_t *out);
 
 /* ---- MLA attention and the DSA indexer's selection (ref_attn.c) ----------
  * The decode step's attention over the compressed cache, meaning exactly

@@ -121,7 +121,7 @@ float ref_sample_uniform(uint64_t row, int32_t i) {
 }
 
 void ref_sample(const float *logits, int B, int V, const sample_params *sp, const int32_t *slot,
-                const int32_t *pos, int32_t *out) {
+                const int32_t *pos, const uint64_t *rowseed, int32_t *out) {
   uint8_t *keep = malloc((size_t)V);
   for (int b = 0; b < B; b++) {
     const float *l = logits + (size_t)b * (size_t)V;
@@ -129,7 +129,7 @@ void ref_sample(const float *logits, int B, int V, const sample_params *sp, cons
     out[b] = argmax_lowest(l, V);
     if (greedy(sp, V) || n == 0) continue;
     /* The exponential race: the least log(E_i) - z_i, E_i = -log(1 - u_i). */
-    uint64_t row = ref_sample_row_hash(sp->seed, slot[b], pos[b]);
+    uint64_t row = rowseed ? ref_sample_row_hash(rowseed[b], 0, pos[b]) : ref_sample_row_hash(sp->seed, slot[b], pos[b]);
     float inv_t = 1.0f / sp->temperature, best = INFINITY;
     int32_t bi = -1;
     for (int i = 0; i < V; i++) {

@@ -9,8 +9,9 @@
  * shapes are refused with MJ_EINPUT.
  * (b) The CPU references (src/ref_dense.c) on cases worked out by hand, and
  * the reference sampler against src/sample.c: greedy is sample_argmax, the
- * kept set is sample_filter's for the same logits, and the draw's
- * frequencies follow the kept probabilities. */
+ * kept set is sample_filter's for the same logits, the draw's
+ * frequencies follow the kept probabilities, and with per-row seeds a
+ * row draws as a row of its seed in slot 0 does. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -279,13 +280,13 @@ static void test_ref_sample_greedy(void) {
   l[317] = 9.0f, l[802] = 9.0f; /* a tie: the lower id */
   sample_params sp = sample_filters(0.0f, 0, 1.0f, 0.0f, 1);
   int32_t slot = 0, pos = 0, out;
-  ref_sample(l, 1, V, &sp, &slot, &pos, &out);
+  ref_sample(l, 1, V, &sp, &slot, &pos, NULL, &out);
   T_EQ_INT(out, sample_argmax(l, V));
   T_EQ_INT(out, 317);
   T_EQ_INT(ref_sample_keep(l, V, &sp, keep), 1);
   T_EQ_INT(keep[317], 1);
   sp = sample_filters(0.7f, 1, 1.0f, 0.0f, 1); /* top-k 1 is greedy too */
-  ref_sample(l, 1, V, &sp, &slot, &pos, &out);
+  ref_sample(l, 1, V, &sp, &slot, &pos, NULL, &out);
   T_EQ_INT(out, 317);
 }
 
@@ -336,7 +337,7 @@ static void test_ref_sample_draw(void) {
   int count[V] = {0};
   for (int32_t pos = 0; pos < DRAWS; pos++) {
     int32_t slot = pos % 3, out;
-    ref_sample(l, 1, V, &sp, &slot, &pos, &out);
+    ref_sample(l, 1, V, &sp, &slot, &pos, NULL, &out);
     count[out]++;
   }
   double worst = 0;
@@ -354,6 +355,34 @@ static void test_ref_sample_draw(void) {
   T_CHECK(ref_sample_row_hash(1, 2, 3) != ref_sample_row_hash(1, 2, 4));
   float u = ref_sample_uniform(ref_sample_row_hash(1, 2, 3), 0);
   T_CHECK(u > 0 && u <= 1);
+}
+
+/* Per-row seeds (gop_sample's rows.seed): row b draws what a row of seed
+ * rowseed[b] in slot 0 draws, whatever its slot and sp->seed; and the seeds
+ * are read (the slot-keyed draw of the same rows differs). */
+static void test_ref_sample_rowseed(void) {
+  enum { V = 500, B = 8 };
+  float *l = malloc((size_t)B * V * sizeof *l);
+  for (int i = 0; i < B * V; i++) l[i] = frand() * 4.0f;
+  sample_params sp = sample_filters(1.0f, 0, 1.0f, 0.0f, 777);
+  uint64_t seed[B];
+  int32_t slot[B], pos[B], out[B], moved[B], keyed[B];
+  for (int b = 0; b < B; b++) seed[b] = 0xF00D000000000000ull + 7919u * (uint64_t)b, slot[b] = b % 3, pos[b] = 40 + b;
+  ref_sample(l, B, V, &sp, slot, pos, seed, out);
+  for (int b = 0; b < B; b++) {
+    sample_params one = sp;
+    one.seed = seed[b];
+    int32_t zero = 0, o;
+    ref_sample(l + (size_t)b * V, 1, V, &one, &zero, &pos[b], NULL, &o);
+    T_EQ_INT(out[b], o);
+  }
+  for (int b = 0; b < B; b++) slot[b] = (b + 1) % 3;
+  sp.seed = 1;
+  ref_sample(l, B, V, &sp, slot, pos, seed, moved);
+  T_CHECK(!memcmp(out, moved, sizeof out));
+  ref_sample(l, B, V, &sp, slot, pos, NULL, keyed);
+  T_CHECK(memcmp(out, keyed, sizeof out) != 0);
+  free(l);
 }
 
 /* The kernel table (kernels.h): every row's template is built in and its
@@ -412,5 +441,6 @@ int main(void) {
   T_RUN(test_ref_sample_greedy);
   T_RUN(test_ref_sample_filter);
   T_RUN(test_ref_sample_draw);
+  T_RUN(test_ref_sample_rowseed);
   return t_status();
 }

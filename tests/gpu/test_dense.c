@@ -18,7 +18,9 @@
  * temperature / top-k / top-p / min-p every drawn token is in the CPU
  * filter's kept set, at least 99% of rows draw the CPU reference's very
  * token (same hash; rounding of exp and log may differ), a second launch draws the same
- * tokens, and over many positions the frequencies of a small vocabulary
+ * tokens; the same with per-row seeds (rows.seed, the decode engine's draw) against
+ * ref_sample given those seeds, and the same tokens with the rows moved to other
+ * slots and another sampler seed; and over many positions the frequencies of a small vocabulary
  * stay within 5 standard deviations of the kept probabilities.  Last, for
  * information only, the time of gop_gemv (B = 1, 8, 64) and of the test
  * kernel tests/kernels/gemv_bf16.k on the same W, and of gop_sample at full width. */
@@ -397,17 +399,20 @@ static void test_gemv(void) {
 }
 
 /* ---- sampling ---------------------------------------------------------------------- */
-/* Run gop_sample on logits [B][V] with slot = b % 4 and pos = pos0 + b. */
-static bool sample_run(const float *logits, int B, int V, const sample_params *sp, int pos0, int32_t *out) {
+/* Run gop_sample on logits [B][V] with slot = (slot0 + b) % 4, pos = pos0 +
+ * b and, unless rowseed is NULL, the per-row seeds rowseed[b] (rows.seed). */
+static bool sample_run(const float *logits, int B, int V, const sample_params *sp, int pos0, int slot0,
+                       const uint64_t *rowseed, int32_t *out) {
   mj_err err = {0};
   bufs b = {0};
   int32_t *slot = mj_xmalloc((size_t)B * 4), *pos = mj_xmalloc((size_t)B * 4);
-  for (int i = 0; i < B; i++) slot[i] = i % 4, pos[i] = pos0 + i;
+  for (int i = 0; i < B; i++) slot[i] = (slot0 + i) % 4, pos[i] = pos0 + i;
   CUdeviceptr dl = dev(&b, logits, (size_t)B * V * 4, 0), ds = dev(&b, slot, (size_t)B * 4, 0);
   CUdeviceptr dp = dev(&b, pos, (size_t)B * 4, 0), dout = dev(&b, NULL, (size_t)B * 4, 4);
+  CUdeviceptr dseed = rowseed ? dev(&b, rowseed, (size_t)B * 8, 0) : 0;
   bool ok = false;
-  if (dl && ds && dp && dout &&
-      ok_rc(gop_sample(dl, B, V, sp, (gop_rows){0, ds, dp}, dout, &(gop_ctx){0}, &err), &err)) {
+  if (dl && ds && dp && dout && (dseed || !rowseed) &&
+      ok_rc(gop_sample(dl, B, V, sp, (gop_rows){0, ds, dp, dseed}, dout, &(gop_ctx){0}, &err), &err)) {
     sync_check();
     int32_t *o = mj_xmalloc((size_t)B * 4 + 4);
     cu.cuMemcpyDtoH(o, dout, (size_t)B * 4 + 4);
@@ -421,7 +426,23 @@ static bool sample_run(const float *logits, int B, int V, const sample_params *s
   return ok;
 }
 
-
+/* Row by row, the GPU's draws out against the CPU's kept set and the CPU's
+ * draws want, and against a second run again: counts added to *outside,
+ * *same and *differ.  Returns the last row's kept count. */
+static size_t sample_compare(const float *l, int B, int V, const sample_params *sp, const int32_t *out,
+                             const int32_t *want, const int32_t *again, uint8_t *keep, int *outside, int *same,
+                             int *differ) {
+  size_t kept = 0;
+  for (int b = 0; b < B; b++) {
+    kept = ref_sample_keep(l + (size_t)b * V, V, sp, keep);
+    bool in = out[b] >= 0 && out[b] < V && keep[out[b]];
+    if (!in && *outside < 3) fprintf(stderr, "  row %d drew %d, outside the CPU's kept set\n", b, out[b]);
+    *outside += !in;
+    *same += out[b] == want[b];
+    *differ += out[b] != again[b];
+  }
+  return kept;
+}
 
 static void test_sample_greedy(void) {
   enum { V = 154880, B = 8 };
@@ -434,7 +455,7 @@ static void test_sample_greedy(void) {
   const sample_params modes[] = {sample_filters(0.0f, 0, 1.0f, 0.0f, 1), sample_filters(0.7f, 1, 1.0f, 0.0f, 1)};
   for (size_t m = 0; m < MJ_ARRAY_LEN(modes); m++) {
     for (int i = 0; i < B; i++) out[i] = -2;
-    if (!sample_run(l, B, V, &modes[m], 0, out)) continue;
+    if (!sample_run(l, B, V, &modes[m], 0, 0, NULL, out)) continue;
     int wrong = 0;
     for (int b = 0; b < B; b++) wrong += out[b] != sample_argmax(l + (size_t)b * V, V);
     printf("  sample greedy  V=%d B=%d %s: %d of %d rows differ from the CPU argmax\n", V, B,
@@ -474,19 +495,11 @@ static void test_sample_filtered(void) {
     fill_f32(l, (size_t)B * V, 8.0f);
     if (cases[c].ties)
       for (size_t i = 0; i < (size_t)B * V; i++) l[i] = rintf(l[i]);
-    if (!sample_run(l, B, V, sp, 1000, out) || !sample_run(l, B, V, sp, 1000, again)) continue;
+    if (!sample_run(l, B, V, sp, 1000, 0, NULL, out) || !sample_run(l, B, V, sp, 1000, 0, NULL, again)) continue;
     for (int b = 0; b < B; b++) slot[b] = b % 4, pos[b] = 1000 + b;
-    ref_sample(l, B, V, sp, slot, pos, want);
+    ref_sample(l, B, V, sp, slot, pos, NULL, want);
     int c_out = 0, c_same = 0;
-    size_t kept = 0;
-    for (int b = 0; b < B; b++) {
-      kept = ref_sample_keep(l + (size_t)b * V, V, sp, keep);
-      bool in = out[b] >= 0 && out[b] < V && keep[out[b]];
-      if (!in && c_out < 3) fprintf(stderr, "  row %d drew %d, outside the CPU's kept set\n", b, out[b]);
-      c_out += !in;
-      c_same += out[b] == want[b];
-      replay_diff += out[b] != again[b];
-    }
+    size_t kept = sample_compare(l, B, V, sp, out, want, again, keep, &c_out, &c_same, &replay_diff);
     printf("  sample T=%.2f k=%-4d p=%.2f min_p=%.2f V=%d B=%d%s: kept %zu (last row), %d outside, %d of %d = CPU draw\n",
            (double)sp->temperature, sp->top_k, (double)sp->top_p, (double)sp->min_p, V, B,
            cases[c].ties ? " (tied logits)" : "", kept, c_out, c_same, B);
@@ -504,6 +517,46 @@ static void test_sample_filtered(void) {
   free(l), free(keep);
 }
 
+/* The decode engine's draw: rows.seed gives each row its sequence's seed
+ * (gpu_set_seed, from sess_admit) and leaves the slot and sp->seed out of
+ * the hash.  Against ref_sample with the same per-row seeds: every token in
+ * the CPU's kept set, at least 99% of rows the reference's very token (as
+ * the slot-keyed draw above), and the same tokens again with every row in
+ * another slot and another sp->seed. */
+static void test_sample_rowseed(void) {
+  enum { V = 154880, B = 33 };
+  float *l = mj_xmalloc((size_t)B * V * 4);
+  uint8_t *keep = mj_xmalloc(V);
+  int32_t out[B], moved[B], want[B], slot[B], pos[B];
+  uint64_t seed[B];
+  const sample_params cases[] = {
+      sample_filters(1.0f, 0, 1.0f, 0.0f, 41),  sample_filters(0.7f, 40, 0.95f, 0.05f, 42),
+      sample_filters(0.02f, 0, 0.9f, 0.0f, 43), sample_filters(1.0f, 3000, 0.8f, 0.0f, 44),
+  };
+  int total = 0, outside = 0, same = 0, moved_diff = 0;
+  for (size_t c = 0; c < MJ_ARRAY_LEN(cases); c++) {
+    sample_params sp = cases[c], other = sp;
+    other.seed = sp.seed * 1000003u + 1;
+    fill_f32(l, (size_t)B * V, 8.0f);
+    /* Seeds over all 64 bits (a sequence's seed is any u64): the generator's states. */
+    for (int b = 0; b < B; b++) {
+      seed[b] = rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      slot[b] = b % 4, pos[b] = 500 + b; /* sample_run's, with slot0 0 and pos0 500 */
+    }
+    if (!sample_run(l, B, V, &sp, 500, 0, seed, out) || !sample_run(l, B, V, &other, 500, 1, seed, moved)) continue;
+    ref_sample(l, B, V, &sp, slot, pos, seed, want);
+    int c_out = 0, c_same = 0;
+    sample_compare(l, B, V, &sp, out, want, moved, keep, &c_out, &c_same, &moved_diff);
+    printf("  sample rowseed T=%.2f k=%-4d p=%.2f min_p=%.2f V=%d B=%d: %d outside, %d of %d = CPU draw\n",
+           (double)sp.temperature, sp.top_k, (double)sp.top_p, (double)sp.min_p, V, B, c_out, c_same, B);
+    total += B, outside += c_out, same += c_same;
+  }
+  T_EQ_INT(outside, 0);
+  T_EQ_INT(moved_diff, 0);
+  T_CHECK(total > 0 && total - same <= total / 100);
+  free(l), free(keep);
+}
+
 /* Frequencies over many positions on a small vocabulary. */
 static void freq_case(const sample_params *sp) {
   enum { V = 16, B = 64, LAUNCHES = 400 };
@@ -517,7 +570,7 @@ static void freq_case(const sample_params *sp) {
   long count[V] = {0}, draws = 0;
   int32_t out[B];
   for (int it = 0; it < LAUNCHES; it++) {
-    if (!sample_run(l, B, V, sp, it * B, out)) break;
+    if (!sample_run(l, B, V, sp, it * B, 0, NULL, out)) break;
     for (int b = 0; b < B; b++)
       if (out[b] >= 0 && out[b] < V) count[out[b]]++, draws++;
   }
@@ -595,6 +648,7 @@ int gpu_test_dense(int argc, char **argv) {
   T_RUN(test_gemv);
   T_RUN(test_sample_greedy);
   T_RUN(test_sample_filtered);
+  T_RUN(test_sample_rowseed);
   T_RUN(test_sample_freq);
   T_RUN(test_sample_speed);
   jit_shutdown();
