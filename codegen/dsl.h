@@ -85,9 +85,13 @@ const char *dsl_llvm_version(void);
 /* The targets the compiler takes (codegen/target.c): known, and whether
  * it goes through the PTX forward path (LLVM emits sm_90 PTX, nvJitLink
  * compiles it for the target: sm_100, sm_100a, sm_120, sm_120a);
- * dsl_target_names lists them for messages ("sm_80, ..., or sm_120a"). */
+ * dsl_target_count and dsl_target_name(0 .. count - 1) walk them in the
+ * table's order (NULL outside it); dsl_target_names lists them for
+ * messages ("sm_80, ..., or sm_120a"), not for parsing. */
 bool dsl_target_known(const char *arch);
 bool dsl_target_forward(const char *arch);
+int dsl_target_count(void);
+const char *dsl_target_name(int i);
 const char *dsl_target_names(void);
 
 /* Link PTX text into a cubin with nvJitLink for arch; fills the resource

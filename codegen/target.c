@@ -89,15 +89,20 @@ bool dsl_target_forward(const char *arch) {
   return i >= 0 && targets[i].forward;
 }
 
+int dsl_target_count(void) { return (int)MJ_ARRAY_LEN(targets); }
+
+const char *dsl_target_name(int i) { return i >= 0 && i < dsl_target_count() ? targets[i].name : NULL; }
+
 /* The list for messages, written once (pthread_once: the front door and
  * the commands may ask from several threads at once). */
 static char target_names[256];
 static pthread_once_t names_once = PTHREAD_ONCE_INIT;
 static void write_names(void) {
-  size_t n = 0, N = MJ_ARRAY_LEN(targets);
-  for (size_t i = 0; i < N; i++)
+  size_t n = 0;
+  int N = dsl_target_count();
+  for (int i = 0; i < N; i++)
     n += (size_t)snprintf(target_names + n, sizeof target_names - n, "%s%s",
-                          i == 0 ? "" : i + 1 == N ? " or " : ", ", targets[i].name);
+                          i == 0 ? "" : i + 1 == N ? " or " : ", ", dsl_target_name(i));
 }
 
 const char *dsl_target_names(void) {

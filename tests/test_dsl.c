@@ -204,8 +204,16 @@ static void test_target_names(void) {
   for (int i = 0; i < NAME_THREADS; i++) pthread_join(th[i], NULL);
   pthread_barrier_destroy(&names_start);
   for (int i = 0; i < NAME_THREADS; i++) T_EQ_STR(copy[i], want);
-  for (char *p = copy[0], *tok; (tok = strtok(p, ", ")); p = NULL)
-    if (strcmp(tok, "or") != 0) T_CHECK(dsl_target_known(tok));
+  /* The walk: every target once, in the message's order, each known. */
+  T_EQ_INT(dsl_target_count(), 10);
+  const char *at = want;
+  for (int i = 0; i < dsl_target_count(); i++) {
+    const char *name = dsl_target_name(i), *p = strstr(at, name);
+    T_CHECK(dsl_target_known(name) && p != NULL);
+    if (p) at = p + strlen(name);
+  }
+  T_CHECK(*at == 0); /* the last is the message's last */
+  T_CHECK(dsl_target_name(-1) == NULL && dsl_target_name(dsl_target_count()) == NULL);
   T_CHECK(!dsl_target_known("sm_121") && !dsl_target_known(NULL));
 }
 
