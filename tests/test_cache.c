@@ -18,6 +18,7 @@
  */
 #include <errno.h>
 #include <sched.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mount.h>
@@ -474,6 +475,8 @@ static void test_concurrent(void) {
   T_EQ_INT(s.v[CACHE_STAT_disk_hits] + s.v[CACHE_STAT_misses], NPROC * NOPS + NKEYS);
 }
 
+static int killed_done = -1; /* the writer tells the test of each store it finished (a pipe) */
+
 static void killed_writer(void *arg) {
   cache *c = open_at(t_scratch("kill"), CACHE_ON, 0);
   for (int i = 0;; i++) {
@@ -485,6 +488,7 @@ static void killed_writer(void *arg) {
     cache_store(c, &k, cb, n, &m);
     free(cb);
     cache_key_free(&k);
+    if (killed_done >= 0 && write(killed_done, "s", 1) != 1) killed_done = -1;
   }
 }
 
@@ -494,14 +498,26 @@ static void test_sigkill(void) {
   int total_bad = 0, entries = 0;
   for (int round = 0; round < 30; round++) {
     fflush(NULL);
+    int pfd[2];
+    T_EQ_INT(pipe(pfd), 0);
     pid_t pid = fork();
     if (pid == 0) {
+      close(pfd[0]);
+      killed_done = pfd[1];
       killed_writer(NULL);
       _exit(0);
     }
+    close(pfd[1]);
+    /* Killed at a random time, but after its first store: on a loaded
+     * machine a store (1-3 MB and a rename) may take longer than the
+     * random delay, and a run in which no writer ever finished one would
+     * test nothing (entries > 0 below). */
+    struct pollfd pf = {.fd = pfd[0], .events = POLLIN};
+    T_CHECK(poll(&pf, 1, 30000) == 1);
     struct timespec ts = {0, (long)(1 + rand() % 40) * 1000000L};
     nanosleep(&ts, NULL);
     kill(pid, SIGKILL);
+    close(pfd[0]);
     int st;
     waitpid(pid, &st, 0);
     T_CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
