@@ -1256,6 +1256,7 @@ static void follow_loop(moejit *a) {
     double t0 = mj_now_ms();
     if (m.kind == CTL_RETIRE) {
       sess_retire(a->S, m.slot);
+      drawn[m.slot] = -1; /* no token is fed to a free slot */
       continue;
     }
     if (m.kind == CTL_ADMIT) {
@@ -1335,19 +1336,20 @@ static void *engine_main(void *arg) {
   if (rc) return NULL;
   if (a->x.follow) {
     follow_loop(a);
-    pthread_mutex_lock(&a->lock);
-    a->followed = true;
-    pthread_cond_broadcast(&a->closing_cv);
-    pthread_mutex_unlock(&a->lock);
   } else {
     engine_loop(a);
     mj_err le = {0};
     if (lead(a, CTL_END, -1, 0, NULL, NULL, NULL, &le)) mj_err_clear(&le); /* followers gone already: nothing to end */
   }
   mj_err ce = {0};
-  if (sess_close(a->S, &ce) && a->eng_err.code == MJ_OK) a->eng_err = ce;
+  int cr = sess_close(a->S, &ce);
+  pthread_mutex_lock(&a->lock); /* api_follow_wait reads eng_err */
+  if (cr && a->eng_err.code == MJ_OK) a->eng_err = ce;
   else mj_err_clear(&ce);
   a->S = NULL;
+  a->followed = a->x.follow; /* a follower's engine has ended, its session closed */
+  pthread_cond_broadcast(&a->closing_cv);
+  pthread_mutex_unlock(&a->lock);
   return NULL;
 }
 

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -85,6 +86,15 @@ int ctl_leader(const char *path, int followers, int timeout_ms, ctl **out, mj_er
       if (errno == EINTR || errno == ECONNABORTED) continue;
       r = mj_fail(err, MJ_EIO, "%s: cannot accept a follower rank: %s", path, strerror(errno));
       break;
+    }
+    /* Only a process of this user is a follower: the schedule carries
+     * every prompt, and the folder may be one others can reach (mpirun). */
+    struct ucred cr;
+    socklen_t cl = sizeof cr;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) || cr.uid != getuid()) {
+      fprintf(stderr, "moejit: %s: refused a connection from another user (uid %d)\n", path, (int)cr.uid);
+      close(fd);
+      continue;
     }
     c->fd[got++] = fd;
   }

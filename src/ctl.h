@@ -18,10 +18,12 @@
  * The channel is a Unix stream socket per follower (the leader listens on
  * a path in the launcher's private folder, beside the NCCL id), written
  * with plain blocking sends: a step's message is a few hundred bytes, far
- * below a socket's buffer, so the leader never waits on a follower that is
- * busy with the same step.  Messages are a fixed header (a magic word, the
- * kind, the slot, the count, the sampling) and the count's int32 arrays.
- * Prefix: ctl_.
+ * below a socket's buffer, so the leader does not wait on a follower that
+ * is busy with the same step (a prompt of more than about 50,000 tokens
+ * may wait for the follower to come back to its receive; it always does).
+ * Messages are a fixed 56-byte header (a magic word, the kind, the slot,
+ * the count, the sampling) and the count's int32 arrays.  The leader
+ * accepts only connections of its own user (SO_PEERCRED).  Prefix: ctl_.
  */
 #ifndef MOEJIT_CTL_H
 #define MOEJIT_CTL_H
@@ -48,6 +50,10 @@ typedef struct ctl_msg {
   const int32_t *tok;   /* ADMIT: the prompt; STEP: each row's token */
   const int32_t *slots; /* STEP: each row's slot */
 } ctl_msg;
+
+/* The socket's name in the launcher's private folder (serve_cmd.c; the
+ * launcher removes a name a dead rank 0 left behind). */
+#define CTL_SOCK_NAME "moejit-ctl.sock"
 
 /* The most tokens a message may carry (a prompt of this many is refused by
  * the context long before). */

@@ -35,6 +35,7 @@
 #include "cudrv.h"
 #include "nccldrv.h"
 #include "coll.h"
+#include "ctl.h"
 
 int nc_parallel_check(const char *cmd, int64_t tp, int64_t ep, int *world, mj_err *err) {
   if (tp < 1 || tp > NC_MAX_WORLD)
@@ -145,7 +146,15 @@ int nc_spawn(const char *exe, char *const *args, int world, mj_err *err) {
       struct timespec ts = {0, 20 * 1000 * 1000};
       siginfo_t si;
       int sig = sigtimedwait(&fwd, &si, &ts);
-      if (sig > 0 && pid[0] && (sig == SIGTERM || si.si_code == SI_USER || si.si_code == SI_QUEUE)) kill(pid[0], sig);
+      if (sig > 0 && (sig == SIGTERM || si.si_code == SI_USER || si.si_code == SI_QUEUE)) {
+        if (pid[0]) {
+          kill(pid[0], sig);
+        } else { /* rank 0 is gone: nobody to stop the rest in order */
+          for (int j = 0; j < world; j++)
+            if (pid[j]) kill(pid[j], SIGTERM);
+          kill_at = mj_now_ms() + 5000;
+        }
+      }
       continue;
     }
     if (p == 0) { /* none has exited yet */
@@ -169,6 +178,9 @@ int nc_spawn(const char *exe, char *const *args, int world, mj_err *err) {
     pid[k] = 0;
     running--;
     bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    /* rank 0 ended a job it leads (serve): the others had its end message
+     * and have 30 s to finish theirs */
+    if (forward && k == 0 && kill_at == 0 && running > 0) kill_at = mj_now_ms() + 30000;
     if (ok || bad_rank >= 0 || r) continue;
     /* The first failure: remember it and stop the others, which may be
      * waiting for the failed rank forever (a collective never completes). */
@@ -179,6 +191,9 @@ int nc_spawn(const char *exe, char *const *args, int world, mj_err *err) {
   }
   free(pid);
   unlink(id_file);
+  char sock[4300]; /* serve's control socket, if rank 0 died before it let go of the name */
+  snprintf(sock, sizeof sock, "%s/" CTL_SOCK_NAME, dir);
+  unlink(sock);
   rmdir(dir);
   if (r || bad_rank < 0) return r;
   char where[4300] = "";

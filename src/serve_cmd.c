@@ -24,7 +24,9 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "api.h"
 #include "cli.h"
@@ -57,7 +59,7 @@ static int rank_channel(const coll *rc, int world, ctl **out, mj_err *err) {
     return mj_fail(err, MJ_EUSAGE, "moejit serve: with several ranks, MOEJIT_NCCL_ID_FILE must name a file in a folder "
                                    "of the job's own (rank 0's control socket goes beside it)");
   char path[4200];
-  snprintf(path, sizeof path, "%.*s/moejit-ctl.sock", slash ? (int)(slash - idf) : 1, slash ? idf : ".");
+  snprintf(path, sizeof path, "%.*s/" CTL_SOCK_NAME, slash ? (int)(slash - idf) : 1, slash ? idf : ".");
   return rc->rank == 0 ? ctl_leader(path, world - 1, 600 * 1000, out, err) : ctl_follower(path, 600 * 1000, out, err);
 }
 
@@ -136,12 +138,15 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
   }
   bool follower = rank_coll && rank_coll->rank > 0;
   if (follower) {
-    /* The launcher's SIGTERM (a rank failed; or it died itself) ends a
-     * follower at once; a terminal's SIGINT stays blocked: rank 0 acts. */
+    /* The launcher's SIGTERM (a rank failed) ends a follower at once, and
+     * so does the launcher's death, by SIGKILL: a follower may sit in a
+     * collective no peer will join, and must not hold its GPU for ever.  A
+     * terminal's SIGINT stays blocked: rank 0 acts on it. */
     sigset_t term;
     sigemptyset(&term);
     sigaddset(&term, SIGTERM);
     pthread_sigmask(SIG_UNBLOCK, &term, NULL);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
   }
   moejit *m = NULL;
   if ((r = api_load(dir, &oo, &m, err))) goto out;
@@ -171,6 +176,11 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
   fflush(stderr);
 
   int sig = wait_signal(&set, -1);
+  /* With several ranks the engine may be in a collective whose peers are
+   * gone (a follower killed): nothing would end it, and close would wait
+   * for ever.  The whole shutdown gets a bound: SIGALRM's default action
+   * ends the process, which the launcher reports. */
+  if (rank_coll) alarm((unsigned)shutdown_s + 30);
   int running = srv_in_flight(s);
   srv_drain(s);
   if (!quiet)
