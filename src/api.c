@@ -245,7 +245,8 @@ struct moejit {
   uint64_t idle_wakeups; /* api_idle_wakeups */
   uint64_t next_id;
   bool paused, closing, cancel_all;
-  bool followed; /* a follower's engine has ended (api_follow_wait) */
+  bool followed;   /* a follower's engine has ended (api_follow_wait) */
+  bool ranks_lost; /* rank 0 could not reach a follower: nothing is admitted again */
   pthread_cond_t waker_cv;   /* the waker waits for pend, or waker_stop */
   api_req **pend;            /* [slots]: the pollers the waker is to wake */
   int npend;
@@ -822,6 +823,8 @@ moejit_status moejit_submit(moejit *a, const moejit_request *r, uint64_t *id) {
   pthread_mutex_lock(&a->lock);
   moejit_status st = MOEJIT_OK;
   if (a->closing) st = failf(MOEJIT_ECLOSED, "moejit_submit: the engine is closing");
+  else if (a->ranks_lost)
+    st = failf(MOEJIT_EBACKEND, "moejit_submit: a follower rank of this sharded engine is gone; the job must be restarted");
   else if (a->nwait >= a->max_queue)
     st = failf(MOEJIT_EQUEUE_FULL, "moejit_submit: %d requests wait already (max_queue)", a->nwait);
   if (st) {
@@ -863,7 +866,13 @@ static int lead(moejit *a, ctl_kind kind, int32_t slot, int32_t n, const sample_
   if (!a->x.ctl || a->x.follow) return 0;
   ctl_msg m = {.kind = kind, .slot = slot, .n = n, .tok = tok, .slots = slots};
   if (sp) m.sp = *sp;
-  return ctl_send(a->x.ctl, &m, err);
+  int rc = ctl_send(a->x.ctl, &m, err);
+  if (rc) { /* a rank gone: no step can run again (moejit_submit refuses) */
+    pthread_mutex_lock(&a->lock);
+    a->ranks_lost = true;
+    pthread_mutex_unlock(&a->lock);
+  }
+  return rc;
 }
 
 /* ---- events ---------------------------------------------------------------------------- */

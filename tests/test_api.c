@@ -1042,6 +1042,20 @@ static void test_follow(void) {
   mj_err_clear(&ce);
   ctl_close(lc), ctl_close(fc);
 
+  /* A follower gone: rank 0's request fails at its admission, and rank 0
+   * takes no request again. */
+  T_EQ_INT(ctl_pair(&lc, &fc, &err), 0);
+  ctl_close(fc);
+  m = open_rank(dir, lc, false);
+  id = submit_ids(m, &s, 4, true);
+  T_EQ_INT(moejit_poll(m, id, &ev, 10000), MOEJIT_OK); /* its first event is its last */
+  T_EQ_INT(ev.finish, MOEJIT_FINISH_ERROR);
+  T_CHECK(strstr(ev.error, "a follower rank is gone") != NULL);
+  T_EQ_INT(moejit_submit(m, &rq, &none), MOEJIT_EBACKEND);
+  T_CHECK(strstr(moejit_last_error(), "a follower rank of this sharded engine is gone") != NULL);
+  moejit_close(m, 0);
+  ctl_close(lc);
+
   /* Rank 0 gone without its end message (a crash): the follower's engine
    * stops with the line that says so. */
   T_EQ_INT(ctl_pair(&lc, &fc, &err), 0);
