@@ -876,9 +876,6 @@ static int lead(moejit *a, ctl_kind kind, int32_t slot, int32_t n, const sample_
 }
 
 /* ---- events ---------------------------------------------------------------------------- */
-/* Hand ev to q's callback or queue.  The last event ends q: its slot (if
- * any) is freed, the counters move, and q is forgotten (a callback's after
- * the call, a polled one when its last event is taken). */
 /* q out of the engine's wake list or the waker's pend list (under lock). */
 static void unwake(moejit *a, api_req *q) {
   api_req **l = q->waking == 1 ? a->wake : a->pend;
@@ -891,6 +888,9 @@ static void unwake(moejit *a, api_req *q) {
   q->waking = 0;
 }
 
+/* Hand ev to q's callback or queue.  The last event ends q: its slot (if
+ * any) is freed, the counters move, and q is forgotten (a callback's after
+ * the call, a polled one when its last event is taken). */
 static void deliver(moejit *a, api_req *q, moejit_event *ev) {
   bool last = ev->finish != MOEJIT_FINISH_NONE;
   if (last && q->slot >= 0) {
@@ -1101,6 +1101,24 @@ static void take(moejit *a, api_req *q, int32_t id) {
 }
 
 /* ---- the engine thread ------------------------------------------------------------------- */
+static const double step_bounds[] = MOEJIT_STEP_BUCKETS_MS;
+
+/* The counters of a step that ran (under the lock): a prompt of n tokens
+ * (its last row draws a token) or a decode step of n rows in ms. */
+static void count_prompt(moejit *a, int64_t n, bool ok) {
+  a->st.prompt_steps++;
+  a->st.prompt_tokens += (uint64_t)n;
+  a->st.generated_tokens += ok;
+}
+
+static void count_decode(moejit *a, int n, double ms, bool ok) {
+  a->st.decode_steps++;
+  a->st.decode_rows += (uint64_t)n;
+  a->st.decode_step_ms_sum += ms;
+  for (int b = 0; b < MOEJIT_STEP_BUCKETS; b++) a->st.decode_step_le[b] += b == MOEJIT_STEP_BUCKETS - 1 || ms <= step_bounds[b];
+  if (ok) a->st.generated_tokens += (uint64_t)n;
+}
+
 /* Admit q (taken off the wait queue) and run its prompt as a step of its own. */
 static void run_prompt(moejit *a, api_req *q) {
   mj_err e = {0};
@@ -1120,9 +1138,7 @@ static void run_prompt(moejit *a, api_req *q) {
   int32_t id = rc ? -1 : ids[n - 1]; /* a failed step wrote no ids */
   free(slot), free(ids);
   pthread_mutex_lock(&a->lock);
-  a->st.prompt_steps++;
-  a->st.prompt_tokens += n;
-  a->st.generated_tokens += !rc;
+  count_prompt(a, (int64_t)n, !rc);
   pthread_mutex_unlock(&a->lock);
   if (rc) {
     end_failed(a, q, &e);
@@ -1132,8 +1148,6 @@ static void run_prompt(moejit *a, api_req *q) {
   q->t_first = mj_now_ms();
   take(a, q, id);
 }
-
-static const double step_bounds[] = MOEJIT_STEP_BUCKETS_MS;
 
 /* One decode step: a row of every live sequence, in slot order.  Returns
  * the milliseconds spent handing out its tokens (events_ms_sum, which the
@@ -1151,12 +1165,7 @@ static double decode_step(moejit *a, int32_t *tk, int32_t *sl, int32_t *ids, api
   a->gap_from = t1;
   pthread_mutex_lock(&a->lock);
   if (gap >= 0) a->st.decode_gap_ms_sum += gap, a->st.decode_gaps++;
-  a->st.decode_steps++;
-  a->st.decode_rows += (uint64_t)n;
-  a->st.decode_step_ms_sum += ms;
-  for (int b = 0; b < MOEJIT_STEP_BUCKETS; b++)
-    a->st.decode_step_le[b] += b == MOEJIT_STEP_BUCKETS - 1 || ms <= step_bounds[b];
-  if (!rc) a->st.generated_tokens += (uint64_t)n;
+  count_decode(a, n, ms, !rc);
   pthread_mutex_unlock(&a->lock);
   for (int i = 0; i < n; i++) rc ? end_failed(a, who[i], &e) : take(a, who[i], ids[i]);
   mj_err_clear(&e);
@@ -1284,18 +1293,7 @@ static void follow_loop(moejit *a) {
     if (rc) break;
     double ms = mj_now_ms() - t0;
     pthread_mutex_lock(&a->lock);
-    if (step) {
-      a->st.decode_steps++;
-      a->st.decode_rows += (uint64_t)m.n;
-      a->st.decode_step_ms_sum += ms;
-      for (int b = 0; b < MOEJIT_STEP_BUCKETS; b++)
-        a->st.decode_step_le[b] += b == MOEJIT_STEP_BUCKETS - 1 || ms <= step_bounds[b];
-      a->st.generated_tokens += (uint64_t)m.n;
-    } else {
-      a->st.prompt_steps++;
-      a->st.prompt_tokens += (uint64_t)m.n;
-      a->st.generated_tokens++;
-    }
+    step ? count_decode(a, m.n, ms, true) : count_prompt(a, m.n, true);
     pthread_mutex_unlock(&a->lock);
   }
   if (rc) {

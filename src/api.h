@@ -42,7 +42,7 @@ typedef struct api_start_opts {
    * and retirement to the followers through ctl (follow false); a follower
    * (follow true) takes no requests of its own and replays rank 0's, its
    * draws checked against the tokens rank 0 feeds, until rank 0's end
-   * message (then api_close returns), or an error (kept for api_close). */
+   * message or an error (api_follow_wait returns it; api_close frees). */
   ctl *ctl;
   bool follow;
 } api_start_opts;

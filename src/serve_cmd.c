@@ -113,6 +113,7 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
   else if (!strcmp(backend, "cpu")) oo.backend = MOEJIT_BACKEND_CPU;
   else if (!strcmp(backend, "cuda")) oo.backend = MOEJIT_BACKEND_CUDA;
   else return mj_fail(err, MJ_EUSAGE, "moejit serve: --backend must be auto, cpu or cuda, not '%s'", backend);
+  if (world > 1) oo.backend = MOEJIT_BACKEND_CUDA; /* every rank on its GPU, or an error */
   oo.max_parallel = (int32_t)parallel, oo.max_queue = (int32_t)max_queue, oo.context_length = (int32_t)ctx;
   oo.threads = (int32_t)threads, oo.quiet = quiet;
 
@@ -160,10 +161,6 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
   }
   moejit_info info;
   moejit_get_info(m, &info);
-  if (rank_coll && strcmp(info.backend, "cuda")) {
-    r = mj_fail(err, MJ_EUSAGE, "moejit serve: --tp/--ep run on GPUs; this model runs on the CPU");
-    goto out;
-  }
   so.model_name = info.name;
   srv *s = NULL;
   if ((r = srv_start(m, &so, &s, err))) goto out;
@@ -201,10 +198,8 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
   mj_err ce = {0};
   if (api_close(m, 0, &ce) && !quiet) fprintf(stderr, "moejit: warning: the engine reported during its run: %s\n", ce.msg);
   mj_err_clear(&ce);
+  m = NULL;
   if (!quiet) fprintf(stderr, "moejit: stopped\n");
-  ctl_close(c);
-  coll_destroy(rank_coll);
-  return 0;
 out:
   api_close(m, 0, NULL);
   ctl_close(c);

@@ -971,7 +971,7 @@ static moejit *open_rank(const char *d, ctl *c, bool follow) {
 
 /* A follower's end (api_follow_wait), its counters, then api_close: the
  * follower's error, or 0. */
-static int api_close_keep_stats(moejit *f, moejit_stats *st, mj_err *err) {
+static int follower_end(moejit *f, moejit_stats *st, mj_err *err) {
   int rc = api_follow_wait(f, err);
   moejit_get_stats(f, st);
   api_close(f, 0, NULL);
@@ -1015,7 +1015,7 @@ static void test_follow(void) {
   while (ls.running || ls.queue_depth);
   T_EQ_INT(moejit_close(m, -1), MOEJIT_OK); /* its end message ends the follower's engine */
   mj_err ce = {0};
-  T_EQ_INT(api_close_keep_stats(f, &fs, &ce), 0);
+  T_EQ_INT(follower_end(f, &fs, &ce), 0);
   if (ce.code) fprintf(stderr, "  follower: %s\n", ce.msg);
   mj_err_clear(&ce);
   T_CHECK(ls.decode_steps > 40 && ls.prompt_steps == 36);
@@ -1036,7 +1036,7 @@ static void test_follow(void) {
   T_CHECK(drain(m, id, &r));
   T_EQ_INT(r.last.finish, MOEJIT_FINISH_LENGTH);
   T_EQ_INT(moejit_close(m, -1), MOEJIT_OK);
-  T_EQ_INT(api_close_keep_stats(f, &fs, &ce), MJ_EINTERNAL);
+  T_EQ_INT(follower_end(f, &fs, &ce), MJ_EINTERNAL);
   T_CHECK(strstr(ce.msg, "rank 1 drew token") && strstr(ce.msg, "the ranks' logits have parted"));
   T_CHECK(fs.decode_steps < 11);
   mj_err_clear(&ce);
@@ -1061,7 +1061,7 @@ static void test_follow(void) {
   T_EQ_INT(ctl_pair(&lc, &fc, &err), 0);
   f = open_rank(dir, fc, true);
   ctl_close(lc);
-  T_EQ_INT(api_close_keep_stats(f, &fs, &ce), MJ_EIO);
+  T_EQ_INT(follower_end(f, &fs, &ce), MJ_EIO);
   T_CHECK(strstr(ce.msg, "rank 0 closed the control socket") != NULL);
   mj_err_clear(&ce);
   ctl_close(fc);
