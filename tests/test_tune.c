@@ -290,6 +290,26 @@ static void test_lookup(void) {
   T_EQ_INT(bad, 0);
 }
 
+/* The cache's environment (MOEJIT_CACHE, _DIR, MOEJIT_TUNE), kept at a
+ * test's start and put back at its end. */
+typedef struct env_kept {
+  char *v[3];
+} env_kept;
+static const char *const env_names[3] = {"MOEJIT_CACHE", "MOEJIT_CACHE_DIR", "MOEJIT_TUNE"};
+
+static env_kept env_keep(void) {
+  env_kept k;
+  for (int i = 0; i < 3; i++) k.v[i] = getenv(env_names[i]) ? mj_xstrdup(getenv(env_names[i])) : NULL;
+  return k;
+}
+
+static void env_put_back(env_kept *k) {
+  for (int i = 0; i < 3; i++) {
+    k->v[i] ? setenv(env_names[i], k->v[i], 1) : unsetenv(env_names[i]);
+    free(k->v[i]);
+  }
+}
+
 /* Whose tuning, on this machine as it is: the driver is opened first
  * (cu_init), and the cache is on with MOEJIT_TUNE unset, so "off" can only
  * mean that no GPU answered.  Without a GPU: off, even for a named target,
@@ -298,9 +318,7 @@ static void test_lookup(void) {
  * MOEJIT_TUNE=off or MOEJIT_CACHE=off, and the run refuses a target that
  * is not the GPU's. */
 static void test_here(void) {
-  char *old_mode = getenv("MOEJIT_CACHE") ? mj_xstrdup(getenv("MOEJIT_CACHE")) : NULL;
-  char *old_dir = getenv("MOEJIT_CACHE_DIR") ? mj_xstrdup(getenv("MOEJIT_CACHE_DIR")) : NULL;
-  char *old_tune = getenv("MOEJIT_TUNE") ? mj_xstrdup(getenv("MOEJIT_TUNE")) : NULL;
+  env_kept env = env_keep();
   const char *dir = t_scratch("here");
   setenv("MOEJIT_CACHE", "on", 1);
   setenv("MOEJIT_CACHE_DIR", dir, 1);
@@ -341,10 +359,7 @@ static void test_here(void) {
     T_EQ_INT(tune_gemv_run(&t, &o, &err), MJ_ENOGPU);
   }
   mj_err_clear(&err);
-  old_mode ? setenv("MOEJIT_CACHE", old_mode, 1) : unsetenv("MOEJIT_CACHE");
-  old_dir ? setenv("MOEJIT_CACHE_DIR", old_dir, 1) : unsetenv("MOEJIT_CACHE_DIR");
-  old_tune ? setenv("MOEJIT_TUNE", old_tune, 1) : unsetenv("MOEJIT_TUNE");
-  free(old_mode), free(old_dir), free(old_tune);
+  env_put_back(&env);
 }
 
 /* Under MOEJIT_CACHE=assert-warm the front door compiles nothing: a usable
@@ -354,8 +369,7 @@ static void test_here(void) {
  * under MOEJIT_CACHE=on compiled it), the same record is taken, with no
  * compile.  The records live beside the entries, as in a deployment. */
 static void test_assert_warm(void) {
-  char *old_mode = getenv("MOEJIT_CACHE") ? mj_xstrdup(getenv("MOEJIT_CACHE")) : NULL;
-  char *old_dir = getenv("MOEJIT_CACHE_DIR") ? mj_xstrdup(getenv("MOEJIT_CACHE_DIR")) : NULL;
+  env_kept env = env_keep();
   tune_target t = test_target(t_scratch("warm"));
   setenv("MOEJIT_CACHE_DIR", t.dir, 1);
   model_moe_cfg c = small_cfg();
@@ -393,9 +407,8 @@ static void test_assert_warm(void) {
   T_CHECK(tuned[0] && p.gu.rows == 16 && p.gu.mma == 4);
 
   jit_shutdown();
-  old_mode ? setenv("MOEJIT_CACHE", old_mode, 1) : unsetenv("MOEJIT_CACHE");
-  old_dir ? setenv("MOEJIT_CACHE_DIR", old_dir, 1) : unsetenv("MOEJIT_CACHE_DIR");
-  free(old_mode), free(old_dir), free(path);
+  env_put_back(&env);
+  free(path);
 }
 
 /* ---- the batched GEMV: families gemv_mma and gemv ------------------------------------------- */
@@ -633,8 +646,7 @@ static void test_gemv_lookup(void) {
  * lacks is one warning and the built-in tile; once a warm-up has compiled
  * it, taken without a compile (as the MoE's, test_assert_warm). */
 static void test_gemv_assert_warm(void) {
-  char *old_mode = getenv("MOEJIT_CACHE") ? mj_xstrdup(getenv("MOEJIT_CACHE")) : NULL;
-  char *old_dir = getenv("MOEJIT_CACHE_DIR") ? mj_xstrdup(getenv("MOEJIT_CACHE_DIR")) : NULL;
+  env_kept env = env_keep();
   tune_target t = test_target(t_scratch("gwarm"));
   setenv("MOEJIT_CACHE_DIR", t.dir, 1);
   mj_err err = {0};
@@ -670,9 +682,8 @@ static void test_gemv_assert_warm(void) {
   }
 
   jit_shutdown();
-  old_mode ? setenv("MOEJIT_CACHE", old_mode, 1) : unsetenv("MOEJIT_CACHE");
-  old_dir ? setenv("MOEJIT_CACHE_DIR", old_dir, 1) : unsetenv("MOEJIT_CACHE_DIR");
-  free(old_mode), free(old_dir), free(path);
+  env_put_back(&env);
+  free(path);
 }
 
 /* The engine's side, through the dry step warm-up runs (gpu_warm): the
@@ -686,8 +697,7 @@ static void test_gemv_assert_warm(void) {
  * compiles nothing.  The tuning target is named in gpu_opts (no GPU here
  * to be one). */
 static void test_gemv_warm(void) {
-  char *old_mode = getenv("MOEJIT_CACHE") ? mj_xstrdup(getenv("MOEJIT_CACHE")) : NULL;
-  char *old_dir = getenv("MOEJIT_CACHE_DIR") ? mj_xstrdup(getenv("MOEJIT_CACHE_DIR")) : NULL;
+  env_kept env = env_keep();
   tune_target t = test_target(t_scratch("gwu"));
   setenv("MOEJIT_CACHE_DIR", t.dir, 1);
   setenv("MOEJIT_CACHE", "on", 1);
@@ -759,9 +769,7 @@ static void test_gemv_warm(void) {
 
   jit_shutdown();
   mj_arena_free(&a);
-  old_mode ? setenv("MOEJIT_CACHE", old_mode, 1) : unsetenv("MOEJIT_CACHE");
-  old_dir ? setenv("MOEJIT_CACHE_DIR", old_dir, 1) : unsetenv("MOEJIT_CACHE_DIR");
-  free(old_mode), free(old_dir);
+  env_put_back(&env);
 }
 
 int main(int argc, char **argv) {
