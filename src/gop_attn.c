@@ -13,9 +13,7 @@
  */
 #include <assert.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "gpu_ops.h"
 
@@ -164,55 +162,6 @@ int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows ro
  * warning was given: one line a process, whatever the shapes. */
 static int tc_warned;
 
-/* The tensor-core specialisations that failed under GOP_ATTEND_AUTO, by
- * target and template arguments: AUTO plans the CUDA-core kernel for them
- * at once, so eager steps ask the front door for a failed kernel once, not
- * every step.  (The front door remembers the failure too, but asking it
- * costs its lock, the request's hash and the error's text with its compile
- * log, each time.)  An entry holds for one generation of the front door
- * (jit_generation): jit_shutdown forgets failures, and so do these.  A
- * process meets few specialisations (a model's widths, ht 1 to ATT_TC_HT,
- * a target or two); past TC_FAILED_MAX the front door is asked each time. */
-#define TC_FAILED_MAX 16
-typedef struct tc_failure {
-  char arch[16]; /* "" for the GPU's own (gop_ctx.arch NULL) */
-  int kv_rank, rope, ht;
-  uint64_t gen;
-} tc_failure;
-static tc_failure tc_failed[TC_FAILED_MAX];
-static int n_tc_failed; /* entries in use: read without the lock, so no failure costs no lock */
-static pthread_mutex_t tc_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static bool tc_is(const tc_failure *f, const char *arch, const gop_dims *d, int ht) {
-  return f->kv_rank == d->kv_rank && f->rope == d->rope && f->ht == ht && !strcmp(f->arch, arch ? arch : "");
-}
-
-/* Did the tensor-core kernel of (arch, d, ht) fail in this generation? */
-static bool tc_known_failed(const char *arch, const gop_dims *d, int ht) {
-  if (!__atomic_load_n(&n_tc_failed, __ATOMIC_ACQUIRE)) return false;
-  uint64_t gen = jit_generation();
-  bool hit = false;
-  pthread_mutex_lock(&tc_lock);
-  for (int i = 0; i < n_tc_failed && !hit; i++) hit = tc_failed[i].gen == gen && tc_is(&tc_failed[i], arch, d, ht);
-  pthread_mutex_unlock(&tc_lock);
-  return hit;
-}
-
-/* Remember that it failed, in an entry of an older generation or a new one. */
-static void tc_note_failed(const char *arch, const gop_dims *d, int ht) {
-  uint64_t gen = jit_generation();
-  pthread_mutex_lock(&tc_lock);
-  int i = 0;
-  while (i < n_tc_failed && tc_failed[i].gen == gen) i++;
-  if (i < TC_FAILED_MAX) {
-    tc_failure *f = &tc_failed[i];
-    snprintf(f->arch, sizeof f->arch, "%s", arch ? arch : "");
-    f->kv_rank = d->kv_rank, f->rope = d->rope, f->ht = ht, f->gen = gen;
-    if (i == n_tc_failed) __atomic_store_n(&n_tc_failed, i + 1, __ATOMIC_RELEASE);
-  }
-  pthread_mutex_unlock(&tc_lock);
-}
-
 /* Errors of the tensor-core kernel that AUTO steps around: those a
  * generic variant would stand in for (jit.h: it did not compile, its
  * source refused the widths, or it did not load).  A miss under
@@ -223,16 +172,14 @@ int gop_mla_attend_on(gop_attend_kind kind, const gop_dims *d, CUdeviceptr qlat,
                       CUdeviceptr sel, float scale, CUdeviceptr olat, CUdeviceptr scratch, int B, const gop_ctx *cx,
                       mj_err *err) {
   /* One plan: the tensor cores' when they are asked for, or under AUTO
-   * when the widths and shared memory allow them and their kernel has not
-   * failed before (else, silently, the CUDA cores': a matter of shape, as
-   * generic and specialised are). */
+   * when the widths and shared memory allow them (else, silently, the CUDA
+   * cores': a matter of shape, as generic and specialised are). */
   att_plan p;
   mj_err te = {0};
   bool auto_tc = kind == GOP_ATTEND_AUTO && GOP_ATTEND_MMA_DEFAULT && att_tc_fits(d);
   int rc = kind == GOP_ATTEND_MMA ? att_tc_plan(d, B, &p, err)
-           : auto_tc && att_tc_plan(d, B, &p, &te) == 0 && !tc_known_failed(cx->arch, d, p.ht)
-               ? 0
-               : att_plan_make(d, B, &p, err);
+           : auto_tc && att_tc_plan(d, B, &p, &te) == 0 ? 0
+                                                        : att_plan_make(d, B, &p, err);
   mj_err_clear(&te);
   if (rc) return rc;
   if (sel && d->idx_topk < 1) return mj_fail(err, MJ_EINPUT, "gop_mla_attend: a selection with idx_topk %d", d->idx_topk);
@@ -243,7 +190,7 @@ int gop_mla_attend_on(gop_attend_kind kind, const gop_dims *d, CUdeviceptr qlat,
     /* The tensor-core kernel has no generic variant.  Under AUTO its
      * failure hands the step to the CUDA-core kernel, as a failed
      * specialisation hands it to its generic variant: warned once, and
-     * not asked for again (tc_note_failed). */
+     * cheap every step after (the front door remembers the failure). */
     snprintf(e1, sizeof e1, "mla_attend_part_tc<%d, %d, %d>", d->kv_rank, d->rope, p.ht);
     rc = gop_get(cx, KT_mla_attend, e1, NULL, 0, NULL, &part, &launch, kind == GOP_ATTEND_AUTO ? &te : err);
     if (rc && kind == GOP_ATTEND_AUTO && att_tc_fallback(rc)) {
@@ -251,7 +198,6 @@ int gop_mla_attend_on(gop_attend_kind kind, const gop_dims *d, CUdeviceptr qlat,
         mj_warn("gop_mla_attend: %s did not compile (%s); the CUDA-core kernel stands in for the tensor-core one",
                 e1, te.msg);
       mj_err_clear(&te);
-      tc_note_failed(cx->arch, d, p.ht);
       if ((rc = att_plan_make(d, B, &p, err))) return rc;
     } else if (rc) {
       if (kind == GOP_ATTEND_AUTO) {

@@ -235,8 +235,7 @@ int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows ro
  * gop_mla_attend does: the tensor-core kernel where it fits, as
  * GOP_ATTEND_MMA_DEFAULT says, else the CUDA-core one, which also stands
  * in, with one warning a process, for a tensor-core kernel that does not
- * compile or load, each failed specialisation asked for once),
- * GOP_ATTEND_FMA (mla_attend_part), GOP_ATTEND_MMA (mla_attend_part_tc,
+ * compile or load), GOP_ATTEND_FMA (mla_attend_part), GOP_ATTEND_MMA (mla_attend_part_tc,
  * tensor cores: kv_rank a multiple of 64, kv_rank + rope of 16; docs/decode.md,
  * "Attention on tensor cores"), for the GPU tests and the perf mode.  The
  * tensor-core kernel passed gputest attn on the H200 (relative 1.6e-3 at

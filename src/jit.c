@@ -479,13 +479,8 @@ void jit_stats(cache_stats *out) {
   pthread_mutex_unlock(&jit_lock);
 }
 
-static uint64_t generation; /* jit_shutdown's count (atomic) */
-
-uint64_t jit_generation(void) { return __atomic_load_n(&generation, __ATOMIC_ACQUIRE); }
-
 void jit_shutdown(void) {
   pthread_mutex_lock(&jit_lock);
-  __atomic_add_fetch(&generation, 1, __ATOMIC_RELEASE);
   if (J.ready) {
     for (size_t i = 0; i < J.cap; i++)
       if (J.slots[i]) entry_free(J.slots[i]);

@@ -103,9 +103,4 @@ void jit_shutdown(void);
 /* This process's counters since the last jit_shutdown. */
 void jit_stats(cache_stats *out);
 
-/* How many times jit_shutdown has run: a caller that remembers an answer of
- * the front door (a kernel that failed, so as not to ask again each step)
- * holds it for one generation, since jit_shutdown forgets failures. */
-uint64_t jit_generation(void);
-
 #endif
