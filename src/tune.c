@@ -163,8 +163,10 @@ static int take(const tune_target *t, const cache_tune *want, const taker *k, bo
     if (crc == MJ_ECACHE)
       rc = mj_fail(&e2, MJ_ECACHE, "its kernel is not in the cache (%.*s; moejit warmup compiles it)",
                    (int)strcspn(e.msg, "\n"), e.msg);
-    else
+    else if (crc == MJ_EINPUT || crc == MJ_ECOMPILE)
       rc = mj_fail(&e2, MJ_ECACHE, "the kernel refuses tile %s (%.*s)", rec.choice, (int)strcspn(e.msg, "\n"), e.msg);
+    else
+      rc = mj_fail(&e2, MJ_ECACHE, "the kernel of tile %s could not be had (%.*s)", rec.choice, (int)strcspn(e.msg, "\n"), e.msg);
     mj_err_clear(&e);
     e = e2;
   }
@@ -482,10 +484,19 @@ static int tune_one(const tune_target *t, rig *r, const moe_plan *base, int mode
   return verdict(t, &rec, text, us, nc, refused, wrong, what, log, err);
 }
 
-int tune_moe_run(const tune_target *t, const tune_opts *o, mj_err *err) {
+/* The timing runs need a GPU of t's target and the cache (the records'
+ * home): MJ_ENOGPU saying which is missing. */
+static int run_ready(const tune_target *t, mj_err *err) {
   const cu_device *d = cu_dev();
-  if (!t->on || !d || strcmp(d->arch, t->arch) != 0)
-    return mj_fail(err, MJ_ENOGPU, "tune: needs a GPU of the target, and the cache on");
+  if (!d) return mj_fail(err, MJ_ENOGPU, "tune: needs a GPU of the target; there is none");
+  if (strcmp(d->arch, t->arch) != 0) return mj_fail(err, MJ_ENOGPU, "tune: needs a GPU of %s; this one is %s", t->arch, d->arch);
+  if (!t->on) return mj_fail(err, MJ_ENOGPU, "tune: needs a GPU and the cache on (MOEJIT_CACHE=off or MOEJIT_TUNE=off)");
+  return 0;
+}
+
+int tune_moe_run(const tune_target *t, const tune_opts *o, mj_err *err) {
+  int rc = run_ready(t, err);
+  if (rc) return rc;
   model_moe_cfg cfg = o->cfg;
   int copies = o->copies > 0 ? (o->copies < TUNE_MAXCOPIES ? o->copies : TUNE_MAXCOPIES) : 2, maxb = 1;
   for (int i = 0; i < o->nbuckets; i++) maxb = o->buckets[i] > maxb ? o->buckets[i] : maxb;
@@ -503,7 +514,6 @@ int tune_moe_run(const tune_target *t, const tune_opts *o, mj_err *err) {
   moe_weights W[TUNE_MAXCOPIES];
   CUdeviceptr x[TUNE_SETS] = {0};
   memset(W, 0, sizeof W);
-  int rc = 0;
   for (int c = 0; c < copies && !rc; c++) {
     if ((rc = moe_weights_alloc(&W[c], &cfg, err))) break;
     if (c == 0) {
@@ -604,8 +614,9 @@ static int gemv_one(const tune_target *t, gemv_rig *r, const gop_gemv_shape *sh,
       refused++, rc = 0;
       continue;
     }
-    if (rc) {
-      mj_fail(err, (mj_code)rc, "%s", e.msg);
+    if (rc) { /* the built-in tile's failure, or one no candidate could step around: say which */
+      mj_fail(err, (mj_code)rc, "tune: %s %s N=%d K=%d B=%d, tile %s: %s", family, sh->op, r->N, r->K, r->nb, text[i], e.msg);
+      mj_err_set_detail(err, e.detail);
       mj_err_clear(&e);
       break;
     }
@@ -658,9 +669,8 @@ static int gemv_shape(const tune_target *t, const gop_gemv_shape *sh, const bool
 }
 
 int tune_gemv_run(const tune_target *t, const tune_opts *o, mj_err *err) {
-  const cu_device *d = cu_dev();
-  if (!t->on || !d || strcmp(d->arch, t->arch) != 0)
-    return mj_fail(err, MJ_ENOGPU, "tune: needs a GPU of the target, and the cache on");
+  int rc = run_ready(t, err);
+  if (rc) return rc;
   /* The row block sizes the batch sizes run: each size up to
    * GOP_GEMV_MAXB, and a larger one's blocks of GOP_GEMV_MAXB and the rest. */
   bool sizes[GOP_GEMV_MAXB + 1] = {false};
@@ -673,7 +683,6 @@ int tune_gemv_run(const tune_target *t, const tune_opts *o, mj_err *err) {
   }
   for (int nb = 1; nb <= GOP_GEMV_MAXB; nb++)
     if (sizes[nb]) maxnb = nb;
-  int rc = 0;
   for (int s = 0; s < o->ngemv && maxnb && !rc; s++) rc = gemv_shape(t, &o->gemv[s], sizes, maxnb, o->log, err);
   return rc;
 }
