@@ -2,7 +2,7 @@
  * templates/dsa.cu) against their CPU references (src/ref_attn.c).  Run by
  * gputest (which exits 77 without a GPU).
  *
- * For each shape (GLM-5's full width at two cache sizes, a small odd shape
+ * For each shape (GLM-5's full width at three cache sizes, a small odd shape
  * and one that only the generic kernels take; the ctx 1024 shapes, with
  * few rows, take att_plan's 8 heads per block, ctx 4096 its 16): fresh random inputs (the
  * seed is printed), rows with different slots and positions (0, small,
@@ -48,6 +48,8 @@ typedef struct shape {
 static const shape shapes[] = {
     {"glm5 ctx 4096", 64, 512, 64, 32, 128, 2048, 4096, 6, {3, 0, 5, 1, 2, 4}, {0, 37, 2047, 2048, 3000, 4095}},
     {"glm5 ctx 1024", 64, 512, 64, 32, 128, 2048, 1024, 3, {1, 0, 2}, {1023, 0, 500}},
+    /* Long rows: dsa_topk's warps each own a range of 1024 tokens, 8 loads a lane in flight. */
+    {"glm5 ctx 32768", 64, 512, 64, 32, 128, 2048, 32768, 2, {1, 0}, {32767, 9000}},
     {"glm5 topk 256", 64, 512, 64, 32, 128, 256, 1024, 4, {2, 3, 0, 1}, {255, 256, 1000, 1023}, {700, 3, 256, 255}},
     {"small odd", 3, 48, 8, 2, 16, 5, 40, 7, {6, 0, 1, 2, 3, 4, 5}, {0, 3, 4, 5, 22, 38, 39},
      {39, 4, 5, 0, 30, 6, 1}},
