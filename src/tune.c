@@ -353,10 +353,14 @@ int tune_gemv_plan(const tune_target *t, int B, int N, int K, gop_gemv_tiles *ta
 /* ---- the timing run ------------------------------------------------------------------------ */
 /* The candidates: bench moe's sweeps (docs/moe.md), cut to the tiles that
  * won or came within a few percent somewhere in bench/results, and the
- * tensor-core ones that the instruction count favours at larger buckets. */
+ * tensor-core ones that the instruction count favours at larger buckets.
+ * gate_up's 16:256:8:0:0:2:8 (8 chunks a load batch under the 2-block
+ * register cap: 110 registers, ptxas) is there because the tensor-core
+ * path at bucket 64 ran at half the copy bandwidth with 4 (2 records x 4
+ * chunks of 16 bytes in flight a lane; down took 8 and won). */
 static const char *const gu_candidates =
     "2:256:8:0,4:256:8:0:0:2,2:256:8:0:0:2,2:128:8:0,2:256:4:0,"
-    "16:256:8:0:0:0:4,16:256:8:0:0:2:4,16:256:8:0:0:0:6,16:128:8:0:0:0:4";
+    "16:256:8:0:0:0:4,16:256:8:0:0:2:4,16:256:8:0:0:0:6,16:128:8:0:0:0:4,16:256:8:0:0:2:8";
 static const char *const dn_candidates =
     "4:256:8:0,4:256:8:0:0:3,2:256:8:0,8:256:8:0,"
     "16:256:8:0:0:0:4,16:256:8:0:0:0:8,16:256:8:0:0:2:4,16:128:8:0:0:0:4";
@@ -430,24 +434,32 @@ static int verdict(const tune_target *t, cache_tune *rec, char (*text)[64], cons
   return 0;
 }
 
+int tune_moe_candidates(int mode, const moe_tile *bt, moe_tile out[TUNE_MOE_MAXCAND]) {
+  int nc = 0;
+  out[nc++] = *bt;
+  for (const char *s = mode ? dn_candidates : gu_candidates; *s && nc < TUNE_MOE_MAXCAND;) {
+    int used = tune_tile_parse(s, &out[nc]);
+    if (!used) return 0; /* a bad list: test_tune says where */
+    bool seen = false;
+    for (int i = 0; i < nc; i++) seen |= !memcmp(&out[nc], &out[i], sizeof *bt);
+    nc += !seen;
+    s += used + (s[used] == ',');
+  }
+  return nc;
+}
+
 /* One expert kernel of one bucket: the built-in tile, then each candidate;
  * the record stored. */
 static int tune_one(const tune_target *t, rig *r, const moe_plan *base, int mode, const bf16 *ref, bf16 *out,
                     FILE *log, mj_err *err) {
   const moe_tile *bt = mode ? &base->dn : &base->gu;
-  moe_tile cand[16];
-  int nc = 0;
-  cand[nc++] = *bt;
-  for (const char *s = mode ? dn_candidates : gu_candidates; *s && nc < 16;) {
-    int used = tune_tile_parse(s, &cand[nc]);
-    if (!used) return mj_fail(err, MJ_EINTERNAL, "tune: bad built-in candidate list at '%s'", s);
-    if (memcmp(&cand[nc], bt, sizeof *bt) != 0) nc++;
-    s += used + (s[used] == ',');
-  }
+  moe_tile cand[TUNE_MOE_MAXCAND];
+  int nc = tune_moe_candidates(mode, bt, cand);
+  if (nc < 1) return mj_fail(err, MJ_EINTERNAL, "tune: bad built-in candidate list of %s", mode ? "down" : "gate_up");
   moe_kernel_id id = mode ? MOE_K_down : MOE_K_gate_up;
   size_t n = (size_t)r->B * base->cfg.hidden;
-  char text[16][64];
-  double us[16];
+  char text[TUNE_MOE_MAXCAND][64];
+  double us[TUNE_MOE_MAXCAND];
   int refused = 0, wrong = 0, rc = 0;
   for (int i = 0; i < nc && !rc; i++) {
     tune_tile_text(&cand[i], text[i], sizeof text[i]);

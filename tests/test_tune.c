@@ -539,6 +539,47 @@ static void test_gemv_candidates(void) {
   jit_shutdown();
 }
 
+/* The MoE timing run's candidates: the built-in tile first, distinct, at
+ * most TUNE_MOE_MAXCAND, each its own text's tile, and at GLM-5's widths
+ * each one the template takes at buckets 1 and 64 (MT 1 and 4: the
+ * smallest and the largest x staging), both expert kernels. */
+static void test_moe_candidates(void) {
+  model_moe_cfg c = small_cfg();
+  c.hidden = 6144, c.inter = 2048, c.n_experts = 256;
+  static const int buckets[] = {1, 2, 8, 64};
+  mj_err err = {0};
+  int compiled = 0;
+  for (size_t j = 0; j < MJ_ARRAY_LEN(buckets); j++)
+    for (int mode = 0; mode < 2; mode++) {
+      moe_plan p;
+      moe_plan_default(&c, buckets[j], &p);
+      const moe_tile *bt = mode ? &p.dn : &p.gu;
+      moe_tile cand[TUNE_MOE_MAXCAND];
+      int n = tune_moe_candidates(mode, bt, cand);
+      T_CHECK(n >= 8 && n <= TUNE_MOE_MAXCAND);
+      if (n < 1) continue;
+      T_CHECK(!memcmp(&cand[0], bt, sizeof *bt));
+      for (int i = 0; i < n; i++) {
+        char tc[64];
+        tune_tile_text(&cand[i], tc, sizeof tc);
+        moe_tile back;
+        T_EQ_INT(tune_tile_parse(tc, &back), (int)strlen(tc));
+        T_CHECK(!memcmp(&back, &cand[i], sizeof back));
+        for (int k = 0; k < i; k++) T_CHECK(memcmp(&cand[k], &cand[i], sizeof back) != 0);
+        if (buckets[j] != 1 && buckets[j] != 64) continue;
+        moe_plan q = p;
+        *(mode ? &q.dn : &q.gu) = cand[i];
+        int rc = moe_kernel_check(&q, mode ? MOE_K_down : MOE_K_gate_up, "sm_90a", &err);
+        if (rc) fprintf(stderr, "  bucket %d %s %s: %s\n", buckets[j], mode ? "down" : "gate_up", tc, err.msg);
+        T_EQ_INT(rc, 0);
+        mj_err_clear(&err);
+        compiled++;
+      }
+    }
+  printf("  %d candidate kernels compiled\n", compiled);
+  jit_shutdown();
+}
+
 /* The GEMV lookup on one row block; returns the warnings file's lines. */
 static int gemv_lookup(const tune_target *t, int B, gop_gemv_tiles *tab, int *ntuned, const char *warn_file) {
   mj_err err = {0};
@@ -797,6 +838,7 @@ int main(int argc, char **argv) {
   T_RUN(test_tiles);
   T_RUN(test_lookup);
   T_RUN(test_assert_warm);
+  T_RUN(test_moe_candidates);
   T_RUN(test_gemv_tiles_text);
   T_RUN(test_gemv_record_text);
   T_RUN(test_gemv_candidates);
