@@ -458,6 +458,8 @@ static int tune_one(const tune_target *t, rig *r, const moe_plan *base, int mode
   if (nc < 1) return mj_fail(err, MJ_EINTERNAL, "tune: bad built-in candidate list of %s", mode ? "down" : "gate_up");
   moe_kernel_id id = mode ? MOE_K_down : MOE_K_gate_up;
   size_t n = (size_t)r->B * base->cfg.hidden;
+  char what[64];
+  snprintf(what, sizeof what, "bucket %d %s", base->bcap, moe_kernel_names[id]);
   char text[TUNE_MOE_MAXCAND][64];
   double us[TUNE_MOE_MAXCAND];
   int refused = 0, wrong = 0, rc = 0;
@@ -468,11 +470,18 @@ static int tune_one(const tune_target *t, rig *r, const moe_plan *base, int mode
     *(mode ? &q.dn : &q.gu) = cand[i];
     moe_kernels k;
     mj_err e = {0};
-    if (moe_kernels_load(&k, &q, t->arch, &e)) {
+    int lr = moe_kernels_load(&k, &q, t->arch, &e);
+    if (lr && i > 0 && (lr == MJ_EINPUT || lr == MJ_ECOMPILE)) { /* the template refuses it, as the GEMV run counts */
+      if (log) fprintf(log, "tune:   %s %s: refused (%.*s)\n", moe_kernel_names[id], text[i], (int)strcspn(e.msg, "\n"), e.msg);
       mj_err_clear(&e);
-      if (i == 0) return mj_fail(err, MJ_ECOMPILE, "tune: the built-in plan of bucket %d does not compile", q.bcap);
       refused++;
       continue;
+    }
+    if (lr) { /* the built-in tile's failure, or a load that failed for another reason (the GPU, the cache): said */
+      mj_fail(err, (mj_code)lr, "tune: %s bucket %d, tile %s: %s", what, q.bcap, text[i], e.msg);
+      mj_err_set_detail(err, e.detail);
+      mj_err_clear(&e);
+      return lr;
     }
     rig c = *r;
     c.k = &k, c.p = &q, c.which = id;
@@ -491,8 +500,6 @@ static int tune_one(const tune_target *t, rig *r, const moe_plan *base, int mode
   if (rc) return rc;
   cache_tune rec;
   tune_moe_want(t, base, mode, &rec);
-  char what[64];
-  snprintf(what, sizeof what, "bucket %d %s", base->bcap, moe_kernel_names[id]);
   return verdict(t, &rec, text, us, nc, refused, wrong, what, log, err);
 }
 
