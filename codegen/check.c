@@ -500,6 +500,8 @@ static int check_builtin(checker *K, dsl_node *n, int b) {
   dsl_type *f32 = dsl_type_scalar(T_F32), *i32 = dsl_type_scalar(T_I32), *u32 = dsl_type_scalar(T_U32);
   switch ((dsl_builtin)b) {
   case B_BARRIER:
+  case B_GRIDDEP_WAIT:
+  case B_GRIDDEP_LAUNCH:
     n->type = dsl_type_scalar(T_VOID);
     return 0;
   case B_LANE_ID:

@@ -90,6 +90,9 @@ const char *dsl_llvm_version(void);
  * messages ("sm_80, ..., or sm_120a"), not for parsing. */
 bool dsl_target_known(const char *arch);
 bool dsl_target_forward(const char *arch);
+/* The target's SM number (80 for sm_80, 90 for sm_90a, 120 for sm_120),
+ * 0 for a name that is none. */
+int dsl_target_sm(const char *arch);
 int dsl_target_count(void);
 const char *dsl_target_name(int i);
 const char *dsl_target_names(void);
@@ -332,7 +335,8 @@ int dsl_check(dsl_ctx *c, dsl_program *p, const dsl_define *defs, int ndefs);
   X(B_TANH, "tanh", 1, 1) X(B_SIN, "sin", 1, 1) X(B_COS, "cos", 1, 1)         \
   X(B_FLOOR, "floor", 1, 1) X(B_CLZ, "clz", 1, 1) X(B_POPC, "popc", 1, 1)     \
   X(B_SIGMOID, "sigmoid", 1, 1) X(B_SILU, "silu", 1, 1)                       \
-  X(B_ATOMIC_MAX, "atomic_max", 2, 2) X(B_EXP_ACCURATE, "exp_accurate", 1, 2)
+  X(B_ATOMIC_MAX, "atomic_max", 2, 2) X(B_EXP_ACCURATE, "exp_accurate", 1, 2) \
+  X(B_GRIDDEP_WAIT, "griddep_wait", 0, 0) X(B_GRIDDEP_LAUNCH, "griddep_launch", 0, 0)
 
 typedef enum {
 #define X(id, name, lo, hi) id,

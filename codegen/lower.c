@@ -392,6 +392,16 @@ static LLVMValueRef builtin(lw *L, dsl_node *n) {
   LLVMTypeRef T = n->type ? lty(L, n->type) : NULL;
   switch ((dsl_builtin)n->builtin) {
   case B_BARRIER: call_intrinsic(L, "llvm.nvvm.barrier0", NULL, 0, NULL, 0); return NULL;
+  case B_GRIDDEP_WAIT:
+  case B_GRIDDEP_LAUNCH:
+    /* Programmatic dependent launch (sm_90 on; docs/decode.md): below
+     * sm_90 there is no such dependency and the statement is nothing.
+     * The wait orders memory (a clobber): no load may be hoisted above it. */
+    if (dsl_target_sm(L->c->opt->arch) >= 90)
+      inline_asm(L, LLVMVoidTypeInContext(L->ctx),
+                 n->builtin == B_GRIDDEP_WAIT ? "griddepcontrol.wait;" : "griddepcontrol.launch_dependents;", "~{memory}",
+                 NULL, 0, true);
+    return NULL;
   case B_LANE_ID: return sreg(L, "llvm.nvvm.read.ptx.sreg.laneid");
   case B_WARP_ID: {
     LLVMValueRef tx = sreg(L, "llvm.nvvm.read.ptx.sreg.tid.x"), ty = sreg(L, "llvm.nvvm.read.ptx.sreg.tid.y");

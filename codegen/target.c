@@ -89,6 +89,8 @@ bool dsl_target_forward(const char *arch) {
   return i >= 0 && targets[i].forward;
 }
 
+int dsl_target_sm(const char *arch) { return target_index(arch) >= 0 ? atoi(arch + 3) : 0; }
+
 int dsl_target_count(void) { return (int)MJ_ARRAY_LEN(targets); }
 
 const char *dsl_target_name(int i) { return i >= 0 && i < dsl_target_count() ? targets[i].name : NULL; }

@@ -168,6 +168,38 @@ static void test_pipeline(void) {
   dsl_result_free(&r);
 }
 
+/* griddep_wait / griddep_launch: griddepcontrol on sm_90 and newer (the
+ * Blackwell targets through sm_90 PTX), nothing below, where there is no
+ * programmatic dependent launch; the wait comes before the load in the
+ * PTX (its memory clobber keeps the load below it) and the cubin links. */
+static void test_griddep(void) {
+  const char *src = "kernel void k(global const f32* restrict p, global f32* restrict q) {\n"
+                    "  griddep_wait();\n  griddep_launch();\n  q[threadIdx.x] = p[threadIdx.x];\n}\n";
+  static const char *const archs[] = {"sm_80", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120"};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(archs); i++) {
+    dsl_options o = {.arch = archs[i], .opt_level = 3};
+    dsl_result r;
+    mj_err err = {0};
+    int rc = dsl_compile("k.k", src, strlen(src), NULL, 0, &o, &r, &err);
+    T_EQ_INT(rc, 0);
+    if (rc) {
+      fprintf(stderr, "  %s: %s\n", archs[i], err.msg);
+      mj_err_clear(&err);
+      continue;
+    }
+    bool pdl = dsl_target_sm(archs[i]) >= 90;
+    const char *w = strstr(r.ptx, "griddepcontrol.wait;"), *l = strstr(r.ptx, "griddepcontrol.launch_dependents;");
+    const char *ld = strstr(r.ptx, "ld.global");
+    T_CHECK(pdl ? w && l && ld && w < ld : !w && !l);
+    T_CHECK(r.cubin && r.cubin_size > 100);
+    dsl_result_free(&r);
+  }
+  T_EQ_INT(dsl_target_sm("sm_90a"), 90);
+  T_EQ_INT(dsl_target_sm("sm_120"), 120);
+  T_EQ_INT(dsl_target_sm("sm_86"), 86);
+  T_EQ_INT(dsl_target_sm("gfx90a"), 0);
+}
+
 /* The compiler takes (pointer, length): a source that ends in a number with
  * no NUL after it must not be read past (found by fuzzing; the sanitizer
  * build turns an overread into a failure). */
@@ -224,5 +256,6 @@ int main(void) {
   T_RUN(test_parse);
   T_RUN(test_check_fold);
   T_RUN(test_pipeline);
+  T_RUN(test_griddep);
   return t_status();
 }
