@@ -46,6 +46,8 @@ __global__ void __launch_bounds__(BLOCK)
 dsa_score(const float *__restrict__ iq, const float *__restrict__ iw, const float *__restrict__ ikey,
           const int *__restrict__ slots, const int *__restrict__ poss, float *__restrict__ score,
           int idim_rt, int ih_rt, int max_ctx, int topk, float sscale) {
+  MJ_GRIDDEP_WAIT();
+  MJ_GRIDDEP_LAUNCH();
   static_assert(IDIM % 4 == 0, "IDIM must be a multiple of 4 (16-byte loads); 0 is the generic variant");
   const int idim = IDIM > 0 ? IDIM : idim_rt, ih = IH > 0 ? IH : ih_rt;
   const int b = blockIdx.y;
@@ -95,17 +97,24 @@ dsa_score(const float *__restrict__ iq, const float *__restrict__ iw, const floa
 // The order-preserving keys of a row's scores, U a thread at a time: U loads
 // in flight before the first is used (a row's scores are 128 KB at ctx 32k,
 // read from L2 by one block: one load a thread at a time left it waiting on
-// latency).  Tokens at or past n give `valid` false.
+// latency).  The loads are unconditional, their index clamped to n - 1 (n
+// >= 1), so none waits on a branch; a token at or past n gets key 0, and
+// the callers test t < n themselves.
 template <int U, int STRIDE>
 __device__ __forceinline__ void dsa_keys(const float *__restrict__ sc, int t, int n, unsigned (&u)[U]) {
+  float f[U];
 #pragma unroll
-  for (int j = 0; j < U; j++) u[j] = t + j * STRIDE < n ? dsa_key(__ldg(sc + t + j * STRIDE)) : 0u;
+  for (int j = 0; j < U; j++) f[j] = __ldg(sc + min(t + j * STRIDE, n - 1));
+#pragma unroll
+  for (int j = 0; j < U; j++) u[j] = t + j * STRIDE < n ? dsa_key(f[j]) : 0u;
 }
 
 template <int BLOCK>
 __global__ void __launch_bounds__(BLOCK)
 dsa_topk(const float *__restrict__ score, const int *__restrict__ poss, int *__restrict__ sel, int max_ctx,
          int topk) {
+  MJ_GRIDDEP_WAIT();
+  MJ_GRIDDEP_LAUNCH();
   static_assert(BLOCK % 32 == 0 && BLOCK >= 64 && BLOCK <= 1024, "BLOCK: a multiple of 32 in [64, 1024]");
   constexpr int NW = BLOCK / 32, U = 8;
   __shared__ int hist[DSA_BINS];
@@ -134,6 +143,7 @@ dsa_topk(const float *__restrict__ score, const int *__restrict__ poss, int *__r
 #pragma unroll
       for (int j = 0; j < U; j++) {
         const bool in = t0 + tid + j * BLOCK < n && (u[j] & mask) == prefix;
+        if (!__any_sync(0xffffffffu, in)) continue;  // past the first digit most keys are out: no match
         const int bin = in ? (int)((u[j] >> shift) & 0xffu) : -1;
         const unsigned peers = __match_any_sync(0xffffffffu, bin);
         if (in && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
