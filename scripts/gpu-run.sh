@@ -36,6 +36,10 @@
 #                 graph step and of the dense GEMV ops (TUNE_DECODE_BATCHES)
 #   replay        moejit replay on synthetic traces: dry run, GPU replay with
 #                 --verify, dry run again (now cached), then --steps
+#   pdl           programmatic dependent launch (MOEJIT_PDL=1): the GPU tests
+#                 that run whole steps and every kernel family under it
+#                 (PDL_TESTS), then bench decode and bench moe with it off and
+#                 on, a table per batch (PDL_BATCHES, PDL_LAYERS)
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -246,6 +250,30 @@ for phase in "$@"; do
               (s["b", b] > 0 ? 100 * (s["t", b] - s["b", b]) / s["b", b] : 0), g["b", b], g["t", b],
               (g["b", b] > 0 ? 100 * (g["t", b] - g["b", b]) / g["b", b] : 0) }
         }' "$OUT/tune-decode-builtin.log" "$OUT/tune-decode-tuned.log" >> "$log" ;;
+    pdl)
+      for t in ${PDL_TESTS:-decode moe attn dense}; do
+        MOEJIT_PDL=1 timeout ${TEST_TIMEOUT:-420} /tmp/mj/tests/gpu/gputest "$t" > "$OUT/pdl-test-$t.log" 2>&1
+        echo "gputest $t under MOEJIT_PDL=1: rc=$? $(tail -1 "$OUT/pdl-test-$t.log")" >> "$log"
+      done
+      bs=${PDL_BATCHES:-1,8,32,64}
+      for v in 0 1; do
+        MOEJIT_PDL=$v timeout 280 moejit bench decode --layers ${PDL_LAYERS:-18} --batch "$bs" \
+          > "$OUT/pdl-decode-$v.log" 2>&1
+        echo "bench decode, MOEJIT_PDL=$v: rc=$? $(grep -o 'programmatic dependent launch [a-z]*' "$OUT/pdl-decode-$v.log")" >> "$log"
+        MOEJIT_PDL=$v timeout 200 moejit bench moe --batches "$bs" --plan builtin > "$OUT/pdl-moe-$v.log" 2>&1
+        echo "bench moe, MOEJIT_PDL=$v: rc=$?" >> "$log"
+      done
+      awk -F'|' '
+        FNR == 1 { p = (FILENAME ~ /-1\.log$/) ? "on" : "off" }
+        /^\| [0-9]+( \(padded\))? \| [0-9.]+ \|/ { b = $2 + 0; s[p, b] = $3 + 0; if (!(b in seen)) { seen[b] = 1; order[n++] = b } }
+        END {
+          print "| batch | decode step us, PDL off | PDL on | change |"
+          print "|---|---|---|---|"
+          for (i = 0; i < n; i++) { b = order[i]
+            printf "| %s | %.1f | %.1f | %+.1f%% |\n", b, s["off", b], s["on", b],
+              (s["off", b] > 0 ? 100 * (s["on", b] - s["off", b]) / s["off", b] : 0) }
+        }' "$OUT/pdl-decode-0.log" "$OUT/pdl-decode-1.log" >> "$log"
+      grep -h "^layer\|^| *[0-9]* *| *layer\|layer " "$OUT/pdl-moe-0.log" "$OUT/pdl-moe-1.log" | head -20 >> "$log" ;;
     *) echo "gpu-run: unknown phase $phase" > "$log" ;;
   esac
   echo "== $phase ($(( $(date +%s) - t0 )) s)"

@@ -159,7 +159,8 @@ int bench_moe(int argc, char **argv, mj_err *err) {
          "(%.1f GB), %d input sets; setup %.1f s\n",
          (long long)H, (long long)I, (long long)E, d->name, d->arch, d->sm_count, expert_bytes / 1e6, (int)ncopies,
          (double)ncopies * (E + 1) * expert_bytes / 1e9, (int)nsets, (mj_now_ms() - t0) / 1e3);
-  printf("device copy bandwidth (same run): %.0f GB/s\n", copy_bps / 1e9);
+  printf("device copy bandwidth (same run): %.0f GB/s; programmatic dependent launch %s (MOEJIT_PDL)\n", copy_bps / 1e9,
+         cu_pdl() ? "on" : "off");
 
   for (int bi = 0; bi < nb; bi++) {
     int B = batches[bi];

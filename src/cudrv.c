@@ -2,6 +2,7 @@
 #include "cudrv.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -151,5 +152,32 @@ int cu_load_cubin(const void *cubin, const char *kernel, CUmodule *mod, CUfuncti
 int cu_launch(CUfunction fn, unsigned grid, unsigned block, unsigned smem, CUstream s, void **args,
               mj_err *err) {
   CU_CHECK(err, cu.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, smem, s, args, NULL));
+  return 0;
+}
+
+static int pdl_state = -1; /* -1: not read yet */
+static pthread_once_t pdl_once = PTHREAD_ONCE_INIT;
+static void pdl_read(void) {
+  const char *e = getenv("MOEJIT_PDL");
+  pdl_state = e && (!strcmp(e, "1") || !strcmp(e, "on")) && device.cc_major >= 9;
+}
+
+bool cu_pdl(void) {
+  if (init_state != 1) return false;
+  pthread_once(&pdl_once, pdl_read);
+  return pdl_state == 1;
+}
+
+int cu_launch_tpl(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned block, unsigned smem, CUstream s,
+                  void **args, mj_err *err) {
+  if (!cu_pdl()) {
+    CU_CHECK(err, cu.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, smem, s, args, NULL));
+    return 0;
+  }
+  CUlaunchAttribute at = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};
+  at.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig c = {.gridDimX = gx, .gridDimY = gy, .gridDimZ = gz, .blockDimX = block, .blockDimY = 1,
+                      .blockDimZ = 1, .sharedMemBytes = smem, .hStream = s, .attrs = &at, .numAttrs = 1};
+  CU_CHECK(err, cu.cuLaunchKernelEx(&c, fn, args, NULL));
   return 0;
 }

@@ -25,7 +25,7 @@
   X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuCtxSynchronize)         \
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)                \
   X(cuModuleGetGlobal) X(cuFuncGetAttribute) X(cuFuncSetAttribute)            \
-  X(cuLaunchKernel) X(cuMemAlloc) X(cuMemFree) X(cuMemGetInfo)                \
+  X(cuLaunchKernel) X(cuLaunchKernelEx) X(cuMemAlloc) X(cuMemFree) X(cuMemGetInfo)                \
   X(cuMemAllocHost) X(cuMemFreeHost) X(cuMemcpyHtoD) X(cuMemcpyDtoH)          \
   X(cuMemcpyDtoD) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)                   \
   X(cuMemcpyDtoDAsync) X(cuMemcpy2DAsync) X(cuMemsetD8) X(cuMemsetD32) X(cuMemsetD8Async)        \
@@ -90,9 +90,26 @@ int cu_alloc(CUdeviceptr *p, size_t bytes, const char *what, mj_err *err);
 /* Load a cubin and look up one kernel in it. */
 int cu_load_cubin(const void *cubin, const char *kernel, CUmodule *mod, CUfunction *fn, mj_err *err);
 
-/* Launch fn on a 1-D grid; args as for cuLaunchKernel. */
+/* Launch fn on a 1-D grid; args as for cuLaunchKernel.  For kernels that
+ * are not templates/' (tests, probes): never a programmatic launch. */
 int cu_launch(CUfunction fn, unsigned grid, unsigned block, unsigned smem, CUstream s, void **args,
               mj_err *err);
+
+/* Programmatic dependent launch (docs/decode.md, "Programmatic dependent
+ * launch"): on when MOEJIT_PDL is 1 and the device is sm_90 or newer;
+ * read once, at the first question after cu_init.  Off by default until
+ * an H200 run has measured it. */
+bool cu_pdl(void);
+
+/* Launch a kernel of templates/ on grid (gx, gy, gz) of `block` threads.
+ * Every such kernel opens with griddep_wait(); griddep_launch(); (DSL) or
+ * MJ_GRIDDEP_WAIT(); MJ_GRIDDEP_LAUNCH(); (NVRTC; tests/templates.sh holds
+ * them to it), so under cu_pdl() the launch may carry
+ * CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: its blocks may
+ * start while the stream's previous kernel drains, and wait at their first
+ * statement for that kernel's memory. */
+int cu_launch_tpl(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned block, unsigned smem, CUstream s,
+                  void **args, mj_err *err);
 
 
 #endif

@@ -232,12 +232,11 @@ int gop_mla_attend_on(gop_attend_kind kind, const gop_dims *d, CUdeviceptr qlat,
   void *a1[] = {&qlat, &c.kv, &rows.slot, &rows.pos, &sel, &scratch, &heads, &kv_rank, &rope, &max_ctx, &topk,
                 &chunk, &scale};
   unsigned threads = p.tc ? 128u * (unsigned)p.ht : ATT_BLOCK;
-  CU_CHECK(err, cu.cuLaunchKernel(part->fn, (unsigned)p.nsplit, (unsigned)p.hgroups, (unsigned)B, threads, 1, 1,
-                                  (unsigned)p.smem, cx->s, a1, NULL));
+  if ((rc = cu_launch_tpl(part->fn, (unsigned)p.nsplit, (unsigned)p.hgroups, (unsigned)B, threads, (unsigned)p.smem,
+                          cx->s, a1, err)))
+    return rc;
   void *a2[] = {&scratch, &rows.pos, &sel, &olat, &heads, &kv_rank, &max_ctx, &topk, &chunk, &nsplit, &nb};
-  CU_CHECK(err, cu.cuLaunchKernel(comb->fn, (unsigned)heads, (unsigned)B, 1, ATT_COMBINE_BLOCK, 1, 1, 0, cx->s, a2,
-                                  NULL));
-  return 0;
+  return cu_launch_tpl(comb->fn, (unsigned)heads, (unsigned)B, 1, ATT_COMBINE_BLOCK, 0, cx->s, a2, err);
 }
 
 /* ---- the DSA indexer's selection ------------------------------------------------------- */
@@ -285,9 +284,7 @@ int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache 
   if (rc) return rc;
   void *a1[] = {&iq, &iw, &c.ikey, &rows.slot, &rows.pos, &scratch, &idim, &ih, &max_ctx, &k, &sscale};
   unsigned nblk = (unsigned)((max_ctx + DSA_SCORE_BLOCK - 1) / DSA_SCORE_BLOCK);
-  CU_CHECK(err, cu.cuLaunchKernel(score->fn, nblk, (unsigned)B, 1, DSA_SCORE_BLOCK, 1, 1, (unsigned)smem, cx->s, a1,
-                                  NULL));
+  if ((rc = cu_launch_tpl(score->fn, nblk, (unsigned)B, 1, DSA_SCORE_BLOCK, (unsigned)smem, cx->s, a1, err))) return rc;
   void *a2[] = {&scratch, &rows.pos, &sel, &max_ctx, &k};
-  CU_CHECK(err, cu.cuLaunchKernel(topk->fn, (unsigned)B, 1, 1, DSA_TOPK_BLOCK, 1, 1, 0, cx->s, a2, NULL));
-  return 0;
+  return cu_launch_tpl(topk->fn, (unsigned)B, 1, 1, DSA_TOPK_BLOCK, 0, cx->s, a2, err);
 }

@@ -61,7 +61,7 @@ int gop_embed(CUdeviceptr table, CUdeviceptr token, CUdeviceptr x, int B, int H,
   int rc = get_rows(cx, KT_embed, names, vals, 2, &fn, err);
   if (rc || !fn) return rc;
   void *args[] = {&table, &token, &x, &H};
-  return cu_launch(fn, (unsigned)B, 256, 0, cx->s, args, err);
+  return cu_launch_tpl(fn, (unsigned)B, 1, 1, 256, 0, cx->s, args, err);
 }
 
 int gop_add_rmsnorm(CUdeviceptr x, CUdeviceptr y, bool y_bf16, CUdeviceptr w, float eps, CUdeviceptr xn, int B,
@@ -74,7 +74,7 @@ int gop_add_rmsnorm(CUdeviceptr x, CUdeviceptr y, bool y_bf16, CUdeviceptr w, fl
   int rc = get_rows(cx, KT_add_rmsnorm, names, vals, 3, &fn, err);
   if (rc || !fn) return rc;
   void *args[] = {&x, &y, &w, &eps, &xn, &H};
-  return cu_launch(fn, (unsigned)B, (unsigned)block, 0, cx->s, args, err);
+  return cu_launch_tpl(fn, (unsigned)B, 1, 1, (unsigned)block, 0, cx->s, args, err);
 }
 
 int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, const gop_ctx *cx, mj_err *err) {
@@ -89,8 +89,7 @@ int gop_silu_mul(CUdeviceptr gu, CUdeviceptr h, int B, int I, const gop_ctx *cx,
    * stride, so the generic one covers the same grid. */
   unsigned gx = (unsigned)((I + 4 * 256 - 1) / (4 * 256));
   void *args[] = {&gu, &h, &I};
-  CU_CHECK(err, cu.cuLaunchKernel(fn, gx, (unsigned)B, 1, 256, 1, 1, 0, cx->s, args, NULL));
-  return 0;
+  return cu_launch_tpl(fn, gx, (unsigned)B, 1, 256, 0, cx->s, args, err);
 }
 
 /* ---- GEMV ----------------------------------------------------------------------------- */
@@ -194,7 +193,7 @@ static int gemv_launch(const gop_gemv_tile *t, CUdeviceptr W, CUdeviceptr x, CUd
   if (rc || !launch) return rc; /* compile only: the next row block may need another kernel */
   void *args[] = {&W, &x, &y};
   unsigned threads = (unsigned)(t->mma ? t->m.threads : t->f.threads);
-  return cu_launch(f->fn, (unsigned)((N + per_block - 1) / per_block), threads, 0, cx->s, args, err);
+  return cu_launch_tpl(f->fn, (unsigned)((N + per_block - 1) / per_block), 1, 1, threads, 0, cx->s, args, err);
 }
 
 /* The row blocks of a GEMV, each on its tile: force's (a sweep's), else
@@ -277,5 +276,5 @@ int gop_sample(CUdeviceptr logits, int B, int V, const sample_params *sp, gop_ro
   int top_k = sp->top_k;
   unsigned long long seed = sp->seed;
   void *args[] = {&logits, &V, &temperature, &top_k, &top_p, &min_p, &seed, &rows.slot, &rows.pos, &rows.seed, &out};
-  return cu_launch(f->fn, (unsigned)B, 512, 0, cx->s, args, err);
+  return cu_launch_tpl(f->fn, (unsigned)B, 1, 1, 512, 0, cx->s, args, err);
 }

@@ -76,7 +76,7 @@ int gop_mla_prep(const gop_dims *d, CUdeviceptr P, int pw, const gop_prep_w *w, 
   void *args[] = {&P,   &pw,   (void *)&w->q_a_norm, (void *)&w->kv_a_norm, (void *)&w->k_norm_w,
                   (void *)&w->k_norm_b, &rows.slot, &rows.pos, &inv_freq, &kv,
                   &ikey, &qa,  &iw,  &B,  &q_rank, &kv_rank, &rope, &idx_dim, &idx_heads, &max_ctx, &eps, &wscale};
-  return cu_launch(f->fn, (unsigned)B * 3, MLA_BLOCK, 0, cx->s, args, err);
+  return cu_launch_tpl(f->fn, (unsigned)B * 3, 1, 1, MLA_BLOCK, 0, cx->s, args, err);
 }
 
 int gop_mla_q(const gop_dims *d, CUdeviceptr Q, CUdeviceptr kv_b, gop_rows rows, CUdeviceptr inv_freq,
@@ -103,7 +103,7 @@ int gop_mla_q(const gop_dims *d, CUdeviceptr Q, CUdeviceptr kv_b, gop_rows rows,
   int idx_heads = d->idx_heads, idx_dim = d->idx_dim;
   void *args[] = {&Q, &qw, &kv_b, &rows.pos, &inv_freq, &qlat, &iq, &B, &heads, &nope, &rope, &v, &kv_rank,
                   &idx_heads, &idx_dim};
-  return cu_launch(f->fn, (unsigned)grid, MLA_BLOCK, 0, cx->s, args, err);
+  return cu_launch_tpl(f->fn, (unsigned)grid, 1, 1, MLA_BLOCK, 0, cx->s, args, err);
 }
 
 int gop_mla_vout(const gop_dims *d, CUdeviceptr olat, CUdeviceptr kv_b, CUdeviceptr o, int B, const gop_ctx *cx,
@@ -131,5 +131,5 @@ int gop_mla_vout(const gop_dims *d, CUdeviceptr olat, CUdeviceptr kv_b, CUdevice
                                   : (long)d->heads * (d->v / 32);
   int heads = d->heads, nope = d->nope, v = d->v, kv_rank = d->kv_rank;
   void *args[] = {&olat, &kv_b, &o, &B, &heads, &nope, &v, &kv_rank};
-  return cu_launch(f->fn, (unsigned)grid, MLA_BLOCK, 0, cx->s, args, err);
+  return cu_launch_tpl(f->fn, (unsigned)grid, 1, 1, MLA_BLOCK, 0, cx->s, args, err);
 }

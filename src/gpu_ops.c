@@ -34,5 +34,5 @@ int gop_fill(CUdeviceptr p, size_t n, bool f32, uint64_t seed, float lo, float h
   unsigned long long nn = n, sd = seed;
   void *args[] = {&p, &nn, &sd, &lo, &hi};
   size_t blocks = (n + 255) / 256;
-  return cu_launch(f->fn, (unsigned)(blocks < 8192 ? blocks : 8192), 256, 0, cx->s, args, err);
+  return cu_launch_tpl(f->fn, (unsigned)(blocks < 8192 ? blocks : 8192), 1, 1, 256, 0, cx->s, args, err);
 }

@@ -112,6 +112,13 @@ static int nvrtc_options(mj_arena *a, const char *arch, const dsl_define *const 
   o[n++] = "-std=c++17";
   o[n++] = "--ptxas-options=-v"; /* resource usage in the log; same code */
   o[n++] = mj_arena_printf(a, "-I%s", kc_cuda_include());
+  /* The prologue every templates/ kernel opens with (cudrv.h,
+   * cu_launch_tpl): programmatic dependent launch from sm_90 on, nothing
+   * below; the DSL's griddep_wait/griddep_launch are the same. */
+  bool pdl = atoi(arch + 3) >= 90;
+  o[n++] = pdl ? "-DMJ_GRIDDEP_WAIT()=asm volatile(\"griddepcontrol.wait;\" ::: \"memory\")" : "-DMJ_GRIDDEP_WAIT()=";
+  o[n++] = pdl ? "-DMJ_GRIDDEP_LAUNCH()=asm volatile(\"griddepcontrol.launch_dependents;\" ::: \"memory\")"
+               : "-DMJ_GRIDDEP_LAUNCH()=";
   for (int i = 0; i < ndefs; i++)
     o[n++] = mj_arena_printf(a, "-D%s=%s", defs[i]->name, defs[i]->value);
   const char *extra = getenv("MOEJIT_NVRTC_FLAGS");

@@ -388,8 +388,7 @@ void moe_bufs_free(moe_bufs *b) {
 
 /* ---- launches ---------------------------------------------------------------------- */
 static int launch2(CUfunction fn, unsigned gx, unsigned gy, unsigned block, CUstream s, void **args, mj_err *err) {
-  CU_CHECK(err, cu.cuLaunchKernel(fn, gx, gy, 1, block, 1, 1, 0, s, args, NULL));
-  return 0;
+  return cu_launch_tpl(fn, gx, gy, 1, block, 0, s, args, err);
 }
 
 int moe_launch(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,

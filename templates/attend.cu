@@ -80,6 +80,8 @@ mla_attend_part(const float *__restrict__ qlat, const __nv_bfloat16 *__restrict_
                 const int *__restrict__ slots, const int *__restrict__ poss, const int *__restrict__ sel,
                 float *__restrict__ part, int heads, int kv_rank_rt, int rope_rt, int max_ctx, int topk,
                 int chunk, float scale) {
+  MJ_GRIDDEP_WAIT();
+  MJ_GRIDDEP_LAUNCH();
   static_assert(BLOCK % 32 == 0 && BLOCK >= 32 && BLOCK <= 1024, "BLOCK: a multiple of 32 in [32, 1024]");
   static_assert(HG % 4 == 0, "HG must be a multiple of 4 (float4 reads of the weights)");
   static_assert(KV >= 0 && KV % 8 == 0 && ROPE % 8 == 0,
@@ -275,6 +277,8 @@ __global__ void __launch_bounds__(BLOCK)
 mla_attend_combine(const float *__restrict__ part, const int *__restrict__ poss, const int *__restrict__ sel,
                    float *__restrict__ olat, int heads, int kv_rank_rt, int max_ctx, int topk, int chunk,
                    int nsplit, int B) {
+  MJ_GRIDDEP_WAIT();
+  MJ_GRIDDEP_LAUNCH();
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "BLOCK: a multiple of 32, at most 1024");
   __shared__ float ws[MLA_MAX_SPLIT];  // e^(m_s - M) of each used split
   __shared__ float red[2][BLOCK / 32];
@@ -385,6 +389,8 @@ mla_attend_part_tc(const float *__restrict__ qlat, const __nv_bfloat16 *__restri
                    const int *__restrict__ slots, const int *__restrict__ poss, const int *__restrict__ sel,
                    float *__restrict__ part, int heads, int kv_rank_rt, int rope_rt, int max_ctx, int topk,
                    int chunk, float scale) {
+  MJ_GRIDDEP_WAIT();
+  MJ_GRIDDEP_LAUNCH();
   static_assert(KV % 64 == 0 && (KV + ROPE) % 16 == 0 && ROPE % 8 == 0,
                 "mla_attend_part_tc: KV a multiple of 64, KV + ROPE of 16");
   static_assert(HT >= 1 && HT <= 8, "HT: 1 to 8 head tiles of 16");

@@ -26,18 +26,24 @@ __device__ __forceinline__ float uniform_at(unsigned long long seed, unsigned lo
 }
 
 __global__ void fill_bf16(__nv_bfloat16 *p, unsigned long long n, unsigned long long seed, float lo, float hi) {
+  MJ_GRIDDEP_WAIT();
+  MJ_GRIDDEP_LAUNCH();
   for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
        i += (unsigned long long)gridDim.x * blockDim.x)
     p[i] = __float2bfloat16_rn(uniform_at(seed, i, lo, hi));
 }
 
 __global__ void fill_f32(float *p, unsigned long long n, unsigned long long seed, float lo, float hi) {
+  MJ_GRIDDEP_WAIT();
+  MJ_GRIDDEP_LAUNCH();
   for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
        i += (unsigned long long)gridDim.x * blockDim.x)
     p[i] = uniform_at(seed, i, lo, hi);
 }
 
 __global__ void spin(long long cycles) {
+  MJ_GRIDDEP_WAIT();
+  MJ_GRIDDEP_LAUNCH();
   const long long t0 = clock64();
   while (clock64() - t0 < cycles) {
   }

@@ -115,6 +115,8 @@ mla_prep(const float *__restrict__ P, int pw, const __nv_bfloat16 *__restrict__ 
          const float *__restrict__ inv_freq, __nv_bfloat16 *__restrict__ kv, float *__restrict__ ikey,
          __nv_bfloat16 *__restrict__ qa, float *__restrict__ iw, int B, int q_rank, int kv_rank, int rope,
          int idx_dim, int idx_heads, int max_ctx, float eps, float wscale) {
+  MJ_GRIDDEP_WAIT();
+  MJ_GRIDDEP_LAUNCH();
   static_assert(QR >= 0 && R >= 0 && ROPE % 2 == 0 && IDX_DIM <= MLA_MAX_IDX_DIM, "bad mla_prep widths");
   const int qr = QR ? QR : q_rank, r = R ? R : kv_rank, dr = ROPE ? ROPE : rope;
   const int di = IDX_DIM ? IDX_DIM : idx_dim;
@@ -202,6 +204,8 @@ __global__ void __launch_bounds__(MLA_BLOCK, 2)
 mla_q(const float *__restrict__ Q, int qw, const __nv_bfloat16 *__restrict__ kv_b, const int *__restrict__ pos,
       const float *__restrict__ inv_freq, float *__restrict__ qlat, float *__restrict__ iq, int B, int heads,
       int nope, int rope, int v, int kv_rank, int idx_heads, int idx_dim) {
+  MJ_GRIDDEP_WAIT();
+  MJ_GRIDDEP_LAUNCH();
   constexpr bool SPEC = NOPE > 0;
   static_assert(!SPEC || (R % 64 == 0 && ROPE % 2 == 0 && V > 0),
                 "mla_q: the specialised variant needs R % 64 == 0");

@@ -267,6 +267,8 @@ __global__ void __launch_bounds__(BLOCK)
 sample_rows(const float *__restrict__ logits, int V, float temperature, int top_k, float top_p, float min_p,
             unsigned long long seed, const int *__restrict__ slot, const int *__restrict__ pos,
             const unsigned long long *__restrict__ rowseed, int *__restrict__ out) {
+  MJ_GRIDDEP_WAIT();
+  MJ_GRIDDEP_LAUNCH();
   // 1024 is the most a block has.  There hist (BLOCK / 32 x 256 counters)
   // makes 51344 bytes of static shared memory, more than the 48 KiB older
   // targets take: NVRTC compiles it for sm_90a (64 registers, no spills)

@@ -2,7 +2,8 @@
 # templates.sh: every DSL template in templates/ (and DSL test kernel in
 # tests/kernels/) compiles to a cubin for sm_90a (nvJitLink runs ptxas on it,
 # the real validation of any inline PTX), once for each "// test: -D ..."
-# line it carries.  No GPU needed.
+# line it carries; and every kernel of templates/ opens with the
+# programmatic-launch prologue.  No GPU needed.
 set -u
 fail=0
 n=0
@@ -21,4 +22,28 @@ for k in "$srcdir"/templates/*.k "$srcdir"/tests/kernels/*.k; do
 done
 rm -f "${TMPDIR:-/tmp}/tpl.$$.cubin"
 [ "$n" -gt 0 ] || { echo "no templates found"; exit 1; }
+
+# Every kernel of templates/ opens with the programmatic-launch prologue
+# (cudrv.h, cu_launch_tpl): its first two statements are griddep_wait();
+# griddep_launch(); (DSL) or MJ_GRIDDEP_WAIT(); MJ_GRIDDEP_LAUNCH();
+# (NVRTC).  A kernel without them, launched programmatically, could read
+# its predecessor's output before that is written.
+for f in "$srcdir"/templates/*.k "$srcdir"/templates/*.cu; do
+  case $f in *.k) start='^kernel void'; w='griddep_wait();'; l='griddep_launch();' ;;
+             *) start='__global__'; w='MJ_GRIDDEP_WAIT();'; l='MJ_GRIDDEP_LAUNCH();' ;; esac
+  bad=$(awk -v start="$start" -v w="$w" -v l="$l" '
+    $0 ~ start { k = 1; name = FNR }
+    k == 1 && /\{/ { k = 2; next }
+    k == 2 && NF { if ($1 != w) { print "line " name; k = 0; next } k = 3; next }
+    k == 3 && NF { if ($1 != l) print "line " name; k = 0 }
+    END { if (k) print "line " name }' "$f")
+  kernels=$(grep -c "$start" "$f")
+  if [ -n "$bad" ]; then
+    echo "FAIL $(basename "$f"): the kernel at $bad does not open with $w $l"; fail=1
+  elif [ "$kernels" -eq 0 ]; then
+    echo "FAIL $(basename "$f"): no kernel found"; fail=1
+  else
+    echo "ok   $(basename "$f"): $kernels kernel(s) open with $w $l"
+  fi
+done
 exit $fail
