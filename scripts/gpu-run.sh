@@ -40,6 +40,11 @@
 #                 that run whole steps and every kernel family under it
 #                 (PDL_TESTS), then bench decode and bench moe with it off and
 #                 on, a table per batch (PDL_BATCHES, PDL_LAYERS)
+#   sanitize      GPU tests under compute-sanitizer: memcheck (out-of-bounds and
+#                 misaligned global and shared accesses) and racecheck (shared-
+#                 memory hazards inside a block) of SAN_TESTS (default attn: the
+#                 DSA top-k and attention kernels), then memcheck of the same
+#                 under MOEJIT_PDL=1; slow (tens of times the plain run)
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -274,6 +279,18 @@ for phase in "$@"; do
               (s["off", b] > 0 ? 100 * (s["on", b] - s["off", b]) / s["off", b] : 0) }
         }' "$OUT/pdl-decode-0.log" "$OUT/pdl-decode-1.log" >> "$log"
       grep -h "^layer\|^| *[0-9]* *| *layer\|layer " "$OUT/pdl-moe-0.log" "$OUT/pdl-moe-1.log" | head -20 >> "$log" ;;
+    sanitize)
+      cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+      for t in ${SAN_TESTS:-attn}; do
+        for tool in memcheck racecheck; do
+          T_NO_TIMING=1 timeout ${SAN_TIMEOUT:-280} "$cs" --tool $tool --error-exitcode 9 \
+            /tmp/mj/tests/gpu/gputest "$t" > "$OUT/san-$tool-$t.log" 2>&1
+          echo "$tool gputest $t: rc=$? $(grep -c '^=========.*\(Invalid\|Race\|Hazard\|ERROR\)' "$OUT/san-$tool-$t.log") reports" >> "$log"
+        done
+        MOEJIT_PDL=1 T_NO_TIMING=1 timeout ${SAN_TIMEOUT:-280} "$cs" --tool memcheck --error-exitcode 9 \
+          /tmp/mj/tests/gpu/gputest "$t" > "$OUT/san-pdl-$t.log" 2>&1
+        echo "memcheck gputest $t under MOEJIT_PDL=1: rc=$?" >> "$log"
+      done ;;
     *) echo "gpu-run: unknown phase $phase" > "$log" ;;
   esac
   echo "== $phase ($(( $(date +%s) - t0 )) s)"
