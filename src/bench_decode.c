@@ -63,6 +63,76 @@ typedef struct rank_row {
   double us_graph, us_excl; /* graph step with its NCCL calls, and with the collectives left out */
 } rank_row;
 
+/* ---- the collectives' own latency ------------------------------------------------------- */
+/* One collective of the step's kind and size, for tm_graph_us: every rank
+ * runs the same captures and replays in the same order, as NCCL needs. */
+typedef struct coll_rig {
+  coll *c;
+  CUdeviceptr buf, recv;
+  size_t n;
+  bool gather;
+} coll_rig;
+
+static int coll_launch(void *p, int i, CUstream s, mj_err *err) {
+  (void)i;
+  coll_rig *r = p;
+  return r->gather ? coll_all_gather(r->c, r->buf, r->recv, r->n, s, err) : coll_all_reduce(r->c, r->buf, r->n, s, err);
+}
+
+/* The op's launches and event-timed us in a profiled step (0 when absent). */
+static double prof_op(const gpu_prof *p, const char *name, int *count) {
+  for (int k = 0; k < p->n; k++)
+    if (!strcmp(p->name[k], name)) return *count = p->count[k], p->us[k];
+  return *count = 0, 0;
+}
+
+/* The all-reduce (np x hidden f32) and the logits' all-gather (np x the
+ * rank's vocabulary rows, f32) of each batch's padded step, each timed
+ * alone as the median of CUDA-graph replays of 20 back to back, against
+ * the collectives of the profiled eager step (issue [multi-gpu-run]: the
+ * latency at the step's message sizes, measured in the same run). */
+static int coll_latency(coll *c, session *S, const int64_t *batches, int nb, int hidden, size_t vocab_l,
+                        const gpu_prof *profs, const rank_row *rows, mj_err *err) {
+  int npmax = 0;
+  bool graph;
+  for (int k = 0; k < nb; k++) {
+    int np = sess_padded(S, (int)batches[k], &graph);
+    if (np > npmax) npmax = np;
+  }
+  coll_rig r = {.c = c};
+  size_t nr = (size_t)npmax * (size_t)hidden, ng = (size_t)npmax * vocab_l;
+  int rc = cu_alloc(&r.buf, (nr > ng ? nr : ng) * 4, "bench decode: collective buffer", err);
+  if (!rc) rc = cu_alloc(&r.recv, ng * 4 * (size_t)c->world, "bench decode: all-gather buffer", err);
+  if (rc) goto out;
+  rc = MJ_ECUDA;
+  CU_CHECK_GOTO(err, cu.cuMemsetD8(r.buf, 0, (nr > ng ? nr : ng) * 4), out);
+  rc = 0;
+  printf("\n### the collectives alone, at the step's sizes (NCCL %s, a world of %d%s; median of graph replays)\n\n",
+         nc_version_string(), c->world, c->world == 1 ? ": each a copy, not a latency between GPUs" : "");
+  printf("| batch | all-reduce bytes | all-reduce us | all-reduces a step | all-gather bytes a rank | all-gather us | "
+         "all-gathers a step | collectives us a step (alone) | in the profiled step (events) | %% of the graph step |\n");
+  printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  for (int k = 0; k < nb && !rc; k++) {
+    int np = sess_padded(S, (int)batches[k], &graph), nred = 0, ngat = 0;
+    double us_r = 0, us_g = 0;
+    double ev = prof_op(&profs[k], "coll.all_reduce", &nred) + prof_op(&profs[k], "coll.all_gather", &ngat);
+    r.n = (size_t)np * (size_t)hidden, r.gather = false;
+    if ((rc = tm_graph_us(coll_launch, &r, 20, 11, &us_r, err))) break;
+    if (ngat) {
+      r.n = (size_t)np * vocab_l, r.gather = true;
+      if ((rc = tm_graph_us(coll_launch, &r, 20, 11, &us_g, err))) break;
+    }
+    double alone = nred * us_r + ngat * us_g;
+    printf("| %lld | %zu | %.1f | %d | %zu | %.1f | %d | %.1f | %.1f | %.1f%% |\n", (long long)batches[k],
+           (size_t)np * (size_t)hidden * 4, us_r, nred, ngat ? (size_t)np * vocab_l * 4 : 0, us_g, ngat, alone, ev,
+           rows[k].us_graph > 0 ? 100.0 * alone / rows[k].us_graph : 0.0);
+  }
+out:
+  if (r.buf) cu.cuMemFree(r.buf);
+  if (r.recv) cu.cuMemFree(r.recv);
+  return rc;
+}
+
 int bench_decode(int argc, char **argv, mj_err *err) {
   const char *dir = NULL, *synth = "glm5", *batch_s = "1,8,32";
   int64_t layers = 18, dense = 3, ctx = 1024, steps = 10, reps = 9, seed = 0, tp = 1, ep = 1, rank = -1;
@@ -253,6 +323,15 @@ int bench_decode(int argc, char **argv, mj_err *err) {
              by / 1e9, ex > 0 ? 100.0 * by / (ex * 1e3) * 1e9 / copy_bps : 0.0, ncoll * ar_us, proj,
              batches[k] / (proj / 1e6));
     }
+  }
+  /* Every rank (or the one rank on one GPU) times its collectives alone,
+   * in the same order, at the sizes of the steps above. */
+  coll *cc = rank_coll ? rank_coll : sw.nccl;
+  if (cc) {
+    sess_get_info(S, &si);
+    if ((rc = coll_latency(cc, S, batches, nb, d->hidden, (size_t)(si.plan->vocab.end - si.plan->vocab.begin), profs,
+                           rrow, err)))
+      goto out;
   }
   for (int bi = 0; bi < nb; bi++) {
     gpu_prof *p = &profs[bi];
