@@ -40,6 +40,13 @@
 #                 that run whole steps and every kernel family under it
 #                 (PDL_TESTS), then bench decode and bench moe with it off and
 #                 on, a table per batch (PDL_BATCHES, PDL_LAYERS)
+#   multi         issue [multi-gpu-run] on a machine of MULTI_N GPUs (default:
+#                 all): greedy text of generate --tp N, --ep N and --tp N --ep N
+#                 against one GPU (the built-in model and a 4-layer GLM-5-width
+#                 checkpoint), bench decode --tp N --ep N (18 layers, and 78 when
+#                 N >= 4) with the collectives alone, a rank killed mid-decode
+#                 (the launcher's exit and time), a second job while the first
+#                 holds the GPUs
 #   sanitize      GPU tests under compute-sanitizer: memcheck (out-of-bounds and
 #                 misaligned global and shared accesses) and racecheck (shared-
 #                 memory hazards inside a block) of SAN_TESTS (default attn: the
@@ -291,6 +298,49 @@ for phase in "$@"; do
           /tmp/mj/tests/gpu/gputest "$t" > "$OUT/san-pdl-$t.log" 2>&1
         echo "memcheck gputest $t under MOEJIT_PDL=1: rc=$?" >> "$log"
       done ;;
+    multi)
+      n=${MULTI_N:-$(nvidia-smi -L | wc -l)}
+      moejit mkmodel --preset glm5 --layers 4 --dense-layers 1 --nvfp4 --seed 3 --out /tmp/g5w -q >> "$log" 2>&1
+      for m in builtin /tmp/g5w; do
+        [ $m = builtin ] && ma= || ma="-m $m"
+        # shellcheck disable=SC2086
+        timeout 300 moejit generate $ma -p "The sea at night" -n 16 --temp 0 --backend cuda --json 2>> "$log" > "$OUT/multi-1.json"
+        for split in "--tp $n" "--ep $n" "--tp $n --ep $n"; do
+          # shellcheck disable=SC2086
+          timeout 300 moejit generate $ma -p "The sea at night" -n 16 --temp 0 --backend cuda --json $split \
+            2>> "$log" > "$OUT/multi-s.json"
+          st=$?
+          tk() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["tokens"])' "$1" 2> /dev/null; }
+          [ -n "$(tk "$OUT/multi-1.json")" ] && [ "$(tk "$OUT/multi-1.json")" = "$(tk "$OUT/multi-s.json")" ] &&
+            v="16 greedy tokens equal one GPU's" || v="DIFFERENT: $(tk "$OUT/multi-1.json") against $(tk "$OUT/multi-s.json")"
+          echo "generate ($m) $split: rc=$st, $v" >> "$log"
+        done
+      done
+      layers="18"; [ "$n" -ge 4 ] && layers="18 78"
+      for L in $layers; do
+        t1=$(date +%s)
+        timeout 590 moejit bench decode --tp "$n" --ep "$n" --layers "$L" --batch 1,8,32,64 > "$OUT/multi-bench-$L.log" 2>&1
+        echo "bench decode --tp $n --ep $n --layers $L: rc=$? in $(( $(date +%s) - t1 )) s (whole run: load, warm-up, capture)" >> "$log"
+        grep -A 8 "^| batch | step us (graph)" "$OUT/multi-bench-$L.log" >> "$log"
+        grep -A 8 "the collectives alone" "$OUT/multi-bench-$L.log" >> "$log"
+      done
+      # a rank killed mid-decode: the launcher stops the others, one line, non-zero
+      MOEJIT_RANK_LOGS="$OUT/multi-ranks" moejit generate -p "The sea at night" -n 4000 --temp 0 --backend cuda --ep "$n" \
+        > /dev/null 2> "$OUT/multi-kill.err" &
+      lp=$!
+      sleep 20
+      victim=$(pgrep -P $lp | tail -1)
+      t1=$(date +%s); kill -KILL "$victim" 2> /dev/null
+      wait $lp
+      echo "rank pid $victim killed: launcher rc=$? after $(( $(date +%s) - t1 )) s: $(tail -1 "$OUT/multi-kill.err")" >> "$log"
+      # a second job while the first holds the GPUs
+      moejit generate -p "The sea at night" -n 2000 --temp 0 --backend cuda --ep "$n" > /dev/null 2>&1 &
+      lp=$!
+      sleep 20
+      t1=$(date +%s)
+      timeout 120 moejit generate -p "x" -n 4 --backend cuda --ep "$n" > /dev/null 2> "$OUT/multi-second.err"
+      echo "second job: rc=$? after $(( $(date +%s) - t1 )) s: $(tail -1 "$OUT/multi-second.err")" >> "$log"
+      kill -TERM $lp 2> /dev/null; wait $lp ;;
     *) echo "gpu-run: unknown phase $phase" > "$log" ;;
   esac
   echo "== $phase ($(( $(date +%s) - t0 )) s)"
