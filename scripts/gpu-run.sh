@@ -15,6 +15,8 @@
 #                 makes them: the MoE expert kernels the plan picks), opcodes counted
 #   moe-ncu       Nsight Compute on the batch-1 expert kernels (speed of light,
 #                 occupancy, warp stall reasons): where their time goes
+#                 (MOE_NCU_BATCH, MOE_NCU_GU, MOE_NCU_DN: another batch and its
+#                 tiles, e.g. 64 with 16:256:8:0:0:2:4 and 16:256:8:0:0:0:8)
 #   shard-glm5    gputest shard on a 2-layer checkpoint of GLM-5's widths (SHARD_SPLITS)
 #   moe           moejit bench moe with the tile sweep
 #   moe-warm      moe again, warm
@@ -130,7 +132,8 @@ for phase in "$@"; do
     moe-ncu)
       timeout 200 ncu --kernel-name regex:moe_expert --launch-count 2 --clock-control none --cache-control none \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-        moejit bench moe --batches 1 --gu-configs 4:256:8:0:0:2 --dn-configs 4:256:8:0:0:3 > "$OUT/moe-ncu.txt" 2>> "$log"
+        moejit bench moe --batches ${MOE_NCU_BATCH:-1} --gu-configs ${MOE_NCU_GU:-4:256:8:0:0:2} \
+        --dn-configs ${MOE_NCU_DN:-4:256:8:0:0:3} > "$OUT/moe-ncu.txt" 2>> "$log"
       grep -E "moe_expert|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots|Stall|stalled|Duration" \
         "$OUT/moe-ncu.txt" | sed 's/  */ /g' >> "$log" ;;
     moe) timeout 400 moejit bench moe ${MOE_ARGS:-} > "$log" 2>&1 ;;
