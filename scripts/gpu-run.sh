@@ -266,7 +266,7 @@ for phase in "$@"; do
               (g["b", b] > 0 ? 100 * (g["t", b] - g["b", b]) / g["b", b] : 0) }
         }' "$OUT/tune-decode-builtin.log" "$OUT/tune-decode-tuned.log" >> "$log" ;;
     pdl)
-      for t in ${PDL_TESTS:-decode moe attn dense}; do
+      for t in ${PDL_TESTS:-decode moe attn dense shard nccl replay}; do
         MOEJIT_PDL=1 timeout ${TEST_TIMEOUT:-420} /tmp/mj/tests/gpu/gputest "$t" > "$OUT/pdl-test-$t.log" 2>&1
         echo "gputest $t under MOEJIT_PDL=1: rc=$? $(tail -1 "$OUT/pdl-test-$t.log")" >> "$log"
       done

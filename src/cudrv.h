@@ -90,8 +90,10 @@ int cu_alloc(CUdeviceptr *p, size_t bytes, const char *what, mj_err *err);
 /* Load a cubin and look up one kernel in it. */
 int cu_load_cubin(const void *cubin, const char *kernel, CUmodule *mod, CUfunction *fn, mj_err *err);
 
-/* Launch fn on a 1-D grid; args as for cuLaunchKernel.  For kernels that
- * are not templates/' (tests, probes): never a programmatic launch. */
+/* Launch fn on a 1-D grid; args as for cuLaunchKernel.  Never a
+ * programmatic launch: for kernels outside templates/ (tests, probes), and
+ * for template kernels that must not overlap their predecessor (the
+ * profiled step's spin, bench gemv). */
 int cu_launch(CUfunction fn, unsigned grid, unsigned block, unsigned smem, CUstream s, void **args,
               mj_err *err);
 

@@ -115,7 +115,7 @@ static int nvrtc_options(mj_arena *a, const char *arch, const dsl_define *const 
   /* The prologue every templates/ kernel opens with (cudrv.h,
    * cu_launch_tpl): programmatic dependent launch from sm_90 on, nothing
    * below; the DSL's griddep_wait/griddep_launch are the same. */
-  bool pdl = atoi(arch + 3) >= 90;
+  bool pdl = dsl_target_sm(arch) >= 90; /* the DSL's rule, one parse of the name */
   o[n++] = pdl ? "-DMJ_GRIDDEP_WAIT()=asm volatile(\"griddepcontrol.wait;\" ::: \"memory\")" : "-DMJ_GRIDDEP_WAIT()=";
   o[n++] = pdl ? "-DMJ_GRIDDEP_LAUNCH()=asm volatile(\"griddepcontrol.launch_dependents;\" ::: \"memory\")"
                : "-DMJ_GRIDDEP_LAUNCH()=";
