@@ -146,30 +146,26 @@ int nc_spawn(const char *exe, char *const *args, int world, mj_err *err) {
   while (running > 0) {
     int st;
     pid_t p = waitpid(-1, &st, kill_at > 0 || forward ? WNOHANG : 0);
-    if (p == 0 && kill_at == 0) { /* forward: none has exited; a signal for rank 0? */
-      struct timespec ts = {0, 20 * 1000 * 1000};
-      siginfo_t si;
-      int sig = sigtimedwait(&fwd, &si, &ts);
-      if (sig > 0 && (sig == SIGTERM || si.si_code == SI_USER || si.si_code == SI_QUEUE)) {
-        if (pid[0]) {
-          kill(pid[0], sig);
-        } else { /* rank 0 is gone: nobody to stop the rest in order */
-          for (int j = 0; j < world; j++)
-            if (pid[j]) kill(pid[j], SIGTERM);
-          kill_at = mj_now_ms() + 5000;
-        }
-      }
-      continue;
-    }
     if (p == 0) { /* none has exited yet */
-      if (mj_now_ms() < kill_at) {
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        nanosleep(&ts, NULL);
+      if (kill_at > 0 && mj_now_ms() >= kill_at) {
+        for (int j = 0; j < world; j++)
+          if (pid[j]) kill(pid[j], SIGKILL);
+        kill_at = 0;
         continue;
       }
-      for (int j = 0; j < world; j++)
-        if (pid[j]) kill(pid[j], SIGKILL);
-      kill_at = 0;
+      /* A short wait, watching for a signal to pass on (forward), also
+       * while the others have their time to end: a signal then cuts it. */
+      struct timespec ts = {0, 20 * 1000 * 1000};
+      siginfo_t si;
+      int sig = forward ? sigtimedwait(&fwd, &si, &ts) : nanosleep(&ts, NULL);
+      if (sig <= 0) continue;
+      if (pid[0] && (sig == SIGTERM || si.si_code == SI_USER || si.si_code == SI_QUEUE)) {
+        kill(pid[0], sig); /* rank 0's to act on (a second one: at once) */
+      } else if (!pid[0]) { /* rank 0 is gone: nobody to stop the rest in order */
+        for (int j = 0; j < world; j++)
+          if (pid[j]) kill(pid[j], SIGTERM);
+        if (kill_at == 0 || kill_at > mj_now_ms() + 5000) kill_at = mj_now_ms() + 5000;
+      }
       continue;
     }
     if (p < 0) {

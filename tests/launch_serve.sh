@@ -18,6 +18,8 @@
 #     ends the job the same way.
 #  d. rank 0 SIGKILLed mid-decode: the launcher stops the follower and exits
 #     non-zero with one line naming rank 0.
+#  e. a follower that does not end after rank 0 has (SIGSTOPped): a second
+#     signal to the launcher stops it without the 30 s grace.
 # Every server listens on 127.0.0.1 at --port 0; bounds are generous.
 . "$srcdir/tests/lib.sh"
 for p in curl python3; do
@@ -251,4 +253,21 @@ wait $cpid
   ok "rank 0 killed: the launcher stops the follower and exits 8 in $took s, one line naming rank 0, id folder removed" ||
   bad "rank 0 killed: status $st in $took s: $(cat "$tmp/r0.err"); left: $(ls -A "$tmp/r0.t")"
 
+# ---- e. a follower that does not end after rank 0 has ------------------------------------------------
+# Held still (SIGSTOP), the follower cannot take rank 0's end message: rank 0
+# exits 0 and the launcher would give the follower 30 s; a second signal
+# stops it at once (SIGTERM, which a stopped process keeps pending, then
+# SIGKILL 5 s later), and the launcher names it.
+start late --tp 2
+ranks $pid
+kill -STOP $r1
+kill -TERM $pid
+i=0
+while kill -0 $r0 2> /dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+kill -TERM $pid
+waitfor $pid 20
+[ $st = 8 ] && [ "$(grep -c "^moejit: rank" "$tmp/late.err")" = 1 ] && grep -q "^moejit: stopped" "$tmp/late.err" &&
+  grep -q "^moejit: rank 1 of 2 was killed by signal 9 (Killed); the other ranks were stopped" "$tmp/late.err" && gone late $r1 &&
+  ok "a follower held after rank 0's exit: a second SIGTERM stops it, exit 8 in $took s, one line naming rank 1" ||
+  bad "a follower held after rank 0's exit, a second SIGTERM: status $st in $took s: $(cat "$tmp/late.err")"
 exit $fail
