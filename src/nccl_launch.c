@@ -312,7 +312,12 @@ int nc_parallel_run(const char *cmd, const char *pre, int64_t tp, int64_t ep, in
   if (r) return r;
   nc_rank_info ri;
   if ((r = nc_rank_from_env(getenv, &ri, err))) return r;
-  if (ri.source) return run_rank(cmd, &ri, world, rank_coll, err);
+  if (ri.source) {
+    /* Executed as /proc/self/exe (the very binary, even if replaced on
+     * disk since), a rank would be named "exe" in ps, top and pidof. */
+    prctl(PR_SET_NAME, "moejit");
+    return run_rank(cmd, &ri, world, rank_coll, err);
+  }
   /* The launcher: enough GPUs, NCCL present (ranks on the CPU need
    * neither), then one process per rank. */
   int ngpu = 0;

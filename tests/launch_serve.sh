@@ -129,6 +129,8 @@ two=$port two_pid=$pid
 grep -q "^moejit: listening on .*backend cpu, 2 ranks (--tp 2 --ep 1)" "$tmp/two.err" && ok "serve --tp 2 on CPU ranks: $(cat "$tmp/two.err")" ||
   bad "serve --tp 2: $(cat "$tmp/two.err")"
 ranks $two_pid
+[ "$(cat /proc/$r0/comm /proc/$r1/comm)" = "moejit
+moejit" ] && ok "the ranks are named moejit (ps, top, pidof)" || bad "the ranks' names: $(cat /proc/$r0/comm /proc/$r1/comm)"
 for srv in one two; do
   eval port=\$$srv
   post "{\"prompt\":\"hello world\",\"max_tokens\":12,\"seed\":7,$REQ_S}" "$tmp/$srv.c.json" > "$tmp/$srv.c.status"
