@@ -38,6 +38,8 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
+# A test killed (timeout, a closed pipe) runs the clean-up too, or a whole job outlives it.
+trap 'exit 1' HUP INT PIPE TERM
 $MOEJIT mkmodel --preset tiny --seed 5 --out "$tmp/m" -q || { echo "FAIL mkmodel"; exit 1; }
 
 # start NAME ARGS...: `moejit serve ARGS` in the background (with --tp 2: the
