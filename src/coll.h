@@ -11,7 +11,9 @@
  * Tests may supply their own (tests/gpu/lockstep.c runs every rank of a
  * model on one GPU, its collectives a host-side sum, to prove the sharded
  * arithmetic); such a stand-in is not capturable, and the engine then runs
- * its steps eagerly.  Prefix: coll_.
+ * its steps eagerly.  coll_none is a rank's place with no collectives at
+ * all, for ranks that each compute the whole model on the CPU (the test
+ * hook MOEJIT_TEST_CPU_RANKS, nccldrv.h).  Prefix: coll_.
  */
 #ifndef MOEJIT_COLL_H
 #define MOEJIT_COLL_H
@@ -58,5 +60,10 @@ int coll_nccl_create(void *comm, int rank, int world, coll **out, mj_err *err);
  * benchmark on one GPU calls, so its collectives are real NCCL calls
  * captured in its graphs, each one a copy. */
 int coll_nccl_solo(coll **out, mj_err *err);
+/* Rank `rank` of `world` without collectives: every call is one
+ * MJ_EINTERNAL line naming the rank and the collective.  What a rank of the
+ * test hook MOEJIT_TEST_CPU_RANKS holds: its CPU session computes every
+ * rank's share itself (cpu_params.tp/ep) and needs no peer. */
+int coll_none_create(int rank, int world, coll **out, mj_err *err);
 
 #endif

@@ -109,6 +109,8 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
     o.sp.seed = rs && *rs ? (int64_t)(strtoull(rs, NULL, 10) & INT64_MAX) : 0;
   }
   oo.backend = !strcmp(backend, "cpu") ? MOEJIT_BACKEND_CPU : !strcmp(backend, "cuda") ? MOEJIT_BACKEND_CUDA : MOEJIT_BACKEND_AUTO;
+  bool cpu_ranks = rank_coll && nc_test_cpu_ranks(); /* the test hook: every rank on the CPU (nccldrv.h) */
+  if (cpu_ranks) oo.backend = MOEJIT_BACKEND_CPU;
   oo.threads = (int32_t)threads;
   oo.quiet = quiet || as_json;
   oo.default_sampling = o.sp; /* the device draws with these filters and the seed */
@@ -185,7 +187,7 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
     goto out;
   }
   bool on_gpu = !strcmp(info.backend, "cuda");
-  if (rank_coll && !on_gpu) {
+  if (rank_coll && !on_gpu && !cpu_ranks) {
     r = mj_fail(err, MJ_EUSAGE, "moejit generate: --tp/--ep run on GPUs; this model runs on the CPU (--backend cpu)");
     goto out;
   }

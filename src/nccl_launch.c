@@ -20,6 +20,10 @@
  * Processes, not threads: each rank owns one CUDA context and one NCCL
  * communicator, which is also how mpirun runs it, so both launchers start
  * the same code path.
+ *
+ * Under the test hook MOEJIT_TEST_CPU_RANKS=1 (nccldrv.h) the launcher
+ * skips the GPU count and NCCL, and a rank skips its GPU and NCCL and gets
+ * a coll without collectives: the rest of this file runs as it does on GPUs.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -142,30 +146,26 @@ int nc_spawn(const char *exe, char *const *args, int world, mj_err *err) {
   while (running > 0) {
     int st;
     pid_t p = waitpid(-1, &st, kill_at > 0 || forward ? WNOHANG : 0);
-    if (p == 0 && kill_at == 0) { /* forward: none has exited; a signal for rank 0? */
-      struct timespec ts = {0, 20 * 1000 * 1000};
-      siginfo_t si;
-      int sig = sigtimedwait(&fwd, &si, &ts);
-      if (sig > 0 && (sig == SIGTERM || si.si_code == SI_USER || si.si_code == SI_QUEUE)) {
-        if (pid[0]) {
-          kill(pid[0], sig);
-        } else { /* rank 0 is gone: nobody to stop the rest in order */
-          for (int j = 0; j < world; j++)
-            if (pid[j]) kill(pid[j], SIGTERM);
-          kill_at = mj_now_ms() + 5000;
-        }
-      }
-      continue;
-    }
     if (p == 0) { /* none has exited yet */
-      if (mj_now_ms() < kill_at) {
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        nanosleep(&ts, NULL);
+      if (kill_at > 0 && mj_now_ms() >= kill_at) {
+        for (int j = 0; j < world; j++)
+          if (pid[j]) kill(pid[j], SIGKILL);
+        kill_at = 0;
         continue;
       }
-      for (int j = 0; j < world; j++)
-        if (pid[j]) kill(pid[j], SIGKILL);
-      kill_at = 0;
+      /* A short wait, watching for a signal to pass on (forward), also
+       * while the others have their time to end: a signal then cuts it. */
+      struct timespec ts = {0, 20 * 1000 * 1000};
+      siginfo_t si;
+      int sig = forward ? sigtimedwait(&fwd, &si, &ts) : nanosleep(&ts, NULL);
+      if (sig <= 0) continue;
+      if (pid[0] && (sig == SIGTERM || si.si_code == SI_USER || si.si_code == SI_QUEUE)) {
+        kill(pid[0], sig); /* rank 0's to act on (a second one: at once) */
+      } else if (!pid[0]) { /* rank 0 is gone: nobody to stop the rest in order */
+        for (int j = 0; j < world; j++)
+          if (pid[j]) kill(pid[j], SIGTERM);
+        if (kill_at == 0 || kill_at > mj_now_ms() + 5000) kill_at = mj_now_ms() + 5000;
+      }
       continue;
     }
     if (p < 0) {
@@ -279,12 +279,19 @@ out:
   return rc;
 }
 
+bool nc_test_cpu_ranks(void) {
+  const char *s = getenv("MOEJIT_TEST_CPU_RANKS");
+  return s && !strcmp(s, "1");
+}
+
 /* A rank: its GPU, the communicator, the self-test, then its collectives
- * for the command to run its step with. */
+ * for the command to run its step with (under the CPU ranks' test hook, a
+ * coll without any). */
 static int run_rank(const char *cmd, const nc_rank_info *ri, int world, coll **out, mj_err *err) {
   if (ri->world != world)
     return mj_fail(err, MJ_EUSAGE, "moejit %s: %s=%d of %d ranks, but --tp/--ep ask for %d ranks", cmd, ri->source,
                    ri->rank, ri->world, world);
+  if (nc_test_cpu_ranks()) return coll_none_create(ri->rank, ri->world, out, err);
   nc_rank_bind(ri);
   int r = cu_init(err);
   if (r) return r;
@@ -305,17 +312,24 @@ int nc_parallel_run(const char *cmd, const char *pre, int64_t tp, int64_t ep, in
   if (r) return r;
   nc_rank_info ri;
   if ((r = nc_rank_from_env(getenv, &ri, err))) return r;
-  if (ri.source) return run_rank(cmd, &ri, world, rank_coll, err);
-  /* The launcher: enough GPUs, NCCL present, then one process per rank. */
+  if (ri.source) {
+    /* Executed as /proc/self/exe (the very binary, even if replaced on
+     * disk since), a rank would be named "exe" in ps, top and pidof. */
+    prctl(PR_SET_NAME, "moejit");
+    return run_rank(cmd, &ri, world, rank_coll, err);
+  }
+  /* The launcher: enough GPUs, NCCL present (ranks on the CPU need
+   * neither), then one process per rank. */
   int ngpu = 0;
-  if ((r = cu_device_count(&ngpu, err))) return r;
-  if (world > ngpu) {
+  bool cpu = nc_test_cpu_ranks();
+  if (!cpu && (r = cu_device_count(&ngpu, err))) return r;
+  if (!cpu && world > ngpu) {
     char flags[64] = "";
     if (tp > 1) snprintf(flags, sizeof flags, "--tp %lld", (long long)tp);
     if (ep > 1) snprintf(flags + strlen(flags), sizeof flags - strlen(flags), "%s--ep %lld", tp > 1 ? " " : "", (long long)ep);
     return mj_fail(err, MJ_ENOGPU, "moejit %s: %s needs %d GPUs, %d found", cmd, flags, world, ngpu);
   }
-  if ((r = nc_load(err))) return r;
+  if (!cpu && (r = nc_load(err))) return r;
   char **args = mj_xcalloc((size_t)argc + 3, sizeof *args);
   int na = 0;
   args[na++] = "moejit";

@@ -143,4 +143,15 @@ int nc_spawn(const char *exe, char *const *args, int world, mj_err *err);
  * twice.  MJ_ECUDA with the first wrong value. */
 int nc_selftest(ncclComm_t comm, const nc_rank_info *ri, bool graph, mj_err *err);
 
+/* The test hook MOEJIT_TEST_CPU_RANKS=1 (tests/launch_serve.sh; never for
+ * use): with a world above one the launcher starts its ranks without
+ * counting GPUs or loading NCCL, and nc_parallel_run hands each rank a coll
+ * without collectives (coll_none_create) instead of joining NCCL; the
+ * commands then run every rank on the CPU backend, whose session computes
+ * the whole sharded forward in-process (cpu_params.tp/ep), so the ranks
+ * draw alike with nothing exchanged but serve's control messages.  What
+ * it leaves real: the launcher's processes, signals, id folder and logs,
+ * and serve's control channel. */
+bool nc_test_cpu_ranks(void);
+
 #endif

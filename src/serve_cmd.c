@@ -19,6 +19,8 @@
  * (ctl.h) beside the NCCL id, and the others replay them on their shares
  * until rank 0's end message.  The launcher keeps SIGTERM blocked and
  * passes it to rank 0, so `kill LAUNCHER` is the same staged shutdown.
+ * Under the test hook MOEJIT_TEST_CPU_RANKS=1 the ranks run on the CPU
+ * (nccldrv.h), which is how tests/launch_serve.sh runs all of this.
  */
 #include <errno.h>
 #include <signal.h>
@@ -99,7 +101,8 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
     return mj_fail(err, MJ_EUSAGE, "moejit serve: --idle-timeout and --request-timeout must be 1..86400 seconds");
   int world;
   if ((r = nc_parallel_check("serve", tp, ep, &world, err))) return r;
-  if (world > 1 && !strcmp(backend, "cpu"))
+  bool cpu_ranks = world > 1 && nc_test_cpu_ranks(); /* the test hook: every rank on the CPU (nccldrv.h) */
+  if (world > 1 && !cpu_ranks && !strcmp(backend, "cpu"))
     return mj_fail(err, MJ_EUSAGE, "moejit serve: --tp/--ep run on GPUs, not with --backend cpu");
   srv_opts so;
   srv_opts_init(&so);
@@ -113,7 +116,8 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
   else if (!strcmp(backend, "cpu")) oo.backend = MOEJIT_BACKEND_CPU;
   else if (!strcmp(backend, "cuda")) oo.backend = MOEJIT_BACKEND_CUDA;
   else return mj_fail(err, MJ_EUSAGE, "moejit serve: --backend must be auto, cpu or cuda, not '%s'", backend);
-  if (world > 1) oo.backend = MOEJIT_BACKEND_CUDA; /* every rank on its GPU, or an error */
+  /* every rank on its GPU, or an error (the test hook's ranks: on the CPU) */
+  if (world > 1) oo.backend = cpu_ranks ? MOEJIT_BACKEND_CPU : MOEJIT_BACKEND_CUDA;
   oo.max_parallel = (int32_t)parallel, oo.max_queue = (int32_t)max_queue, oo.context_length = (int32_t)ctx;
   oo.threads = (int32_t)threads, oo.quiet = quiet;
 

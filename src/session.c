@@ -116,7 +116,8 @@ int sess_create(const model *m, const sess_opts *o, session **out, mj_err *err) 
     rc = gpu_model_create(m, &s->o.gpu, &s->g, err);
   } else {
     s->cm = mj_xcalloc((size_t)o->slots, sizeof *s->cm);
-    cpu_params cp = {.max_ctx = o->max_ctx, .threads = o->threads};
+    /* a rank's --tp/--ep: the whole sharded forward, every rank's share summed here */
+    cpu_params cp = {.max_ctx = o->max_ctx, .threads = o->threads, .tp = o->gpu.tp, .ep = o->gpu.ep};
     rc = 0;
     for (int i = 0; i < o->slots && !rc; i++) rc = cpu_model_create(m, &cp, &s->cm[i], err);
   }

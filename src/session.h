@@ -47,7 +47,8 @@ typedef struct sess_opts {
   int64_t max_ctx;        /* tokens a sequence may hold */
   int threads;            /* CPU: matmul threads (0 or 1: none) */
   gpu_opts gpu;           /* GPU: graph sizes, rows per step, the device sampler's filters and seed, quiet
-                             (its slots and max_ctx are the session's) */
+                             (its slots and max_ctx are the session's); its tp/ep make the CPU compute every
+                             rank's share and sum them (cpu_params.tp/ep) */
   const char *trace_path; /* GPU: record every step's MoE shapes there (docs/trace.md) */
   const char *model_name; /* the trace header's model ("" if NULL) */
 } sess_opts;

@@ -33,23 +33,11 @@ trap cleanup EXIT
 start() {
   name=$1
   shift
-  : > "$tmp/$name.err"
   # Under ASan (.ci/run's second build) freed memory waits in a quarantine
   # of 256 MB before reuse, which the RSS check below would read as growth:
   # a small one keeps the check meaningful there (other builds ignore it).
-  ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=16" \
-    $MOEJIT serve --port 0 --backend cpu "$@" 2> "$tmp/$name.err" &
-  pid=$!
-  pids="$pids $pid"
-  port=
-  for _ in $(seq 600); do
-    port=$(sed -n 's/^moejit: listening on http:\/\/127\.0\.0\.1:\([0-9][0-9]*\) .*/\1/p' "$tmp/$name.err")
-    [ -n "$port" ] && return 0
-    kill -0 $pid 2> /dev/null || break
-    sleep 0.1
-  done
-  echo "FAIL: $name did not start: $(cat "$tmp/$name.err")"
-  exit 1
+  serve_bg "$name" env ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=16" \
+    $MOEJIT serve --port 0 --backend cpu "$@"
 }
 # post PATH BODY OUT [curl args]: the status code; the body in OUT.
 post() {

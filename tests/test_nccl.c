@@ -2,9 +2,10 @@
  * dlopen and its one-line errors, NC_CHECK's record of a failed call, the
  * rank environment (which variable wins, every bad value's one line), the
  * unique id's hex form and its file (published, waited for, timed out),
- * --tp/--ep validation, and the launcher's process handling (nc_spawn on
- * /bin/sh scripts: the rank environment, output routing, the first failure
- * stopping the others, a killed rank).
+ * --tp/--ep validation, the rank without collectives of the CPU ranks'
+ * test hook (coll_none_create), and the launcher's process handling
+ * (nc_spawn on /bin/sh scripts: the rank environment, output routing, the
+ * first failure stopping the others, a killed rank).
  *
  * A missing library is tried in a child process (nc_load keeps its first
  * result for the life of a process).  Where libnccl.so.2 is not installed
@@ -16,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "coll.h"
 #include "nccldrv.h"
 #include "t.h"
 
@@ -314,6 +316,28 @@ static void test_parallel_check(void) {
   }
 }
 
+/* The CPU ranks' test hook: a rank without collectives knows its place and
+ * fails each call with one line. */
+static void test_coll_none(void) {
+  coll *c = NULL;
+  mj_err err = {0};
+  T_EQ_INT(coll_none_create(1, 2, &c, &err), 0);
+  T_EQ_INT(c->rank, 1);
+  T_EQ_INT(c->world, 2);
+  T_CHECK(!c->capturable);
+  T_EQ_INT(coll_all_reduce(c, 0, 16, NULL, &err), MJ_EINTERNAL);
+  T_EQ_STR(err.msg, "coll: rank 1 of 2 has no collectives (its ranks run on the CPU, MOEJIT_TEST_CPU_RANKS), yet its "
+                    "step called an all-reduce");
+  mj_err_clear(&err);
+  T_EQ_INT(coll_all_gather(c, 0, 0, 16, NULL, &err), MJ_EINTERNAL);
+  T_CHECK(strstr(err.msg, "yet its step called an all-gather") != NULL);
+  mj_err_clear(&err);
+  coll_destroy(c);
+  T_EQ_INT(coll_none_create(2, 2, &c, &err), MJ_EINTERNAL);
+  T_EQ_STR(err.msg, "coll: rank 2 of 2");
+  mj_err_clear(&err);
+}
+
 static char *read_text(const char *path) {
   char *d = NULL;
   size_t n;
@@ -409,6 +433,7 @@ int main(void) {
   T_RUN(test_id_file);
   T_RUN(test_unique_id);
   T_RUN(test_parallel_check);
+  T_RUN(test_coll_none);
   T_RUN(test_spawn);
   return t_status();
 }
