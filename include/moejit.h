@@ -36,8 +36,11 @@ extern "C" {
 /* Raised whenever this header changes incompatibly or grows.
  * 2: moejit_message.content_len.  3: moejit_stats' engine time between
  * decode steps (decode_gap_ms_sum, decode_gaps, events_ms_sum).
- * 4: moejit_request.stop_lens. */
-#define MOEJIT_API_VERSION 4
+ * 4: moejit_request.stop_lens.  5: log probabilities (moejit_request.logprobs
+ * and top_logprobs, moejit_event.has_logprob, logprob, top_logprobs and
+ * n_top_logprobs, moejit_logprob), moejit_sampling.presence_penalty and
+ * frequency_penalty.  Fields are only ever added at the end of a struct. */
+#define MOEJIT_API_VERSION 5
 
 /* The header's MOEJIT_API_VERSION the library was built with (a program
  * may check that it equals its own), and the package version ("0.1.0"). */
@@ -90,7 +93,8 @@ typedef enum moejit_backend {
 } moejit_backend;
 
 /* Sampling of one request (the order of Hugging Face transformers:
- * repetition penalty, temperature, top-k, top-p, min-p, then a draw). */
+ * repetition penalty, then OpenAI's frequency and presence penalties as
+ * vLLM applies them, temperature, top-k, top-p, min-p, then a draw). */
 typedef struct moejit_sampling {
   float temperature;      /* >= 0; 0: greedy (the seed does not matter) */
   int32_t top_k;          /* >= 0; 0: off */
@@ -99,9 +103,16 @@ typedef struct moejit_sampling {
   float repeat_penalty;   /* > 0; 1: off */
   int32_t repeat_last_n;  /* the penalty sees this many recent tokens (prompt included); <= 0: all */
   int64_t seed;           /* >= 0: reproducible; < 0: a seed from the clock */
+  /* OpenAI's penalties, each in [-2, 2], 0: off.  With count[t] the times
+   * token t was generated so far by this request (its output only, not the
+   * prompt): logit[t] -= frequency_penalty * count[t], then
+   * logit[t] -= presence_penalty where count[t] > 0. */
+  float presence_penalty;
+  float frequency_penalty;
 } moejit_sampling;
 
-/* temperature 1, top_k 0, top_p 1, min_p 0, repeat_penalty 1, repeat_last_n 64, seed -1 */
+/* temperature 1, top_k 0, top_p 1, min_p 0, repeat_penalty 1, repeat_last_n 64, seed -1,
+ * presence_penalty 0, frequency_penalty 0 */
 void moejit_sampling_init(moejit_sampling *s);
 
 typedef struct moejit_open_opts {
@@ -118,10 +129,11 @@ typedef struct moejit_open_opts {
   int32_t threads;          /* CPU: matmul threads; 0 (default): every core */
   /* The sampling of requests submitted without their own (moejit_request.sampling
    * left NULL).  On the GPU, a request whose temperature, top_k, top_p and min_p
-   * equal these and that has no repetition penalty is drawn on the device
-   * (faster; the draw is keyed by the request's seed and the token's position,
-   * not by its slot, but it is not the host sampler's draw for that seed); any
-   * other request is drawn on the host with its own seed.
+   * equal these, that has no penalty (repeat, presence, frequency) and that
+   * asks for no log probabilities is drawn on the device (faster; the draw is
+   * keyed by the request's seed and the token's position, not by its slot,
+   * but it is not the host sampler's draw for that seed); any other request
+   * is drawn on the host with its own seed (its step copies its logits).
    * Default: moejit_sampling_init's, with seed 0. */
   moejit_sampling default_sampling;
   bool quiet;               /* nothing on stderr (backend choice, progress bars, first-use notes) */
@@ -214,11 +226,21 @@ typedef enum moejit_finish {
 /* "stop", "length", "cancelled", "error" (and "" for NONE). */
 const char *moejit_finish_name(moejit_finish f);
 
+/* The most alternatives a request may ask for (moejit_request.top_logprobs). */
+#define MOEJIT_MAX_TOP_LOGPROBS 20
+
+/* A token and its log probability. */
+typedef struct moejit_logprob {
+  int32_t token;
+  float logprob;
+} moejit_logprob;
+
 /* One event of a request: a generated token with the text it completed,
- * and on the last event of the request the finish reason.  Pointers are
- * valid during the callback; for an event taken by moejit_poll, until the
- * same thread's next moejit_poll or moejit_release on the same handle (of
- * any request), its moejit_close of the handle, or its exit. */
+ * and on the last event of the request the finish reason.  Pointers (text,
+ * error, top_logprobs) are valid during the callback; for an event taken
+ * by moejit_poll, until the same thread's next moejit_poll or
+ * moejit_release on the same handle (of any request), its moejit_close of
+ * the handle, or its exit. */
 typedef struct moejit_event {
   uint64_t id;             /* the request */
   int32_t token;           /* the token drawn; -1 on a last event that carries none (an end-of-
@@ -237,6 +259,18 @@ typedef struct moejit_event {
   double queue_ms, prompt_ms, decode_ms;
   moejit_status status;    /* last event: MOEJIT_OK, MOEJIT_ECANCELLED, or the backend's error */
   const char *error;       /* last event with FINISH_ERROR: the one-line message; else "" */
+  /* A request with logprobs, on an event that carries a token (token >= 0):
+   * has_logprob is true, logprob is the token's log probability and
+   * top_logprobs the request's top_logprobs most likely tokens at this
+   * position (n_top_logprobs of them, most likely first, the lower id first
+   * on ties).  Log probabilities are the log-softmax of the model's raw
+   * logits for the position, before temperature, penalties and filters
+   * (vLLM's default): a greedy token is top_logprobs[0].  Else false, 0,
+   * NULL and 0. */
+  bool has_logprob;
+  float logprob;
+  const moejit_logprob *top_logprobs;
+  int32_t n_top_logprobs;
 } moejit_event;
 
 /* Called on the engine thread, in order, once per event of the request; the
@@ -267,6 +301,13 @@ typedef struct moejit_request {
 
   moejit_event_fn on_event;      /* NULL (default): the events queue for moejit_poll */
   void *user;                    /* handed to on_event */
+  /* Log probabilities on every token event (moejit_event.has_logprob and
+   * after): the token's, and top_logprobs (0 to MOEJIT_MAX_TOP_LOGPROBS)
+   * alternatives'; top_logprobs without logprobs is MOEJIT_EINVAL.  Such a
+   * request is drawn on the host (its step copies its logits).  Default
+   * false, 0. */
+  bool logprobs;
+  int32_t top_logprobs;
 } moejit_request;
 
 void moejit_request_init(moejit_request *r);
@@ -275,7 +316,8 @@ void moejit_request_init(moejit_request *r);
  * (never 0).  The prompt is encoded here, on the calling thread.
  * Errors: MOEJIT_EINVAL (no prompt or two, an empty prompt, an id outside
  * the vocabulary, max_tokens < 0, a sampling value out of range, an empty
- * stop string, prompt + max_tokens past the context), MOEJIT_EQUEUE_FULL
+ * stop string, prompt + max_tokens past the context, top_logprobs outside
+ * 0..MOEJIT_MAX_TOP_LOGPROBS or given without logprobs), MOEJIT_EQUEUE_FULL
  * (max_queue requests already wait), MOEJIT_ECLOSED. */
 moejit_status moejit_submit(moejit *m, const moejit_request *r, uint64_t *id);
 

@@ -32,11 +32,14 @@
  * (which holds back an unfinished UTF-8 character); the text then waits in
  * a per-request buffer while its end could still be the start of a stop
  * string, so a stop string split over several tokens is found whole and
- * never returned.  Events go to the request's callback (on the engine
- * thread, without the lock held, so a callback may submit or cancel) or to
- * its queue, which moejit_poll drains; a taken event is parked with the
- * polling thread until that thread's next call on the handle, which is how
- * its text outlives the request it belonged to.  The parking place is the
+ * never returned.  A request with logprobs draws on the host (sess_admit's
+ * rule) and its token events carry the session's log probabilities of the
+ * draw, copied into the request (a callback's) or into the queued event's
+ * one block (a polled one's), as its text is.  Events go to the request's
+ * callback (on the engine thread, without the lock held, so a callback may
+ * submit or cancel) or to its queue, which moejit_poll drains; a taken
+ * event is parked with the polling thread until that thread's next call
+ * on the handle, which is how its text outlives the request it belonged to.  The parking place is the
  * thread's own (a pthread key: no lock, nothing to search, and a thread
  * that exits frees what it parked), so threads that come and go, as a
  * server's connections do, leave nothing behind.  Prompts are encoded on
@@ -143,7 +146,8 @@ void moejit_free(void *p) { free(p); }
 void moejit_sampling_init(moejit_sampling *s) {
   sample_params d = sample_defaults();
   *s = (moejit_sampling){.temperature = d.temperature, .top_k = d.top_k, .top_p = d.top_p, .min_p = d.min_p,
-                         .repeat_penalty = d.repeat_penalty, .repeat_last_n = d.repeat_last_n, .seed = -1};
+                         .repeat_penalty = d.repeat_penalty, .repeat_last_n = d.repeat_last_n, .seed = -1,
+                         .presence_penalty = d.presence_penalty, .frequency_penalty = d.frequency_penalty};
 }
 
 void moejit_open_opts_init(moejit_open_opts *o) {
@@ -192,6 +196,7 @@ typedef struct api_req {
   moejit_event_fn fn;
   void *user;
   /* the engine thread's */
+  moejit_logprob top[MOEJIT_MAX_TOP_LOGPROBS]; /* the current event's top_logprobs */
   int slot;
   int32_t next_tok; /* the token the next decode row feeds */
   int64_t n_gen;
@@ -468,6 +473,9 @@ static int check_sampling(const moejit_sampling *s, const char *who, mj_err *err
                    "%s: temperature %g, top_p %g, min_p %g, repeat_penalty %g, top_k %d: want temperature >= 0, "
                    "top_p in (0, 1], min_p in [0, 1), repeat_penalty > 0, top_k >= 0",
                    who, s->temperature, s->top_p, s->min_p, s->repeat_penalty, s->top_k);
+  if (!(s->presence_penalty >= -2 && s->presence_penalty <= 2) || !(s->frequency_penalty >= -2 && s->frequency_penalty <= 2))
+    return mj_fail(err, MJ_EUSAGE, "%s: presence_penalty %g, frequency_penalty %g: each must be in [-2, 2]", who,
+                   s->presence_penalty, s->frequency_penalty);
   return 0;
 }
 
@@ -475,6 +483,7 @@ static sample_params params_of(const moejit_sampling *s, uint64_t seed) {
   sample_params p = sample_defaults();
   p.temperature = s->temperature, p.top_k = s->top_k, p.top_p = s->top_p, p.min_p = s->min_p;
   p.repeat_penalty = s->repeat_penalty, p.repeat_last_n = s->repeat_last_n, p.seed = seed;
+  p.presence_penalty = s->presence_penalty, p.frequency_penalty = s->frequency_penalty;
   return p;
 }
 
@@ -769,6 +778,9 @@ static int make_req(moejit *a, const moejit_request *r, api_req **out, mj_err *e
   if (r->n_stop && !r->stop) return mj_fail(err, MJ_EUSAGE, "moejit_submit: %zu stop strings but stop is NULL", r->n_stop);
   for (size_t i = 0; i < r->n_stop; i++)
     if (!r->stop[i] || !stop_len_of(r, i)) return mj_fail(err, MJ_EUSAGE, "moejit_submit: stop string %zu is empty", i);
+  if (r->top_logprobs < 0 || r->top_logprobs > MOEJIT_MAX_TOP_LOGPROBS || (r->top_logprobs && !r->logprobs))
+    return mj_fail(err, MJ_EUSAGE, "moejit_submit: top_logprobs is %d (0 to %d, and only with logprobs)", r->top_logprobs,
+                   MOEJIT_MAX_TOP_LOGPROBS);
   api_req *q = req_new(a);
   *out = q;
   if (r->prompt) rc = encode(a, r->prompt, r->prompt_len ? r->prompt_len : strlen(r->prompt), true, &q->prompt, err);
@@ -787,6 +799,8 @@ static int make_req(moejit *a, const moejit_request *r, api_req **out, mj_err *e
                    (long long)np, r->max_tokens, (long long)a->ctx);
   q->max_tokens = r->max_tokens ? r->max_tokens : a->ctx - np;
   q->sp = s ? params_of(s, s->seed >= 0 ? (uint64_t)s->seed : 0) : a->dflt;
+  /* the session reports them, and draws such a request on the host */
+  q->sp.logprobs = r->logprobs, q->sp.top_logprobs = r->top_logprobs;
   q->n_stop = r->n_stop;
   q->stop = mj_xcalloc(r->n_stop ? r->n_stop : 1, sizeof *q->stop);
   q->stop_len = mj_xcalloc(r->n_stop ? r->n_stop : 1, sizeof *q->stop_len);
@@ -921,13 +935,16 @@ static void deliver(moejit *a, api_req *q, moejit_event *ev) {
       if (gone) req_free(q);
       return;
     }
-    size_t tl = ev->text_len, el = strlen(ev->error);
-    api_ev *e = mj_xcalloc(1, sizeof *e + tl + 1 + el + 1);
-    char *t = (char *)(e + 1);
+    /* One block: the event, its top_logprobs, its text and error. */
+    size_t tl = ev->text_len, el = strlen(ev->error), nl = (size_t)ev->n_top_logprobs * sizeof *ev->top_logprobs;
+    api_ev *e = mj_xcalloc(1, sizeof *e + nl + tl + 1 + el + 1);
+    moejit_logprob *lp = (moejit_logprob *)(e + 1);
+    char *t = (char *)lp + nl;
+    if (nl) memcpy(lp, ev->top_logprobs, nl);
     memcpy(t, ev->text, tl);
     memcpy(t + tl + 1, ev->error, el);
     e->ev = *ev;
-    e->ev.text = t, e->ev.error = t + tl + 1;
+    e->ev.text = t, e->ev.error = t + tl + 1, e->ev.top_logprobs = nl ? lp : NULL;
     if (q->qtail) q->qtail->next = e;
     else q->qhead = e;
     q->qtail = e;
@@ -1000,13 +1017,21 @@ static void waker_stop(moejit *a) {
   a->waker_on = false;
 }
 
-/* An event of q: tok (-1: none), text, and the finish. */
+/* An event of q: tok (-1: none), text, and the finish.  A token of a
+ * request with logprobs carries the session's log probabilities of its
+ * draw (q's slot is still its own here: deliver retires it). */
 static void emit(moejit *a, api_req *q, int32_t tok, const char *text, size_t len, moejit_finish fin, int stop_index,
                  moejit_status st, const char *msg) {
   double now = mj_now_ms();
   moejit_event ev = {.id = q->id, .token = tok, .text = text ? text : "", .text_len = len, .finish = fin,
                      .stop_index = stop_index, .prompt_tokens = (int32_t)q->prompt.n,
                      .completion_tokens = (int32_t)q->n_gen, .status = st, .error = msg ? msg : ""};
+  const sample_logprob *top;
+  int nt;
+  if (tok >= 0 && q->sp.logprobs && q->slot >= 0 && sess_logprobs(a->S, q->slot, &ev.logprob, &top, &nt)) {
+    for (int i = 0; i < nt; i++) q->top[i] = (moejit_logprob){top[i].id, top[i].logprob};
+    ev.has_logprob = true, ev.top_logprobs = nt ? q->top : NULL, ev.n_top_logprobs = nt;
+  }
   if (fin != MOEJIT_FINISH_NONE) {
     double admit = q->t_admit > 0 ? q->t_admit : now, first = q->t_first > 0 ? q->t_first : now;
     ev.queue_ms = admit - q->t_submit;

@@ -5,8 +5,11 @@
  * first wrong one is the error, named in `param`, as OpenAI's own servers
  * report.  Strings the request keeps are copied into its arena and the JSON
  * tree is freed at once, so what a queued request holds is bounded by its
- * body, not by how many values its JSON has.
+ * body, not by how many values its JSON has.  A log probability below
+ * -9999 (or not a number) is written as -9999, OpenAI's "very unlikely",
+ * so every body is valid JSON.
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -122,6 +125,26 @@ static int get_messages(oai_request *r, const json *o, oai_error *e) {
   return 0;
 }
 
+/* Completions: logprobs, an integer 0..5.  Chat: logprobs, a boolean, and
+ * top_logprobs 0..20, which needs logprobs true. */
+static int get_logprobs(oai_request *r, const json *o, oai_error *e) {
+  bool given = false;
+  int64_t n = 0;
+  if (r->kind == OAI_COMPLETION) {
+    if (get_int(o, "logprobs", &n, &given, e)) return e->status;
+    if (given && (n < 0 || n > OAI_MAX_LOGPROBS_COMPLETION))
+      return BAD(e, "logprobs", "'logprobs' must be in [0, %d], not %lld", OAI_MAX_LOGPROBS_COMPLETION, (long long)n);
+    r->logprobs = given, r->top_logprobs = n;
+    return 0;
+  }
+  if (get_bool(o, "logprobs", &r->logprobs, e) || get_int(o, "top_logprobs", &n, &given, e)) return e->status;
+  if (given && (n < 0 || n > OAI_MAX_TOP_LOGPROBS))
+    return BAD(e, "top_logprobs", "'top_logprobs' must be in [0, %d], not %lld", OAI_MAX_TOP_LOGPROBS, (long long)n);
+  if (given && !r->logprobs) return BAD(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  r->top_logprobs = n;
+  return 0;
+}
+
 static int parse_fields(oai_request *r, const json *o, oai_error *e) {
   if (o->type != JSON_OBJ) return BAD(e, NULL, "the body must be a JSON object, not %s", json_type_name(o->type));
   const json *v = json_get(o, "model");
@@ -170,6 +193,11 @@ static int parse_fields(oai_request *r, const json *o, oai_error *e) {
   } else if (v && v->type != JSON_NULL && add_stop(r, v, e)) {
     return e->status;
   }
+  if (get_num(o, "presence_penalty", -2, false, 2, false, &r->presence_penalty, e) ||
+      get_num(o, "frequency_penalty", -2, false, 2, false, &r->frequency_penalty, e) ||
+      get_num(o, "repetition_penalty", 0, true, INFINITY, true, &r->repetition_penalty, e))
+    return e->status;
+  if (get_logprobs(r, o, e)) return e->status;
   v = json_get(o, "chat_template_kwargs");
   if (r->kind == OAI_CHAT && v && v->type != JSON_NULL) {
     if (v->type != JSON_OBJ)
@@ -200,6 +228,7 @@ int oai_parse(oai_kind kind, const char *body, size_t len, oai_request *out, oai
   memset(out, 0, sizeof *out);
   out->kind = kind;
   out->temperature = 1, out->top_p = 1, out->min_p = 0, out->top_k = 0, out->max_tokens = -1;
+  out->repetition_penalty = 1;
   mj_arena_init(&out->mem, len + 4096 > 65536 ? 65536 : len + 4096);
   mj_arena tree;
   mj_arena_init(&tree, 65536);
@@ -250,6 +279,86 @@ static void usage(mj_buf *b, const oai_result *r) {
                 (long long)(r->prompt_tokens + r->completion_tokens));
 }
 
+/* A log probability as a JSON number: float's digits, -9999 at the least. */
+static void put_lp(mj_buf *b, float lp) { mj_buf_printf(b, "%.9g", lp >= -9999.0f ? (double)lp : -9999.0); }
+
+/* Chat's {"token", "logprob", "bytes"} (and its top list when top). */
+static void chat_token(mj_buf *b, const oai_token *t, const oai_logprob *top) {
+  mj_buf_puts(b, "{\"token\":");
+  json_write_str(b, t->text, t->len);
+  mj_buf_puts(b, ",\"logprob\":");
+  put_lp(b, t->logprob);
+  mj_buf_puts(b, ",\"bytes\":[");
+  for (size_t i = 0; i < t->len; i++) mj_buf_printf(b, "%s%u", i ? "," : "", (unsigned char)t->text[i]);
+  mj_buf_puts(b, "]");
+  if (top) {
+    mj_buf_puts(b, ",\"top_logprobs\":[");
+    for (int i = 0; i < top->n_top; i++) {
+      if (i) mj_buf_putc(b, ',');
+      chat_token(b, &top->top[i], NULL);
+    }
+    mj_buf_puts(b, "]");
+  }
+  mj_buf_puts(b, "}");
+}
+
+static bool same_text(const oai_token *a, const oai_token *b) { return a->len == b->len && !memcmp(a->text, b->text, a->len); }
+
+/* Completions' top_logprobs entry: {token: logprob} of the most likely, the
+ * drawn token added when it is not among them (OpenAI's "up to logprobs +
+ * 1"); a text already written (two ids that decode alike) keeps its first,
+ * likelier, value, so the object has no key twice. */
+static void completion_top(mj_buf *b, const oai_logprob *l) {
+  mj_buf_putc(b, '{');
+  int n = 0;
+  for (int i = 0; i <= l->n_top; i++) {
+    const oai_token *t = i < l->n_top ? &l->top[i] : &l->tok;
+    bool dup = false;
+    for (int k = 0; k < i && !dup; k++) dup = same_text(&l->top[k], t);
+    if (dup) continue;
+    if (n++) mj_buf_putc(b, ',');
+    json_write_str(b, t->text, t->len);
+    mj_buf_putc(b, ':');
+    put_lp(b, t->logprob);
+  }
+  mj_buf_putc(b, '}');
+}
+
+/* choices[0].logprobs in the route's shape, or null. */
+static void write_logprobs(mj_buf *b, oai_kind kind, const oai_result *r) {
+  if (!r->with_logprobs) {
+    mj_buf_puts(b, "null");
+    return;
+  }
+  if (kind == OAI_CHAT) {
+    mj_buf_puts(b, "{\"content\":[");
+    for (size_t i = 0; i < r->n_logprobs; i++) {
+      if (i) mj_buf_putc(b, ',');
+      chat_token(b, &r->logprobs[i].tok, &r->logprobs[i]);
+    }
+    mj_buf_puts(b, "],\"refusal\":null}");
+    return;
+  }
+  mj_buf_puts(b, "{\"tokens\":[");
+  for (size_t i = 0; i < r->n_logprobs; i++) {
+    if (i) mj_buf_putc(b, ',');
+    json_write_str(b, r->logprobs[i].tok.text, r->logprobs[i].tok.len);
+  }
+  mj_buf_puts(b, "],\"token_logprobs\":[");
+  for (size_t i = 0; i < r->n_logprobs; i++) {
+    if (i) mj_buf_putc(b, ',');
+    put_lp(b, r->logprobs[i].tok.logprob);
+  }
+  mj_buf_puts(b, "],\"top_logprobs\":[");
+  for (size_t i = 0; i < r->n_logprobs; i++) {
+    if (i) mj_buf_putc(b, ',');
+    completion_top(b, &r->logprobs[i]);
+  }
+  mj_buf_puts(b, "],\"text_offset\":[");
+  for (size_t i = 0; i < r->n_logprobs; i++) mj_buf_printf(b, "%s%lld", i ? "," : "", (long long)r->logprobs[i].text_offset);
+  mj_buf_puts(b, "]}");
+}
+
 /* "choices" with the one choice of a response or a chunk.  Its text is
  * completions' "text"; a chat's "message" (a response) or "delta" (a
  * chunk), with the role when with_role (a response always, a stream's
@@ -260,7 +369,9 @@ static void write_choice(mj_buf *b, oai_kind kind, const oai_result *r, const ch
   else mj_buf_puts(b, "\"text\":");
   json_write_str(b, r->text ? r->text : "", r->text_len);
   if (kind == OAI_CHAT) mj_buf_puts(b, "}");
-  mj_buf_puts(b, ",\"logprobs\":null,\"finish_reason\":");
+  mj_buf_puts(b, ",\"logprobs\":");
+  write_logprobs(b, kind, r);
+  mj_buf_puts(b, ",\"finish_reason\":");
   put_str(b, r->finish_reason);
   mj_buf_puts(b, "}]");
 }

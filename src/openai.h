@@ -8,10 +8,14 @@
  * UTF-8, lone surrogates and malformed text are refused there) and checked
  * field by field as OpenAI's servers do: a field of the wrong type or out of
  * range is an error naming it (`param`), a field moejit does not know is
- * ignored.  The parse tree lives in an arena freed before oai_parse returns;
- * the request keeps only its strings, in its own arena, so a request holds
- * at most about its body's size however its JSON is shaped.  Responses are
- * written with json_write_str's escaping.  Prefix: oai_.
+ * ignored.  Log probabilities are written in each route's own shape:
+ * completions' legacy one (tokens, token_logprobs, top_logprobs as
+ * {token: logprob}, text_offset) and chat's (content: [{token, logprob,
+ * bytes, top_logprobs}]).  The parse tree lives in an arena freed before
+ * oai_parse returns; the request keeps only its strings, in its own arena,
+ * so a request holds at most about its body's size however its JSON is
+ * shaped.  Responses are written with json_write_str's escaping.
+ * Prefix: oai_.
  */
 #ifndef MOEJIT_OPENAI_H
 #define MOEJIT_OPENAI_H
@@ -56,6 +60,12 @@ typedef struct oai_request {
   bool include_usage;      /* stream_options.include_usage */
   bool ignore_eos;         /* vLLM's field: end-of-sequence ids do not end the request (benchmarks) */
   bool thinking;           /* chat: chat_template_kwargs.enable_thinking (vLLM's field; default false) */
+  double presence_penalty; /* [-2, 2], default 0 */
+  double frequency_penalty; /* [-2, 2], default 0 */
+  double repetition_penalty; /* vLLM's: > 0, default 1 (off); over the prompt and the output, as moejit's
+                                repeat penalty with every token in its window */
+  bool logprobs;           /* completions: logprobs given (an integer); chat: logprobs true */
+  int64_t top_logprobs;    /* completions: logprobs' value (0..5); chat: top_logprobs (0..20; default 0) */
   mj_arena mem;            /* the strings above */
 } oai_request;
 
@@ -81,6 +91,26 @@ void oai_request_free(oai_request *r);
 /* ---- writers: each appends one JSON value to b ------------------------------ */
 void oai_write_error(mj_buf *b, const oai_error *e);
 
+/* The most alternatives of each route (OpenAI's limits). */
+#define OAI_MAX_LOGPROBS_COMPLETION 5
+#define OAI_MAX_TOP_LOGPROBS 20
+
+/* A token's text (valid UTF-8, as its single id decodes) and its log
+ * probability. */
+typedef struct oai_token {
+  const char *text;
+  size_t len;
+  float logprob;
+} oai_token;
+
+/* One generated token's log probabilities. */
+typedef struct oai_logprob {
+  oai_token tok;         /* the token drawn */
+  const oai_token *top;  /* the most likely at its position, most likely first */
+  int n_top;
+  int64_t text_offset;   /* completions: where tok starts in the text, in characters */
+} oai_logprob;
+
 /* What a finished (or streaming) request reports. */
 typedef struct oai_result {
   const char *id;        /* "cmpl-..." / "chatcmpl-..." */
@@ -90,6 +120,12 @@ typedef struct oai_result {
   size_t text_len;
   const char *finish_reason; /* "stop", "length", or NULL (a chunk mid-stream) */
   int64_t prompt_tokens, completion_tokens;
+  /* The request asked for log probabilities: choices[0].logprobs holds
+   * these n_logprobs tokens' (a response's: every token's; a chunk's: its
+   * token's, and null when it has none); else it is null. */
+  bool with_logprobs;
+  const oai_logprob *logprobs;
+  size_t n_logprobs;
 } oai_result;
 
 /* The whole response of a request with stream false. */

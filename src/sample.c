@@ -1,9 +1,16 @@
-/* sample.c: penalties, filters and the draw (see sample.h).
+/* sample.c: penalties, filters, the draw and log probabilities (see
+ * sample.h).
  *
  * Candidates live in one array of (id, logit, p) sized to the vocabulary.
  * Selection is a quickselect that moves the k largest logits to the front
  * in linear time; exp() is monotonic, so ordering by logit is ordering by
- * probability and one key serves every filter.
+ * probability and one key serves every filter.  Every penalty is applied
+ * in the one pass that reads the logits (penalise), so a sampler without
+ * penalties does exactly what it did before they existed; the draw counts
+ * live in an array allocated only when a frequency or presence penalty is
+ * set.  Log probabilities are a separate pass over the raw logits, in
+ * double, with the few most likely kept by insertion into a sorted list
+ * (at most 20 long).
  */
 #include "sample.h"
 
@@ -20,12 +27,19 @@ struct sampler {
   sample_cand *c;
   uint32_t *seen; /* stamp per id: penalised in this step */
   uint32_t stamp;
+  int32_t *count; /* per id: times drawn (only with a frequency or presence penalty) */
   sample_rng rng;
 };
 
 sample_params sample_defaults(void) {
   return (sample_params){.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
                          .repeat_penalty = 1.0f, .repeat_last_n = 64, .seed = 0};
+}
+
+static bool counts_draws(const sample_params *p) { return p->presence_penalty != 0 || p->frequency_penalty != 0; }
+
+bool sample_host_only(const sample_params *p) {
+  return p->repeat_penalty != 1.0f || counts_draws(p) || p->logprobs;
 }
 
 sample_params sample_filters(float temperature, int32_t top_k, float top_p, float min_p, uint64_t seed) {
@@ -66,6 +80,7 @@ sampler *sample_create(const sample_params *p, int32_t n_vocab) {
   s->n_vocab = n_vocab;
   s->c = mj_xmalloc((size_t)n_vocab * sizeof *s->c);
   s->seen = mj_xcalloc((size_t)n_vocab, sizeof *s->seen);
+  if (counts_draws(p)) s->count = mj_xcalloc((size_t)n_vocab, sizeof *s->count);
   sample_rng_seed(&s->rng, p->seed);
   return s;
 }
@@ -74,6 +89,7 @@ void sample_destroy(sampler *s) {
   if (!s) return;
   free(s->c);
   free(s->seen);
+  free(s->count);
   free(s);
 }
 
@@ -137,20 +153,41 @@ static void mark_history(sampler *s, const int32_t *h, size_t nh) {
     if (h[i] >= 0 && h[i] < s->n_vocab) s->seen[h[i]] = s->stamp;
 }
 
+void sample_count(sampler *s, int32_t id) {
+  if (s->count && id >= 0 && id < s->n_vocab) s->count[id]++;
+}
+
+/* Logit v of id i after the penalties: the repetition penalty (rep: set,
+ * and i in the window), then frequency and presence as vLLM subtracts them
+ * (two float subtractions, in that order). */
+static inline float penalise(const sampler *s, int32_t i, float v, bool rep) {
+  if (rep && s->seen[i] == s->stamp) v = penalised(v, s->p.repeat_penalty);
+  if (s->count && s->count[i]) {
+    v -= s->p.frequency_penalty * (float)s->count[i];
+    v -= s->p.presence_penalty;
+  }
+  return v;
+}
+
+void sample_penalised(sampler *s, const float *logits, const int32_t *history, size_t nh, float *out) {
+  mark_history(s, history, nh);
+  bool rep = s->p.repeat_penalty != 1.0f;
+  for (int32_t i = 0; i < s->n_vocab; i++) out[i] = penalise(s, i, logits[i], rep);
+}
+
 size_t sample_filter(sampler *s, const float *logits, const int32_t *history, size_t nh,
                      const sample_cand **out) {
   const sample_params *p = &s->p;
   sample_cand *c = s->c;
   *out = c;
   mark_history(s, history, nh);
-  bool penalty = p->repeat_penalty != 1.0f;
+  bool rep = p->repeat_penalty != 1.0f;
   if (p->temperature <= 0 || p->top_k == 1) {
     /* Greedy: one pass, no copy. */
     int32_t best = 0;
     float bv = -INFINITY;
     for (int32_t i = 0; i < s->n_vocab; i++) {
-      float v = logits[i];
-      if (penalty && s->seen[i] == s->stamp) v = penalised(v, p->repeat_penalty);
+      float v = penalise(s, i, logits[i], rep);
       if (v > bv || i == 0) {
         bv = v;
         best = i;
@@ -161,11 +198,7 @@ size_t sample_filter(sampler *s, const float *logits, const int32_t *history, si
   }
   float inv_t = 1.0f / p->temperature;
   size_t n = (size_t)s->n_vocab;
-  for (size_t i = 0; i < n; i++) {
-    float v = logits[i];
-    if (penalty && s->seen[i] == s->stamp) v = penalised(v, p->repeat_penalty);
-    c[i] = (sample_cand){(int32_t)i, v * inv_t, 0};
-  }
+  for (size_t i = 0; i < n; i++) c[i] = (sample_cand){(int32_t)i, penalise(s, (int32_t)i, logits[i], rep) * inv_t, 0};
   if (p->top_k > 0 && (size_t)p->top_k < n) {
     select_top(c, n, (size_t)p->top_k);
     n = (size_t)p->top_k;
@@ -213,7 +246,7 @@ size_t sample_filter(sampler *s, const float *logits, const int32_t *history, si
   return n;
 }
 
-int32_t sample_next(sampler *s, const float *logits, const int32_t *history, size_t nh) {
+static int32_t draw(sampler *s, const float *logits, const int32_t *history, size_t nh) {
   const sample_cand *c;
   size_t n = sample_filter(s, logits, history, nh, &c);
   if (n == 1) return c[0].id;
@@ -223,4 +256,33 @@ int32_t sample_next(sampler *s, const float *logits, const int32_t *history, siz
     if (u < acc) return c[i].id;
   }
   return c[n - 1].id; /* rounding left u above the total */
+}
+
+int32_t sample_next(sampler *s, const float *logits, const int32_t *history, size_t nh) {
+  int32_t id = draw(s, logits, history, nh);
+  sample_count(s, id);
+  return id;
+}
+
+/* ---- log probabilities ------------------------------------------------------------------ */
+float sample_logprobs(const float *logits, int32_t n, int32_t id, int k, sample_logprob *top) {
+  MJ_ASSERT(n > 0 && id >= 0 && id < n && k >= 0 && k <= SAMPLE_MAX_LOGPROBS);
+  if (k > n) k = n;
+  /* The k largest, sorted (larger first, the lower id on ties), found in
+   * the pass that finds the maximum. */
+  int nt = 0;
+  float mx = -INFINITY;
+  for (int32_t i = 0; i < n; i++) {
+    float v = logits[i];
+    mx = v > mx ? v : mx;
+    if (k == 0 || (nt == k && !(v > top[k - 1].logprob))) continue;
+    int j = nt < k ? nt++ : k - 1; /* the slot freed: the last, or the smallest's */
+    while (j > 0 && v > top[j - 1].logprob) top[j] = top[j - 1], j--;
+    top[j] = (sample_logprob){i, v};
+  }
+  double sum = 0;
+  for (int32_t i = 0; i < n; i++) sum += exp((double)logits[i] - mx);
+  double lse = (double)mx + log(sum);
+  for (int j = 0; j < nt; j++) top[j].logprob = (float)((double)top[j].logprob - lse);
+  return (float)((double)logits[id] - lse);
 }

@@ -29,6 +29,11 @@
  * the CLOSED notification, which libmicrohttpd makes before it closes the
  * socket, so the watchdog never touches a reused descriptor.
  *
+ * Log probabilities.  The engine's events carry token ids; the texts
+ * OpenAI's bodies show are each id decoded alone (moejit_detokenize) on the
+ * connection's thread, into an arena of the request's: a whole response's
+ * for every token, a stream's for one chunk at a time.
+ *
  * Memory.  A body is kept only up to max_body (a longer one is refused, 413,
  * before it is read when Content-Length says so); bodies are parsed one at
  * a time (parse_mu) and the parse tree freed at once (openai.c), so what a
@@ -84,6 +89,13 @@ typedef struct srv_req {
   moejit_finish fin;    /* how it ended; MOEJIT_FINISH_NONE while it runs */
   char error[512];      /* FINISH_ERROR's message */
   mj_buf text;          /* stream false: the whole text */
+  /* logprobs asked: the tokens' (stream false: every one; true: the chunk's),
+   * their texts in lpmem; the characters of their texts so far */
+  oai_logprob *lps;
+  size_t nlp, caplp;
+  mj_arena lpmem;
+  bool lpmem_on;
+  int64_t lp_chars;
   /* stream true: the bytes the reader hands out next, and a chunk's JSON (both reused) */
   mj_buf out, json;
   size_t out_off;
@@ -244,11 +256,52 @@ static void end_error(const srv_req *q, oai_error *e) {
 }
 
 /* What q reports, text aside; finish_reason is "stop" or "length" once it
- * ended well, NULL while it runs. */
+ * ended well, NULL while it runs.  The log probabilities taken so far go
+ * with it when the request asked (a chunk of no token: none). */
 static void result_of(const srv_req *q, oai_result *r, const char *text, size_t len) {
   *r = (oai_result){.id = q->rid, .created = q->created, .model = q->s->model_name, .text = text, .text_len = len,
                     .finish_reason = q->fin == MOEJIT_FINISH_NONE ? NULL : moejit_finish_name(q->fin),
-                    .prompt_tokens = q->prompt_tokens, .completion_tokens = q->completion_tokens};
+                    .prompt_tokens = q->prompt_tokens, .completion_tokens = q->completion_tokens,
+                    .with_logprobs = q->q.logprobs && (!q->q.stream || q->nlp > 0), .logprobs = q->lps,
+                    .n_logprobs = q->nlp};
+}
+
+/* ---- log probabilities --------------------------------------------------------------------- */
+/* Token id as OpenAI's logprobs show it: the text its single id decodes to
+ * as the response's text is decoded (a special token, which the text leaves
+ * out, is ""; a piece of a character is U+FFFD), in q->lpmem. */
+static oai_token token_of(srv_req *q, int32_t id, float lp) {
+  oai_token t = {.text = "", .len = 0, .logprob = lp};
+  char *text = NULL;
+  size_t n = 0;
+  if (moejit_detokenize(q->s->engine, &id, 1, true, &text, &n) == MOEJIT_OK)
+    t.text = mj_arena_strndup(&q->lpmem, text, n), t.len = n;
+  moejit_free(text);
+  return t;
+}
+
+/* Drop the log probabilities taken (a stream's chunk is written). */
+static void lp_reset(srv_req *q) {
+  if (q->lpmem_on) mj_arena_free(&q->lpmem);
+  q->lpmem_on = false, q->nlp = 0;
+}
+
+/* Append ev's log probabilities (an event with a token, of a request that
+ * asked) to q's; its text_offset is the characters of the tokens before. */
+static void take_logprobs(srv_req *q, const moejit_event *ev) {
+  if (!ev->has_logprob) return;
+  if (!q->lpmem_on) mj_arena_init(&q->lpmem, 16384), q->lpmem_on = true;
+  if (q->nlp == q->caplp) {
+    q->caplp = q->caplp ? 2 * q->caplp : 16;
+    q->lps = mj_xrealloc(q->lps, q->caplp * sizeof *q->lps);
+  }
+  oai_logprob *l = &q->lps[q->nlp++];
+  l->tok = token_of(q, ev->token, ev->logprob);
+  oai_token *top = ev->n_top_logprobs ? mj_arena_alloc(&q->lpmem, (size_t)ev->n_top_logprobs * sizeof *top) : NULL;
+  for (int i = 0; i < ev->n_top_logprobs; i++) top[i] = token_of(q, ev->top_logprobs[i].token, ev->top_logprobs[i].logprob);
+  l->top = top, l->n_top = ev->n_top_logprobs;
+  l->text_offset = q->lp_chars;
+  for (size_t i = 0; i < l->tok.len; i++) q->lp_chars += ((unsigned char)l->tok.text[i] & 0xC0) != 0x80;
 }
 
 /* ---- streaming ----------------------------------------------------------------------------- */
@@ -278,6 +331,8 @@ static bool stream_more(srv_req *q) {
     end_error(q, &e);
     oai_write_error(&q->json, &e);
   } else { /* a token's chunk even when its text is held back (""): OpenAI's streams send one a token */
+    lp_reset(q);
+    take_logprobs(q, &ev);
     result_of(q, &r, ev.text, ev.text_len);
     oai_write_chunk(&q->json, q->q.kind, &r, q->q.kind == OAI_CHAT && !q->sent_first);
     q->sent_first = true;
@@ -335,6 +390,10 @@ static enum MHD_Result completion(srv_req *q) {
   sp.temperature = (float)q->q.temperature, sp.top_p = (float)q->q.top_p, sp.min_p = (float)q->q.min_p;
   sp.top_k = q->q.top_k > INT32_MAX ? INT32_MAX : (int32_t)q->q.top_k;
   sp.seed = q->q.has_seed ? q->q.seed & INT64_MAX : -1;
+  sp.presence_penalty = (float)q->q.presence_penalty, sp.frequency_penalty = (float)q->q.frequency_penalty;
+  /* vLLM's repetition_penalty is the engine's repeat penalty over every
+   * token of the sequence, prompt included */
+  if (q->q.repetition_penalty != 1) sp.repeat_penalty = (float)q->q.repetition_penalty, sp.repeat_last_n = 0;
   moejit_request rq;
   moejit_request_init(&rq);
   moejit_message *msgs = NULL; /* chat: the messages as the API takes them, until submitted */
@@ -351,6 +410,7 @@ static enum MHD_Result completion(srv_req *q) {
   rq.max_tokens = mt > INT32_MAX ? INT32_MAX : (int32_t)mt;
   rq.stop = q->q.n_stop ? q->q.stop : NULL, rq.n_stop = (size_t)q->q.n_stop, rq.stop_lens = q->q.stop_len;
   rq.ignore_eos = q->q.ignore_eos;
+  rq.logprobs = q->q.logprobs, rq.top_logprobs = (int32_t)q->q.top_logprobs;
   uint64_t id = 0;
   /* The body may have finished arriving after the drain began. */
   moejit_status ms = s->draining ? MOEJIT_ECLOSED : moejit_submit(s->engine, &rq, &id);
@@ -381,7 +441,7 @@ static enum MHD_Result completion(srv_req *q) {
   while (q->fin == MOEJIT_FINISH_NONE) {
     int got = next_event(q, &ev, 1 << 30);
     if (got < 0) return MHD_NO; /* the client is gone: close */
-    if (got > 0 && q->fin != MOEJIT_FINISH_ERROR) mj_buf_put(&q->text, ev.text, ev.text_len);
+    if (got > 0 && q->fin != MOEJIT_FINISH_ERROR) mj_buf_put(&q->text, ev.text, ev.text_len), take_logprobs(q, &ev);
   }
   if (ended_badly(q)) {
     end_error(q, &e);
@@ -583,6 +643,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum M
   }
   if (q->parsed) oai_request_free(&q->q);
   mj_buf_free(&q->body), mj_buf_free(&q->text), mj_buf_free(&q->out), mj_buf_free(&q->json);
+  lp_reset(q);
+  free(q->lps);
   free(q);
 }
 

@@ -21,10 +21,15 @@
 
 typedef struct sess_seq {
   bool live;
-  bool dev_sample; /* the device's draw (GPU, device filters, no penalty) */
+  bool dev_sample; /* the device's draw (GPU, device filters, nothing host-only) */
   int32_t *hist;   /* the tokens run, oldest first */
   int64_t len, cap;
   sampler *smp;
+  bool logprobs;   /* report each draw's log probabilities: */
+  int ntop;        /* top_logprobs asked */
+  bool has_lp;     /* lp and top hold the last draw's */
+  float lp;
+  sample_logprob top[SAMPLE_MAX_LOGPROBS];
 } sess_seq;
 
 struct session {
@@ -179,7 +184,9 @@ int sess_admit(session *s, const sample_params *sp, int *slot, mj_err *err) {
   sess_seq *q = &s->seq[i];
   q->live = true;
   q->len = 0;
-  q->dev_sample = s->g && sp->repeat_penalty == 1.0f && same_filters(sp, &s->o.gpu.sampling);
+  q->dev_sample = s->g && !sample_host_only(sp) && same_filters(sp, &s->o.gpu.sampling);
+  q->logprobs = sp->logprobs, q->has_lp = false;
+  q->ntop = sp->top_logprobs < 0 ? 0 : sp->top_logprobs > SAMPLE_MAX_LOGPROBS ? SAMPLE_MAX_LOGPROBS : sp->top_logprobs;
   /* The device's draw is keyed by the sequence's own seed, as the host's
    * sampler is: the same seed draws the same tokens in any slot. */
   if (q->dev_sample) gpu_set_seed(s->g, i, sp->seed);
@@ -216,9 +223,20 @@ static void push(sess_seq *q, int32_t t) {
   q->hist[q->len++] = t;
 }
 
-/* The token after a slot's last row, whose logits are lg. */
-static int32_t draw(sess_seq *q, int32_t dev_id, const float *lg) {
-  return q->dev_sample ? dev_id : sample_next(q->smp, lg, q->hist, (size_t)q->len);
+/* The token after a slot's last row, whose logits are lg (vocab of them;
+ * NULL when the device drew), with its log probabilities when asked. */
+static int32_t draw(sess_seq *q, int32_t dev_id, const float *lg, int64_t vocab) {
+  if (q->dev_sample) return dev_id;
+  int32_t id = sample_next(q->smp, lg, q->hist, (size_t)q->len);
+  if (q->logprobs) q->lp = sample_logprobs(lg, (int32_t)vocab, id, q->ntop, q->top), q->has_lp = true;
+  return id;
+}
+
+bool sess_logprobs(const session *s, int slot, float *lp, const sample_logprob **top, int *n) {
+  if (slot < 0 || slot >= s->o.slots || !s->seq[slot].live || !s->seq[slot].has_lp) return false;
+  const sess_seq *q = &s->seq[slot];
+  *lp = q->lp, *top = q->top, *n = q->ntop;
+  return true;
 }
 
 /* Every row valid, each slot's rows adjacent and within its context:
@@ -267,7 +285,7 @@ static int step_gpu(session *s, const int32_t *token, const int32_t *slot, int n
     for (int i = i0; i < i0 + k; i++) {
       sess_seq *q = &s->seq[slot[i]];
       push(q, token[i]);
-      ids[i] = s->last[slot[i]] == i ? draw(q, s->out[i - i0], lg ? lg + (size_t)(i - i0) * V : NULL) : -1;
+      ids[i] = s->last[slot[i]] == i ? draw(q, s->out[i - i0], lg ? lg + (size_t)(i - i0) * V : NULL, V) : -1;
     }
   }
   return 0;
@@ -284,7 +302,7 @@ static int step_cpu(session *s, const int32_t *token, const int32_t *slot, int n
     int rc = cpu_forward(s->cm[k], token + i, j - i, q->len, lg, logits != NULL, err);
     if (rc) return rc;
     for (int r = i; r < j; r++) push(q, token[r]), ids[r] = -1;
-    ids[j - 1] = draw(q, -1, logits ? logits + (size_t)(j - 1) * V : s->lg);
+    ids[j - 1] = draw(q, -1, logits ? logits + (size_t)(j - 1) * V : s->lg, V);
     i = j;
   }
   return 0;

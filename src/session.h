@@ -17,11 +17,15 @@
  *
  * Sampling: on the GPU a sequence is sampled on the device (the sampled id
  * is the only read-back) when its filters are the session's device filters
- * (sess_opts.gpu.sampling) and it has no repetition penalty; the device's
- * draw is keyed by (the sequence's own seed, position), whatever its slot
- * (gpu_set_seed).  Otherwise, and
- * always on the CPU, the host draws with the sequence's own sampler
- * (seeded with its own seed) from the logits and the sequence's history.
+ * (sess_opts.gpu.sampling) and it asks for nothing only the host does (no
+ * penalty of any kind, no log probabilities: sample_host_only); the
+ * device's draw is keyed by (the sequence's own seed, position), whatever
+ * its slot (gpu_set_seed).  Otherwise, and always on the CPU, the step
+ * copies the sequence's logits and the host draws with the sequence's own
+ * sampler (seeded with its own seed) from them and the sequence's history.
+ * A sequence admitted with sp->logprobs also gets, for each draw, the
+ * log-softmax of its raw logits (before penalties and filters) at the drawn
+ * token and its top_logprobs most likely tokens (sess_logprobs).
  *
  * Measuring (bench decode, replay --steps, warmup) goes through
  * sess_measure, which names explicit rows (token, slot, position) because
@@ -90,6 +94,13 @@ int64_t sess_len(const session *s, int slot);    /* tokens the sequence holds */
  * row's.  A sequence past max_ctx, a slot not live or a token outside the
  * vocabulary is MJ_EINPUT and runs nothing. */
 int sess_step(session *s, const int32_t *token, const int32_t *slot, int n, int32_t *ids, float *logits, mj_err *err);
+
+/* The log probabilities of the last token drawn for the sequence in slot
+ * (admitted with sp->logprobs): *lp the drawn token's, *top its
+ * sp->top_logprobs most likely tokens (*n of them), most likely first,
+ * valid until the slot's next step or retirement.  false (and nothing set)
+ * when the sequence asked for none or has drawn nothing yet. */
+bool sess_logprobs(const session *s, int slot, float *lp, const sample_logprob **top, int *n);
 
 /* ---- measuring (GPU backend) ------------------------------------------------------ */
 typedef enum sess_measure_mode {

@@ -1,12 +1,22 @@
 #!/bin/sh
 # api_header.sh: include/moejit.h, the public header, stands alone: it
 # compiles with nothing but itself on the include path, as strict C99, C11
-# and C++, and every status of its table has a distinct name.
+# and C++, every status of its table has a distinct name, and the fields of
+# each version came after those of the one before (offsets kept).
 . "$srcdir/tests/lib.sh"
 cc=${CC:-cc}
 cxx=${CXX:-c++}
 cat > "$tmp/use.c" <<'C'
 #include <moejit.h>
+/* Version 5's fields stand after every older field of their struct. */
+typedef char new_fields_last[offsetof(moejit_sampling, presence_penalty) > offsetof(moejit_sampling, seed) &&
+                                     offsetof(moejit_sampling, frequency_penalty) > offsetof(moejit_sampling, seed) &&
+                                     offsetof(moejit_request, logprobs) > offsetof(moejit_request, user) &&
+                                     offsetof(moejit_request, top_logprobs) > offsetof(moejit_request, user) &&
+                                     offsetof(moejit_event, has_logprob) > offsetof(moejit_event, error) &&
+                                     offsetof(moejit_event, n_top_logprobs) > offsetof(moejit_event, error)
+                                 ? 1
+                                 : -1];
 static const char *names[] = {
 #define N(name, desc) #name,
   MOEJIT_STATUSES(N)
@@ -18,7 +28,7 @@ int main(void) {
   moejit_event ev;
   moejit_stats st;
   double bounds[] = MOEJIT_STEP_BUCKETS_MS;
-  (void)o, (void)r, (void)ev, (void)st;
+  (void)o, (void)r, (void)ev, (void)st, (void)sizeof(new_fields_last);
   return (int)(sizeof names / sizeof *names) == MOEJIT_NSTATUS &&
          (int)(sizeof bounds / sizeof *bounds) == MOEJIT_STEP_BUCKETS - 1 ? 0 : 1;
 }

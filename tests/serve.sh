@@ -11,7 +11,11 @@
 # well-behaved client keeps being served and the RSS stays bounded; a
 # kept-alive connection silent between requests is the idle timeout's, not
 # the request timeout's; a full queue is 503 with Retry-After; SIGTERM drains, cancels and exits 0; a
-# model folder that does not load is generate's message and exit status.
+# model folder that does not load is generate's message and exit status;
+# log probabilities on both routes, whole and streamed, by curl and the
+# openai client, are well-formed (probe.py logprobs: each <= 0, the top
+# lists of the size asked, in order, the tokens joined the text, greedy
+# tokens the most likely); the penalties are taken and a bad one is a 400.
 # Every server listens on 127.0.0.1 at --port 0 and says its port on stderr.
 . "$srcdir/tests/lib.sh"
 for p in curl python3; do
@@ -120,6 +124,29 @@ n1=$($probe field "$tmp/nul1.json" usage.prompt_tokens)
 [ "$st" = 200 ] && [ "$n1" -gt "$n0" ] && ok "chat content \"hello\\u0000world\": $n1 prompt tokens (\"hello\": $n0)" ||
   bad "NUL in chat content: $st $(cat "$tmp/nul1.json"), $n1 prompt tokens vs $n0"
 
+# ---- log probabilities and penalties --------------------------------------------------
+HELLO='"messages":[{"role":"user","content":"hello world"}]'
+post /v1/completions '{"prompt":"hello world","max_tokens":8,"logprobs":3,"temperature":0}' "$tmp/lp1.json" > /dev/null
+post /v1/completions "{\"prompt\":\"hello world\",\"max_tokens\":12,\"logprobs\":2,\"stream\":true,\"seed\":7,$REQ_S}" "$tmp/lp2.sse" -N > /dev/null
+post /v1/chat/completions "{$HELLO,\"max_tokens\":8,\"logprobs\":true,\"top_logprobs\":4,\"temperature\":0}" "$tmp/lp3.json" > /dev/null
+post /v1/chat/completions "{$HELLO,\"max_tokens\":8,\"logprobs\":true,\"top_logprobs\":2,\"stream\":true,\"seed\":7,$REQ_S}" "$tmp/lp4.sse" -N > /dev/null
+for c in "lp1.json 3 1 completion, greedy, logprobs 3" "lp2.sse 2 0 completion stream, logprobs 2" \
+  "lp3.json 4 1 chat, greedy, top_logprobs 4" "lp4.sse 2 0 chat stream, top_logprobs 2"; do
+  set -- $c
+  f=$1 n=$2 g=$3
+  shift 3
+  $probe logprobs "$tmp/$f" $n $g > "$tmp/lp.out" && ok "curl logprobs, $*: $(cat "$tmp/lp.out")" || bad "curl logprobs, $*: $(cat "$tmp/lp.out") $(head -c 600 "$tmp/$f")"
+done
+# the same request without logprobs: the same text (seeded, drawn on the host either way on the CPU)
+[ "$($probe sse "$tmp/lp2.sse" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["text"]))')" = "$ref_text" ] &&
+  ok "a streamed completion with logprobs: generate's text" || bad "logprobs changed the text: $(head -c 400 "$tmp/lp2.sse")"
+st=$(post /v1/completions '{"prompt":"hello world","max_tokens":8,"presence_penalty":1.5,"frequency_penalty":-0.5,"repetition_penalty":1.2}' "$tmp/pen.json")
+[ "$st" = 200 ] && [ "$($probe field "$tmp/pen.json" usage.completion_tokens)" = 8 ] && ok "presence, frequency and repetition penalties taken" ||
+  bad "penalties: $st $(cat "$tmp/pen.json")"
+st=$(post /v1/chat/completions "{$HELLO,\"top_logprobs\":3}" "$tmp/o")
+[ "$st" = 400 ] && [ "$($probe field "$tmp/o" error.param)" = '"top_logprobs"' ] && ok "chat top_logprobs without logprobs: 400 $($probe field "$tmp/o" error.message)" ||
+  bad "chat top_logprobs alone: $st $(cat "$tmp/o")"
+
 # ---- the openai npm client ----------------------------------------------------------
 cdir=$srcdir/tests/serve
 if ! command -v npm > /dev/null 2>&1 || ! command -v node > /dev/null 2>&1; then
@@ -139,6 +166,17 @@ else
   done
   [ "$($probe field "$tmp/js.json" bad.status)" = 400 ] && [ "$($probe field "$tmp/js.json" bad.param)" = '"max_tokens"' ] &&
     ok "openai client: max_tokens -1 is its BadRequestError, param max_tokens" || bad "openai client bad: $(cat "$tmp/js.json")"
+  for way in "lp_completion 2 completion, logprobs 2" "lp_completion_stream 1 completion stream, logprobs 1" \
+    "lp_chat 3 chat, top_logprobs 3" "lp_chat_stream 5 chat stream, top_logprobs 5"; do
+    set -- $way
+    f=$1 n=$2
+    shift 2
+    $probe field "$tmp/js.json" "$f" > "$tmp/$f.json"
+    $probe logprobs "$tmp/$f.json" $n 0 > "$tmp/lp.out" && ok "openai client logprobs, $*: $(cat "$tmp/lp.out")" ||
+      bad "openai client logprobs, $*: $(cat "$tmp/lp.out") $(head -c 600 "$tmp/$f.json")"
+  done
+  [ "$($probe field "$tmp/js.json" bad_penalty.status)" = 400 ] && [ "$($probe field "$tmp/js.json" bad_penalty.param)" = '"presence_penalty"' ] &&
+    ok "openai client: presence_penalty 3 is its BadRequestError, param presence_penalty" || bad "openai client bad penalty: $(cat "$tmp/js.json")"
 fi
 
 # ---- load: 32 clients x 4 requests, streamed and whole, all at once ----------------
@@ -236,6 +274,9 @@ expect400 '{"prompt":"x","n":3}' '"n"'
 expect400 '{"prompt":"x","stop":[1,2]}' '"stop"'
 expect400 '{"prompt":"x"' 'null'
 expect400 '{"prompt":""}' '"prompt"'
+expect400 '{"prompt":"x","logprobs":9}' '"logprobs"'
+expect400 '{"prompt":"x","frequency_penalty":-3}' '"frequency_penalty"'
+expect400 '{"prompt":"x","repetition_penalty":0}' '"repetition_penalty"'
 $probe disconnect "$port" $KEY > "$tmp/disc" && ok "a stream dropped after its first event: $(cat "$tmp/disc")" || bad "disconnect: $(cat "$tmp/disc")"
 running=1
 for _ in $(seq 50); do

@@ -16,7 +16,12 @@
  * requests without a seed draw alike on two ranks of a sharded engine;
  * threads that poll and exit leave no event parked; close with requests running
  * (cancelled, or drained to their end); an engine (its waker thread, the first started) that cannot start
- * reports pthread_create's own error.  A callback that blocks holds the
+ * reports pthread_create's own error; log probabilities (each token's the
+ * log-softmax of the logits the session computes for that position, the
+ * top list sorted and of the size asked, the same through a callback) and
+ * the presence and frequency penalties (the session's draws; a request
+ * without either draws the tokens it drew before they existed).  A
+ * callback that blocks holds the
  * engine still, which is how the queue and timeout cases get a fixed state.
  */
 #include <errno.h>
@@ -114,6 +119,7 @@ static void by_hand(const moejit_sampling *s, int n, int32_t *out) {
   T_CHECK(sess_create(M, &o, &S, &err) == 0);
   sample_params sp = sample_defaults();
   sp.temperature = s->temperature, sp.top_p = s->top_p, sp.min_p = s->min_p, sp.seed = (uint64_t)s->seed;
+  sp.presence_penalty = s->presence_penalty, sp.frequency_penalty = s->frequency_penalty;
   int slot;
   T_CHECK(sess_admit(S, &sp, &slot, &err) == 0);
   int32_t sl[NPROMPT], ids[NPROMPT];
@@ -123,6 +129,183 @@ static void by_hand(const moejit_sampling *s, int n, int32_t *out) {
   for (int i = 1; i < n; i++) T_CHECK(sess_step(S, &out[i - 1], &slot, 1, &out[i], NULL, &err) == 0);
   sess_destroy(S);
   model_free(M);
+}
+
+/* The logits of the prompt's last row and then of each of toks[0..n-1)
+ * fed in turn, from a session driven by hand: n rows of vocab floats. */
+static float *logits_by_hand(const int32_t *toks, int n, int64_t *vocab) {
+  model *M;
+  mj_err err = {0};
+  T_CHECK(model_load(dir, &M, &err) == 0);
+  int64_t V = *vocab = M->cfg.vocab_size;
+  sess_opts o;
+  sess_opts_default(&o);
+  o.slots = 1, o.max_ctx = 64, o.threads = 1;
+  session *S;
+  T_CHECK(sess_create(M, &o, &S, &err) == 0);
+  sample_params sp = sample_filters(0, 0, 1, 0, 0);
+  int slot;
+  T_CHECK(sess_admit(S, &sp, &slot, &err) == 0);
+  float *all = malloc((size_t)NPROMPT * V * sizeof *all), *rows = malloc((size_t)n * V * sizeof *rows);
+  int32_t sl[NPROMPT], ids[NPROMPT];
+  for (int i = 0; i < NPROMPT; i++) sl[i] = slot;
+  T_CHECK(sess_step(S, prompt, sl, NPROMPT, ids, all, &err) == 0);
+  memcpy(rows, all + (size_t)(NPROMPT - 1) * V, (size_t)V * sizeof *rows);
+  for (int i = 1; i < n; i++) T_CHECK(sess_step(S, &toks[i - 1], &slot, 1, ids, rows + (size_t)i * V, &err) == 0);
+  free(all);
+  sess_destroy(S);
+  model_free(M);
+  return rows;
+}
+
+/* What a request with logprobs gave, token by token. */
+typedef struct lp_result {
+  int n;
+  int32_t tok[16];
+  bool has[16];
+  float lp[16];
+  int ntop[16];
+  moejit_logprob top[16][MOEJIT_MAX_TOP_LOGPROBS];
+} lp_result;
+
+static void lp_take(lp_result *r, const moejit_event *ev) {
+  if (ev->token < 0 || r->n == 16) return;
+  int i = r->n++;
+  r->tok[i] = ev->token, r->has[i] = ev->has_logprob, r->lp[i] = ev->logprob, r->ntop[i] = ev->n_top_logprobs;
+  T_CHECK(ev->n_top_logprobs == 0 || ev->top_logprobs != NULL);
+  for (int k = 0; k < ev->n_top_logprobs && k < MOEJIT_MAX_TOP_LOGPROBS; k++) r->top[i][k] = ev->top_logprobs[k];
+}
+
+static void lp_run(moejit *m, const moejit_sampling *s, bool logprobs, int top, int n, lp_result *r) {
+  memset(r, 0, sizeof *r);
+  moejit_request q;
+  moejit_request_init(&q);
+  q.prompt_ids = prompt, q.n_prompt_ids = NPROMPT, q.sampling = s, q.max_tokens = n, q.ignore_eos = true;
+  q.logprobs = logprobs, q.top_logprobs = top;
+  uint64_t id;
+  moejit_stats st;
+  moejit_get_stats(m, &st);
+  uint64_t done = st.requests_finished;
+  T_EQ_INT(moejit_submit(m, &q, &id), MOEJIT_OK);
+  /* Taken once all are queued: each event's top_logprobs must be its own
+   * copy, not the engine's buffer of the last token. */
+  for (int w = 0; w < 1000 && (moejit_get_stats(m, &st), st.requests_finished == done); w++)
+    nanosleep(&(struct timespec){0, 10000000}, NULL);
+  for (moejit_event ev;;) {
+    if (moejit_poll(m, id, &ev, 10000) != MOEJIT_OK) {
+      T_CHECK(!"poll");
+      return;
+    }
+    lp_take(r, &ev);
+    if (ev.finish != MOEJIT_FINISH_NONE) return;
+  }
+}
+
+static void lp_cb(const moejit_event *ev, void *user) {
+  lp_take(user, ev);
+  if (ev->finish != MOEJIT_FINISH_NONE) ((lp_result *)user)->tok[15] = -2; /* done */
+}
+
+/* Log probabilities of a greedy request: each token's is the log-softmax
+ * (computed here in long double) of the logits the session gives for its
+ * position, its top list holds the largest in order, the greedy token
+ * first; the size asked is the size given; a callback sees the same. */
+static void test_logprobs(void) {
+  moejit *m = open_tiny(2, 8);
+  moejit_sampling g;
+  moejit_sampling_init(&g);
+  g.temperature = 0, g.seed = 1;
+  enum { N = 10, K = 5 };
+  lp_result r;
+  lp_run(m, &g, true, K, N, &r);
+  T_EQ_INT(r.n, N);
+  int64_t V;
+  float *rows = logits_by_hand(r.tok, N, &V);
+  double worst = 0;
+  for (int i = 0; i < N; i++) {
+    const float *x = rows + (size_t)i * V;
+    long double mx = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+    for (int64_t j = 0; j < V; j++) sum += expl((long double)x[j] - mx);
+    long double lse = mx + logl(sum);
+    T_CHECK(r.has[i]);
+    T_EQ_INT(r.ntop[i], K);
+    double want = (double)((long double)x[r.tok[i]] - lse), rel = fabs(r.lp[i] - want) / fabs(want);
+    worst = rel > worst ? rel : worst;
+    T_CHECK(rel <= 2e-7); /* a float's rounding: 2.5e-8 seen */
+    T_CHECK(r.lp[i] <= 0);
+    /* greedy: the token is the first of the top list, to the bit */
+    T_EQ_INT(r.top[i][0].token, r.tok[i]);
+    T_CHECK(r.top[i][0].logprob == r.lp[i]);
+    for (int k = 0; k < K; k++) {
+      const moejit_logprob *t = &r.top[i][k];
+      double w = (double)((long double)x[t->token] - lse);
+      T_CHECK(fabs(t->logprob - w) <= 2e-7 * fabs(w) + 1e-7);
+      if (k) T_CHECK(t->logprob <= r.top[i][k - 1].logprob);
+    }
+    int above = 0; /* the K are the K largest */
+    for (int64_t j = 0; j < V; j++) above += x[j] > x[r.top[i][K - 1].token];
+    T_EQ_INT(above, K - 1);
+  }
+  printf("  logprobs: worst relative difference from the session's logits %.2g\n", worst);
+  free(rows);
+  /* the size asked: 0 (the token's own only) and 20 */
+  lp_result r0, r20;
+  lp_run(m, &g, true, 0, 3, &r0);
+  lp_run(m, &g, true, MOEJIT_MAX_TOP_LOGPROBS, 3, &r20);
+  for (int i = 0; i < 3; i++) {
+    T_CHECK(r0.has[i] && r0.ntop[i] == 0 && r0.lp[i] == r.lp[i] && r0.tok[i] == r.tok[i]);
+    T_CHECK(r20.has[i] && r20.ntop[i] == MOEJIT_MAX_TOP_LOGPROBS && r20.lp[i] == r.lp[i]);
+    T_CHECK(!memcmp(r20.top[i], r.top[i], K * sizeof r.top[i][0]));
+  }
+  /* through a callback: the same values (the pointers valid during the call) */
+  lp_result rc = {0};
+  moejit_request q;
+  moejit_request_init(&q);
+  q.prompt_ids = prompt, q.n_prompt_ids = NPROMPT, q.sampling = &g, q.max_tokens = N, q.ignore_eos = true;
+  q.logprobs = true, q.top_logprobs = K, q.on_event = lp_cb, q.user = &rc;
+  uint64_t id;
+  T_EQ_INT(moejit_submit(m, &q, &id), MOEJIT_OK);
+  for (int w = 0; w < 1000 && rc.tok[15] != -2; w++) nanosleep(&(struct timespec){0, 10000000}, NULL);
+  T_EQ_INT(rc.n, N);
+  T_CHECK(!memcmp(rc.lp, r.lp, sizeof r.lp) && !memcmp(rc.top, r.top, N * sizeof r.top[0]));
+  /* without logprobs: nothing reported, and a seeded request draws what it
+   * drew before log probabilities and the new penalties existed (recorded
+   * at commit 07bab7f), with or without them asked */
+  static const int32_t before[16] = {100, 254, 305, 318, 60, 166, 308, 354, 285, 213, 218, 219, 113, 181, 107, 39};
+  static const int32_t before_rep[16] = {97, 23, 41, 307, 59, 220, 165, 369, 288, 98, 28, 177, 115, 45, 157, 322};
+  moejit_sampling s7 = seeded(7), rp;
+  moejit_sampling_init(&rp);
+  rp.temperature = 1.0f, rp.top_k = 50, rp.repeat_penalty = 1.3f, rp.seed = 11;
+  lp_result a, b, c;
+  lp_run(m, &s7, false, 0, 16, &a);
+  lp_run(m, &s7, true, 3, 16, &b);
+  lp_run(m, &rp, false, 0, 16, &c);
+  T_EQ_INT(a.n, 16);
+  T_CHECK(!memcmp(a.tok, before, sizeof before) && !memcmp(b.tok, before, sizeof before));
+  T_CHECK(!memcmp(c.tok, before_rep, sizeof before_rep));
+  for (int i = 0; i < 16; i++) T_CHECK(!a.has[i] && a.ntop[i] == 0 && b.has[i] && b.lp[i] <= 0);
+  T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
+}
+
+/* The presence and frequency penalties reach the session's sampler: a
+ * greedy request with them draws what the session by hand draws with them,
+ * and not what it draws without. */
+static void test_penalties(void) {
+  moejit *m = open_tiny(1, 4);
+  moejit_sampling g, p;
+  moejit_sampling_init(&g);
+  g.temperature = 0, g.seed = 1;
+  p = g;
+  p.presence_penalty = 1.5f, p.frequency_penalty = 2.0f;
+  lp_result plain, pen;
+  lp_run(m, &g, false, 0, 16, &plain);
+  lp_run(m, &p, false, 0, 16, &pen);
+  int32_t want[16];
+  by_hand(&p, 16, want);
+  T_CHECK(!memcmp(pen.tok, want, sizeof want));
+  T_CHECK(memcmp(pen.tok, plain.tok, sizeof want) != 0);
+  T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
 }
 
 static void test_info_and_text(void) {
@@ -519,7 +702,18 @@ static void test_bad_arguments(void) {
   moejit_sampling_init(&s);
   s.min_p = 1;
   BAD(MOEJIT_EINVAL, "min_p in [0, 1)");
+  moejit_sampling_init(&s);
+  s.presence_penalty = 2.5f;
+  BAD(MOEJIT_EINVAL, "presence_penalty 2.5, frequency_penalty 0: each must be in [-2, 2]");
+  moejit_sampling_init(&s);
+  s.frequency_penalty = -2.01f;
+  BAD(MOEJIT_EINVAL, "frequency_penalty -2.01");
   r.sampling = NULL;
+  r.logprobs = true, r.top_logprobs = 21;
+  BAD(MOEJIT_EINVAL, "top_logprobs is 21 (0 to 20, and only with logprobs)");
+  r.logprobs = false, r.top_logprobs = 2;
+  BAD(MOEJIT_EINVAL, "top_logprobs is 2");
+  r.top_logprobs = 0;
   const char *empty[] = {""};
   r.stop = empty, r.n_stop = 1;
   BAD(MOEJIT_EINVAL, "stop string 0 is empty");
@@ -1089,6 +1283,8 @@ int main(void) {
   T_RUN(test_determinism);
   T_RUN(test_same_as_generate);
   T_RUN(test_stop_strings);
+  T_RUN(test_logprobs);
+  T_RUN(test_penalties);
   T_RUN(test_queue_full_and_timeout);
   T_RUN(test_cancel);
   T_RUN(test_release_running);

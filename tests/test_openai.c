@@ -1,6 +1,8 @@
 /* test_openai.c: OpenAI request bodies read by oai_parse (fields, defaults,
- * the error of each wrong field, with its status and param) and the
- * response bodies the writers produce, read back with the JSON reader. */
+ * the error of each wrong field, with its status and param; the penalties
+ * and each route's logprobs fields) and the response bodies the writers
+ * produce, read back with the JSON reader and compared byte for byte (with
+ * log probabilities in each route's shape too). */
 #include "json.h"
 #include "openai.h"
 #include "t.h"
@@ -77,6 +79,44 @@ static void test_chat_fields(void) {
   oai_request_free(&r);
 }
 
+/* The penalties, and logprobs as each route takes them. */
+static void test_logprob_and_penalty_fields(void) {
+  oai_request r;
+  oai_error e;
+  T_EQ_INT(parse(OAI_COMPLETION, "{\"prompt\":\"x\"}", &r, &e), 0);
+  T_CHECK(!r.logprobs && r.top_logprobs == 0 && r.presence_penalty == 0 && r.frequency_penalty == 0 &&
+          r.repetition_penalty == 1);
+  oai_request_free(&r);
+  T_EQ_INT(parse(OAI_COMPLETION,
+                 "{\"prompt\":\"x\",\"logprobs\":5,\"presence_penalty\":-2,\"frequency_penalty\":1.5,"
+                 "\"repetition_penalty\":1.2}",
+                 &r, &e),
+           0);
+  T_CHECK(r.logprobs && r.top_logprobs == 5);
+  T_CHECK(r.presence_penalty == -2 && r.frequency_penalty == 1.5 && r.repetition_penalty == 1.2);
+  oai_request_free(&r);
+  /* 0: the drawn token's only; null: none */
+  T_EQ_INT(parse(OAI_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":0}", &r, &e), 0);
+  T_CHECK(r.logprobs && r.top_logprobs == 0);
+  oai_request_free(&r);
+  T_EQ_INT(parse(OAI_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":null}", &r, &e), 0);
+  T_CHECK(!r.logprobs);
+  oai_request_free(&r);
+  T_EQ_INT(parse(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":20}",
+                 &r, &e),
+           0);
+  T_CHECK(r.logprobs && r.top_logprobs == 20);
+  oai_request_free(&r);
+  T_EQ_INT(parse(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", &r, &e), 0);
+  T_CHECK(r.logprobs && r.top_logprobs == 0);
+  oai_request_free(&r);
+  T_EQ_INT(parse(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":false,\"top_logprobs\":null}",
+                 &r, &e),
+           0);
+  T_CHECK(!r.logprobs);
+  oai_request_free(&r);
+}
+
 /* body -> status 400, the param named and the message's start */
 static void bad(oai_kind k, const char *body, const char *param, const char *msg) {
   oai_request r;
@@ -118,6 +158,27 @@ static void test_errors(void) {
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"seed\":\"1\"}", "seed", "'seed' must be an integer, not string");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":\"yes\"}}", "stream_options",
       "'stream_options.include_usage' must be a boolean");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"presence_penalty\":2.5}", "presence_penalty",
+      "'presence_penalty' must be in [-2, 2], not 2.5");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"frequency_penalty\":\"1\"}", "frequency_penalty",
+      "'frequency_penalty' must be a number, not string");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"frequency_penalty\":-2.01}", "frequency_penalty",
+      "'frequency_penalty' must be in [-2, 2], not -2.01");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"repetition_penalty\":0}", "repetition_penalty",
+      "'repetition_penalty' must be in (0, inf), not 0");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":6}", "logprobs", "'logprobs' must be in [0, 5], not 6");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":-1}", "logprobs", "'logprobs' must be in [0, 5], not -1");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":true}", "logprobs", "'logprobs' must be an integer, not boolean");
+  bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":2}", "logprobs",
+      "'logprobs' must be a boolean, not number");
+  bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}",
+      "top_logprobs", "'top_logprobs' must be in [0, 20], not 21");
+  bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":1.5}",
+      "top_logprobs", "'top_logprobs' must be an integer, not a fraction");
+  bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", "top_logprobs",
+      "'top_logprobs' needs 'logprobs': true");
+  bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":false,\"top_logprobs\":0}",
+      "top_logprobs", "'top_logprobs' needs 'logprobs': true");
   bad(OAI_CHAT, "{\"prompt\":\"x\"}", "messages", "'messages' is required");
   bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"enable_thinking\":1}}",
       "chat_template_kwargs", "'chat_template_kwargs.enable_thinking' must be a boolean, not number");
@@ -221,11 +282,73 @@ static void test_writers_exact(void) {
   }
 }
 
+/* Log probabilities byte for byte: chat's content list and completions'
+ * legacy arrays, in a response and in a chunk; completions' top object
+ * adds the drawn token when it is not among the top and writes a text
+ * twice only once; a chunk without a token writes null; below -9999 is
+ * -9999. */
+static void test_logprob_writers_exact(void) {
+  static const oai_token top0[2] = {{"a", 1, -0.25f}, {"\xc3\xa9", 2, -1.5f}};
+  static const oai_token top1[3] = {{"\"", 1, -0.5f}, {"", 0, -2.0f}, {"", 0, -3.0f}};
+  const oai_logprob lps[2] = {{.tok = {"a", 1, -0.25f}, .top = top0, .n_top = 2, .text_offset = 0},
+                              {.tok = {"b", 1, -1e30f}, .top = top1, .n_top = 3, .text_offset = 1}};
+  /* a response of both tokens, a chunk of the second, a chunk of none (an
+   * end-of-sequence finish: null) */
+  static const struct {
+    bool chunk;
+    oai_kind kind;
+    int first, n;
+    bool with;
+    const char *fin, *text;
+    size_t len;
+    const char *want;
+  } t[] = {
+      {false, OAI_CHAT, 0, 2, true, "length", "ab", 2,
+       "{\"id\":\"x-1\",\"object\":\"chat.completion\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,"
+       "\"message\":{\"role\":\"assistant\",\"content\":\"ab\"},\"logprobs\":{\"content\":["
+       "{\"token\":\"a\",\"logprob\":-0.25,\"bytes\":[97],\"top_logprobs\":[{\"token\":\"a\",\"logprob\":-0.25,\"bytes\":[97]},"
+       "{\"token\":\"\xc3\xa9\",\"logprob\":-1.5,\"bytes\":[195,169]}]},"
+       "{\"token\":\"b\",\"logprob\":-9999,\"bytes\":[98],\"top_logprobs\":[{\"token\":\"\\\"\",\"logprob\":-0.5,\"bytes\":[34]},"
+       "{\"token\":\"\",\"logprob\":-2,\"bytes\":[]},{\"token\":\"\",\"logprob\":-3,\"bytes\":[]}]}],\"refusal\":null},"
+       "\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":2,\"total_tokens\":4}}"},
+      {false, OAI_COMPLETION, 0, 2, true, "length", "ab", 2,
+       "{\"id\":\"x-1\",\"object\":\"text_completion\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,"
+       "\"text\":\"ab\",\"logprobs\":{\"tokens\":[\"a\",\"b\"],\"token_logprobs\":[-0.25,-9999],"
+       "\"top_logprobs\":[{\"a\":-0.25,\"\xc3\xa9\":-1.5},{\"\\\"\":-0.5,\"\":-2,\"b\":-9999}],\"text_offset\":[0,1]},"
+       "\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":2,\"total_tokens\":4}}"},
+      {true, OAI_CHAT, 1, 1, true, NULL, "b", 1,
+       "{\"id\":\"x-1\",\"object\":\"chat.completion.chunk\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,"
+       "\"delta\":{\"content\":\"b\"},\"logprobs\":{\"content\":[{\"token\":\"b\",\"logprob\":-9999,\"bytes\":[98],"
+       "\"top_logprobs\":[{\"token\":\"\\\"\",\"logprob\":-0.5,\"bytes\":[34]},{\"token\":\"\",\"logprob\":-2,\"bytes\":[]},"
+       "{\"token\":\"\",\"logprob\":-3,\"bytes\":[]}]}],\"refusal\":null},\"finish_reason\":null}]}"},
+      {true, OAI_COMPLETION, 1, 1, true, NULL, "b", 1,
+       "{\"id\":\"x-1\",\"object\":\"text_completion\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,"
+       "\"text\":\"b\",\"logprobs\":{\"tokens\":[\"b\"],\"token_logprobs\":[-9999],\"top_logprobs\":[{\"\\\"\":-0.5,\"\":-2,"
+       "\"b\":-9999}],\"text_offset\":[1]},\"finish_reason\":null}]}"},
+      {true, OAI_COMPLETION, 1, 0, false, "stop", "", 0,
+       "{\"id\":\"x-1\",\"object\":\"text_completion\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,"
+       "\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"stop\"}]}"},
+  };
+  for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+    oai_result r = {.id = "x-1", .created = 7, .model = "m", .text = t[i].text, .text_len = t[i].len,
+                    .finish_reason = t[i].fin, .prompt_tokens = 2, .completion_tokens = 2, .with_logprobs = t[i].with,
+                    .logprobs = lps + t[i].first, .n_logprobs = (size_t)t[i].n};
+    mj_buf b = {0};
+    if (t[i].chunk) oai_write_chunk(&b, t[i].kind, &r, false);
+    else oai_write_response(&b, t[i].kind, &r);
+    mj_buf_putc(&b, 0);
+    T_EQ_STR(b.data, t[i].want);
+    mj_buf_free(&b);
+  }
+}
+
 int main(void) {
   T_RUN(test_completion_fields);
+  T_RUN(test_logprob_and_penalty_fields);
   T_RUN(test_chat_fields);
   T_RUN(test_errors);
   T_RUN(test_writers);
   T_RUN(test_writers_exact);
+  T_RUN(test_logprob_writers_exact);
   return t_status();
 }

@@ -125,6 +125,140 @@ static void test_repeat_penalty(void) {
   sample_destroy(s);
 }
 
+/* OpenAI's penalties: exactly the counted ids move, by frequency * count
+ * then presence, after the repetition penalty. */
+static void test_presence_frequency(void) {
+  float v[6] = {2.0f, 1.5f, -0.5f, 0.75f, 3.0f, -2.0f}, out[6];
+  sample_params sp = params(1, 0, 1, 0);
+  sp.presence_penalty = 0.5f, sp.frequency_penalty = 0.25f;
+  sampler *s = sample_create(&sp, 6);
+  sample_penalised(s, v, NULL, 0, out);
+  for (int i = 0; i < 6; i++) T_CHECK(out[i] == v[i]); /* nothing drawn yet */
+  sample_count(s, 1);
+  sample_count(s, 3), sample_count(s, 3), sample_count(s, 3);
+  sample_count(s, -1), sample_count(s, 6); /* outside the vocabulary: ignored */
+  sample_penalised(s, v, NULL, 0, out);
+  const float want[6] = {2.0f, 1.5f - 0.25f - 0.5f, -0.5f, 0.75f - 0.75f - 0.5f, 3.0f, -2.0f};
+  for (int i = 0; i < 6; i++) T_CHECK(out[i] == want[i]);
+  sample_destroy(s);
+  /* after the repetition penalty, which sees the history, not the counts;
+   * negative penalties raise a token */
+  sp.repeat_penalty = 2.0f, sp.repeat_last_n = 0, sp.presence_penalty = -1.0f, sp.frequency_penalty = -0.5f;
+  s = sample_create(&sp, 6);
+  sample_count(s, 0), sample_count(s, 0), sample_count(s, 2);
+  sample_penalised(s, v, (const int32_t[]){0, 5}, 2, out);
+  const float want2[6] = {2.0f / 2 + 1.0f + 1.0f, 1.5f, -0.5f + 0.5f + 1.0f, 0.75f, 3.0f, -2.0f * 2};
+  for (int i = 0; i < 6; i++) T_CHECK(out[i] == want2[i]);
+  sample_destroy(s);
+  /* sample_next counts its draws: a greedy frequency penalty walks down the
+   * ranking, as each drawn token sinks below the next */
+  sample_params g = params(0, 0, 1, 0);
+  g.frequency_penalty = 2.0f;
+  s = sample_create(&g, 6);
+  int32_t seq[5];
+  for (int i = 0; i < 5; i++) seq[i] = sample_next(s, v, NULL, 0);
+  /* 4 (3.0), 0 (2.0), 1 (1.5), 4 (3.0 - 2 = 1.0 > 0.75), 3 (0.75 > 0, -0.5, -1.0 of 0, 1, 4) */
+  T_EQ_INT(seq[0], 4);
+  T_EQ_INT(seq[1], 0);
+  T_EQ_INT(seq[2], 1);
+  T_EQ_INT(seq[3], 4);
+  T_EQ_INT(seq[4], 3);
+  sample_destroy(s);
+  /* which parameters draw on the host only */
+  sample_params d = sample_defaults();
+  T_CHECK(!sample_host_only(&d));
+  d.presence_penalty = 0.1f;
+  T_CHECK(sample_host_only(&d));
+  d = sample_defaults(), d.frequency_penalty = -0.1f;
+  T_CHECK(sample_host_only(&d));
+  d = sample_defaults(), d.repeat_penalty = 1.1f;
+  T_CHECK(sample_host_only(&d));
+  d = sample_defaults(), d.logprobs = true;
+  T_CHECK(sample_host_only(&d));
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+/* Zero presence and frequency penalties change no bit of what a sampler
+ * does: the kept candidates and the draws of 300 steps of five kinds of
+ * sampler hash to what they hashed to before the penalties existed
+ * (recorded from the sampler of commit 07bab7f). */
+static void test_zero_penalties_unchanged(void) {
+  static const uint64_t before[5] = {0x17ad61d3141b73cbull, 0xc047b237fad9bf09ull, 0xcb67d152230be492ull,
+                                     0xa7dfd710efc331e6ull, 0x66698bbc46f28791ull};
+  const int32_t n = 5000;
+  sample_params ps[5];
+  for (int k = 0; k < 5; k++) ps[k] = sample_defaults();
+  ps[0].temperature = 0;
+  ps[1].temperature = 0.8f, ps[1].top_k = 40;
+  ps[2].top_p = 0.9f, ps[2].min_p = 0.02f;
+  ps[3].temperature = 1.3f, ps[3].repeat_penalty = 1.3f, ps[3].repeat_last_n = 16;
+  ps[4].temperature = 0, ps[4].repeat_penalty = 1.2f, ps[4].repeat_last_n = 0;
+  float *v = malloc(n * sizeof *v);
+  for (int k = 0; k < 5; k++) {
+    ps[k].seed = 1000 + (uint64_t)k;
+    ps[k].presence_penalty = 0, ps[k].frequency_penalty = 0;
+    sampler *s = sample_create(&ps[k], n);
+    sample_rng r;
+    sample_rng_seed(&r, 77);
+    int32_t hist[300];
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int t = 0; t < 300; t++) {
+      for (int i = 0; i < n; i++) v[i] = (float)(sample_rng_uniform(&r) * 8 - 4);
+      const sample_cand *c;
+      size_t m = sample_filter(s, v, hist, (size_t)t, &c);
+      h = fnv(h, c, m * sizeof *c);
+      hist[t] = sample_next(s, v, hist, (size_t)t);
+      h = fnv(h, &hist[t], 4);
+    }
+    if (h != before[k]) fprintf(stderr, "sampler %d: hash 0x%016llx\n", k, (unsigned long long)h);
+    T_CHECK(h == before[k]);
+    sample_destroy(s);
+  }
+  free(v);
+}
+
+/* The log-softmax against one computed here in long double, the top list's
+ * order and ties, and logits far from 0 (max-subtracted: no overflow). */
+static void test_logprobs(void) {
+  const int32_t n = 3000;
+  float *v = random_logits(n, 11);
+  v[17] = v[2900] = 30.0f; /* a tie at the top: the lower id first */
+  long double mx = -INFINITY, sum = 0;
+  for (int32_t i = 0; i < n; i++) mx = v[i] > mx ? v[i] : mx;
+  for (int32_t i = 0; i < n; i++) sum += expl((long double)v[i] - mx);
+  long double lse = mx + logl(sum);
+  sample_logprob top[SAMPLE_MAX_LOGPROBS];
+  float lp = sample_logprobs(v, n, 5, SAMPLE_MAX_LOGPROBS, top);
+  T_NEAR(lp, (double)(v[5] - lse), 1e-6 * fabs((double)(v[5] - lse)));
+  T_EQ_INT(top[0].id, 17);
+  T_EQ_INT(top[1].id, 2900);
+  T_CHECK(top[0].logprob == top[1].logprob);
+  int above = 0; /* the 20 are the 20 largest, in descending order */
+  for (int j = 0; j < SAMPLE_MAX_LOGPROBS; j++) {
+    T_NEAR(top[j].logprob, (double)(v[top[j].id] - lse), 1e-6 * fabs((double)(v[top[j].id] - lse)) + 1e-7);
+    if (j) T_CHECK(top[j].logprob <= top[j - 1].logprob);
+  }
+  for (int32_t i = 0; i < n; i++) above += v[i] > v[top[SAMPLE_MAX_LOGPROBS - 1].id];
+  T_EQ_INT(above, SAMPLE_MAX_LOGPROBS - 1);
+  /* k = 0 takes nothing; k past n is n */
+  top[0].id = -5;
+  sample_logprobs(v, n, 0, 0, top);
+  T_EQ_INT(top[0].id, -5);
+  float three[3] = {1000.0f, 999.0f, 1000.0f};
+  float l1 = sample_logprobs(three, 3, 1, 3, top);
+  double e = 2 + exp(-1.0), want0 = -log(e), want1 = -1 - log(e);
+  T_NEAR(l1, want1, 1e-6);
+  T_NEAR(top[0].logprob, want0, 1e-6);
+  T_CHECK(top[0].id == 0 && top[1].id == 2 && top[2].id == 1);
+  T_NEAR(exp(top[0].logprob) + exp(top[1].logprob) + exp(top[2].logprob), 1.0, 1e-6);
+  free(v);
+}
+
 static void test_seed(void) {
   int32_t n = 50;
   float *v = random_logits(n, 7);
@@ -208,6 +342,9 @@ int main(void) {
   T_RUN(test_min_p);
   T_RUN(test_greedy);
   T_RUN(test_repeat_penalty);
+  T_RUN(test_presence_frequency);
+  T_RUN(test_zero_penalties_unchanged);
+  T_RUN(test_logprobs);
   T_RUN(test_seed);
   T_RUN(test_large_vocab);
   return t_status();

@@ -4,7 +4,10 @@
 // four ways: a completion and a chat, each whole and streamed (the chat
 // stream with stream_options.include_usage); one JSON object goes to stdout
 // with each way's text, finish reason and completion token count, which the
-// shell compares with `moejit generate` and with each other.  The sampling
+// shell compares with `moejit generate` and with each other.  Then the four
+// ways again with log probabilities (completions' logprobs 2 and 1, chat's
+// top_logprobs 3 and 5), each recorded as {kind, text, parts: the choice's
+// logprobs objects, tokens} for probe.py logprobs.  The sampling
 // is fixed here and in serve.sh: temperature 0.8, top_p 0.9, top_k 40
 // (moejit's field beside OpenAI's), min_p 0.05.
 import OpenAI from "openai";
@@ -44,11 +47,37 @@ for await (const ch of stream) {
 }
 out.chat_stream = { text, finish, chunks, tokens: usage ? usage.completion_tokens : null };
 
+// Log probabilities, whole and streamed.
+const lc = await client.completions.create({ model, prompt, logprobs: 2, ...sampling });
+out.lp_completion = { kind: "completion", text: lc.choices[0].text, parts: [lc.choices[0].logprobs], tokens: lc.usage.completion_tokens };
+let parts = [];
+text = "";
+for await (const ch of await client.completions.create({ model, prompt, stream: true, logprobs: 1, ...sampling })) {
+  text += ch.choices[0].text;
+  if (ch.choices[0].logprobs) parts.push(ch.choices[0].logprobs);
+}
+out.lp_completion_stream = { kind: "completion", text, parts, tokens: null };
+const lr = await client.chat.completions.create({ model, messages, logprobs: true, top_logprobs: 3, ...sampling });
+out.lp_chat = { kind: "chat", text: lr.choices[0].message.content, parts: [lr.choices[0].logprobs], tokens: lr.usage.completion_tokens };
+parts = [];
+text = "";
+for await (const ch of await client.chat.completions.create({ model, messages, stream: true, logprobs: true, top_logprobs: 5, ...sampling })) {
+  text += ch.choices[0].delta.content ?? "";
+  if (ch.choices[0].logprobs) parts.push(ch.choices[0].logprobs);
+}
+out.lp_chat_stream = { kind: "chat", text, parts, tokens: null };
+
 // A wrong request comes back as the client's typed error with the status.
 try {
   await client.completions.create({ model, prompt, max_tokens: -1 });
   out.bad = "accepted";
 } catch (e) {
   out.bad = { status: e.status, param: e.param ?? (e.error && e.error.param) };
+}
+try {
+  await client.chat.completions.create({ model, messages, presence_penalty: 3 });
+  out.bad_penalty = "accepted";
+} catch (e) {
+  out.bad_penalty = { status: e.status, param: e.param ?? (e.error && e.error.param) };
 }
 console.log(JSON.stringify(out));

@@ -7,6 +7,7 @@ and the readers of what the clients got.
     probe.py slow_next PORT            GET /health, then the next request one byte a second
     probe.py disconnect PORT KEY       a stream read for one event, then closed
     probe.py sse FILE                  a saved SSE body: {"text", "finish", "chunks", "done", "usage", "error"}
+    probe.py logprobs FILE N GREEDY    a response's log probabilities well-formed (below); exit 1 when not
     probe.py field FILE PATH           a JSON file's value at a.b.0.c (JSON-encoded)
     probe.py metric PORT NAME          a /metrics sample's value
     probe.py rss PID                   VmRSS in KiB
@@ -160,6 +161,88 @@ def sse(path):
     print(json.dumps({"text": text, "finish": finish, "chunks": chunks, "done": done, "usage": usage, "error": error}))
 
 
+def collect(path):
+    """A whole response, an SSE body, or the openai client's record ({"kind", "text", "parts", "tokens"}),
+    as that record: parts are the choice's logprobs objects, one per chunk (or the one of a response)."""
+    raw = open(path, encoding="utf-8").read()
+    if raw.startswith("data: "):
+        kind, text, parts = None, "", []
+        for line in raw.splitlines():
+            if not line.startswith("data: ") or line[6:] == "[DONE]":
+                continue
+            d = json.loads(line[6:])
+            for c in d["choices"]:
+                kind = "chat" if "delta" in c else "completion"
+                text += c["delta"].get("content", "") if kind == "chat" else c["text"]
+                if c["logprobs"] is not None:
+                    parts.append(c["logprobs"])
+        return {"kind": kind, "text": text, "parts": parts, "tokens": None}
+    d = json.loads(raw)
+    if "choices" not in d:
+        return d
+    c = d["choices"][0]
+    kind = "chat" if "message" in c else "completion"
+    return {"kind": kind, "text": c["message"]["content"] if kind == "chat" else c["text"], "parts": [c["logprobs"]],
+            "tokens": d["usage"]["completion_tokens"]}
+
+
+def logprobs(path, n, greedy):
+    """Each token's log probability a number in [-9999, 0], its top list of N (chat: sorted, with bytes that are
+    the token's UTF-8; completions: an object of at most N + 1, text_offset counting characters), one entry a
+    token, the tokens joined the text; GREEDY 1: the token is the most likely."""
+    r, n, greedy = collect(path), int(n), greedy == "1"
+    toks, problems = [], []
+
+    def lp_ok(v, what):
+        if not isinstance(v, (int, float)) or not -9999 <= v <= 0:
+            problems.append("%s: logprob %r" % (what, v))
+
+    for p in r["parts"]:
+        if r["kind"] == "chat":
+            if set(p) != {"content", "refusal"} or p["refusal"] is not None:
+                problems.append("chat logprobs keys %r" % sorted(p))
+            for e in p["content"]:
+                toks.append(e["token"])
+                lp_ok(e["logprob"], e["token"])
+                if e["bytes"] != list(e["token"].encode()):
+                    problems.append("bytes %r of %r" % (e["bytes"], e["token"]))
+                top = e["top_logprobs"]
+                if len(top) != n or any(t["bytes"] != list(t["token"].encode()) for t in top):
+                    problems.append("top_logprobs %r" % top)
+                for t in top:
+                    lp_ok(t["logprob"], "top " + t["token"])
+                if [t["logprob"] for t in top] != sorted((t["logprob"] for t in top), reverse=True):
+                    problems.append("top_logprobs not in order: %r" % top)
+                if greedy and top and top[0]["logprob"] != e["logprob"]:
+                    problems.append("greedy %r is not the most likely of %r" % (e, top))
+        else:
+            cols = [p[k] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")]
+            if len(set(map(len, cols))) != 1:
+                problems.append("columns of unequal lengths: %r" % p)
+            for tok, lp, top, off in zip(*cols):
+                if off != sum(len(t) for t in toks):
+                    problems.append("text_offset %d of %r" % (off, tok))
+                toks.append(tok)
+                lp_ok(lp, tok)
+                if not 1 <= len(top) <= n + 1 or (tok in top and top[tok] < lp and not greedy):
+                    problems.append("top_logprobs %r of %r" % (top, tok))
+                for k, v in top.items():
+                    lp_ok(v, "top " + k)
+                if greedy and max(top.values()) != lp:
+                    problems.append("greedy %r (%r) is not the most likely of %r" % (tok, lp, top))
+    if r["tokens"] is not None and len(toks) != r["tokens"]:
+        problems.append("%d entries for %d tokens" % (len(toks), r["tokens"]))
+    if "".join(toks) != r["text"]:
+        problems.append("the tokens %r do not join to the text %r" % (toks, r["text"]))
+    if not toks:
+        problems.append("no tokens")
+    if problems:
+        print("; ".join(problems[:5]))
+        sys.exit(1)
+    lps = [v for p in r["parts"] for v in ([e["logprob"] for e in p["content"]] if r["kind"] == "chat" else p["token_logprobs"])]
+    print("%s: %d tokens, %d parts, logprobs %.3g..%.3g" % (r["kind"], len(toks), len(r["parts"]), min(lps), max(lps)))
+
+
 def field(path, at):
     with open(path, encoding="utf-8") as f:
         v = json.load(f)
@@ -185,4 +268,4 @@ def rss(pid):
 
 
 {"truncated": truncated, "slow": slow, "keepalive": keepalive, "slow_next": slow_next, "disconnect": disconnect,
- "sse": sse, "field": field, "metric": metric, "rss": rss}[sys.argv[1]](*sys.argv[2:])
+ "sse": sse, "logprobs": logprobs, "field": field, "metric": metric, "rss": rss}[sys.argv[1]](*sys.argv[2:])
