@@ -1351,6 +1351,7 @@ static int open_session(moejit *a, mj_err *err) {
   so.trace_path = a->x.trace_path;
   so.model_name = a->x.model_name ? a->x.model_name : a->path;
   so.gpu.tp = a->x.tp, so.gpu.ep = a->x.ep, so.gpu.rank = a->x.rank, so.gpu.coll = a->x.coll;
+  so.no_logprobs = a->x.follow; /* rank 0 alone emits events: a follower's would cost O(vocab) a token for nothing */
   return sess_create(a->m, &so, &a->S, err);
 }
 

@@ -185,7 +185,7 @@ int sess_admit(session *s, const sample_params *sp, int *slot, mj_err *err) {
   q->live = true;
   q->len = 0;
   q->dev_sample = s->g && !sample_host_only(sp) && same_filters(sp, &s->o.gpu.sampling);
-  q->logprobs = sp->logprobs, q->has_lp = false;
+  q->logprobs = sp->logprobs && !s->o.no_logprobs, q->has_lp = false;
   q->ntop = sp->top_logprobs < 0 ? 0 : sp->top_logprobs > SAMPLE_MAX_LOGPROBS ? SAMPLE_MAX_LOGPROBS : sp->top_logprobs;
   /* The device's draw is keyed by the sequence's own seed, as the host's
    * sampler is: the same seed draws the same tokens in any slot. */

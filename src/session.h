@@ -55,6 +55,8 @@ typedef struct sess_opts {
                              rank's share and sum them (cpu_params.tp/ep) */
   const char *trace_path; /* GPU: record every step's MoE shapes there (docs/trace.md) */
   const char *model_name; /* the trace header's model ("" if NULL) */
+  bool no_logprobs;       /* a follower rank (ctl.h): a sequence that asks for log probabilities still draws
+                             where rank 0's does (the host), but none are computed: no one reads them */
 } sess_opts;
 
 void sess_opts_default(sess_opts *o);

@@ -137,6 +137,9 @@ for srv in one two; do
   eval port=\$$srv
   post "{\"prompt\":\"hello world\",\"max_tokens\":12,\"seed\":7,$REQ_S}" "$tmp/$srv.c.json" > "$tmp/$srv.c.status"
   post "{\"prompt\":\"hello world\",\"max_tokens\":12,\"seed\":7,\"stream\":true,$REQ_S}" "$tmp/$srv.s.sse" -N > /dev/null
+  # log probabilities and penalties (drawn on the host; a follower draws there too and computes no log probabilities)
+  post "{\"prompt\":\"hello world\",\"max_tokens\":10,\"seed\":9,\"logprobs\":3,\"presence_penalty\":0.5,\"frequency_penalty\":0.3,$REQ_S}" \
+    "$tmp/$srv.lp.json" > "$tmp/$srv.lp.status"
   # four at once, each its own seed and prompt: the follower admits, steps and retires them as rank 0 does
   posts=
   for k in 0 1 2 3; do
@@ -146,7 +149,7 @@ for srv in one two; do
   done
   wait $posts
 done
-python3 - "$tmp" << 'EOF' && ok "two ranks answer as one: a completion, the same streamed (12 chunks, [DONE]), four at once" ||
+python3 - "$tmp" << 'EOF' && ok "two ranks answer as one: a completion, the same streamed (12 chunks, [DONE]), four at once, log probabilities with penalties" ||
 import json, os, sys
 t = sys.argv[1] + "/"
 def whole(srv, name):
@@ -169,6 +172,13 @@ for name, n in [("c", 12)] + [("p%d" % k, 20 + 9 * k) for k in range(4)]:
     if not a or a != b or m != n:
         bad += 1
         print("  %s: one rank %s %r, two ranks %s %r (%d tokens, want %d)" % (name, s1, a, s2, b, m, n))
+# the same tokens; log probabilities within 1e-5 (the ranks' summed shares round apart from the one rank's by ~1e-7)
+(s1, one), (s2, two) = whole("one", "lp"), whole("two", "lp")
+l1, l2 = (one and one["choices"][0]["logprobs"]), (two and two["choices"][0]["logprobs"])
+if not l1 or not l2 or l1["tokens"] != l2["tokens"] or one["choices"][0]["text"] != two["choices"][0]["text"] or \
+        len(l1["token_logprobs"]) != 10 or any(abs(a - b) > 1e-5 for a, b in zip(l1["token_logprobs"], l2["token_logprobs"])):
+    bad += 1
+    print("  logprobs: one rank %s %r, two ranks %s %r" % (s1, one and one["choices"][0], s2, two and two["choices"][0]))
 want = whole("one", "c")[1]["choices"][0]["text"] if not bad else None
 if sse("two") != (want, 12, True) or sse("one") != (want, 12, True):
     bad += 1
