@@ -39,7 +39,10 @@ extern "C" {
  * 4: moejit_request.stop_lens.  5: log probabilities (moejit_request.logprobs
  * and top_logprobs, moejit_event.has_logprob, logprob, top_logprobs and
  * n_top_logprobs, moejit_logprob), moejit_sampling.presence_penalty and
- * frequency_penalty.  Fields are only ever added at the end of a struct. */
+ * frequency_penalty.  Fields are only ever added at the end of a struct;
+ * a struct that holds another by value (moejit_open_opts' default_sampling)
+ * sees its later fields move when that one grows: rebuild against the
+ * header (the library is static). */
 #define MOEJIT_API_VERSION 5
 
 /* The header's MOEJIT_API_VERSION the library was built with (a program

@@ -53,6 +53,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -467,11 +468,11 @@ static int default_model(char *dir, size_t n, bool quiet, mj_err *err) {
 
 /* ---- opening --------------------------------------------------------------------------- */
 static int check_sampling(const moejit_sampling *s, const char *who, mj_err *err) {
-  if (!(s->temperature >= 0) || !(s->top_p > 0 && s->top_p <= 1) || !(s->min_p >= 0 && s->min_p < 1) ||
-      !(s->repeat_penalty > 0) || s->top_k < 0)
+  if (!(s->temperature >= 0 && s->temperature < INFINITY) || !(s->top_p > 0 && s->top_p <= 1) ||
+      !(s->min_p >= 0 && s->min_p < 1) || !(s->repeat_penalty > 0 && s->repeat_penalty < INFINITY) || s->top_k < 0)
     return mj_fail(err, MJ_EUSAGE,
                    "%s: temperature %g, top_p %g, min_p %g, repeat_penalty %g, top_k %d: want temperature >= 0, "
-                   "top_p in (0, 1], min_p in [0, 1), repeat_penalty > 0, top_k >= 0",
+                   "top_p in (0, 1], min_p in [0, 1), repeat_penalty > 0, both finite, top_k >= 0",
                    who, s->temperature, s->top_p, s->min_p, s->repeat_penalty, s->top_k);
   if (!(s->presence_penalty >= -2 && s->presence_penalty <= 2) || !(s->frequency_penalty >= -2 && s->frequency_penalty <= 2))
     return mj_fail(err, MJ_EUSAGE, "%s: presence_penalty %g, frequency_penalty %g: each must be in [-2, 2]", who,
@@ -1016,6 +1017,8 @@ static void waker_stop(moejit *a) {
   pthread_join(a->waker, NULL);
   a->waker_on = false;
 }
+
+_Static_assert(SAMPLE_MAX_LOGPROBS == MOEJIT_MAX_TOP_LOGPROBS, "the session's top list is the event's");
 
 /* An event of q: tok (-1: none), text, and the finish.  A token of a
  * request with logprobs carries the session's log probabilities of its

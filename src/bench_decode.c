@@ -175,6 +175,9 @@ int bench_decode(int argc, char **argv, mj_err *err) {
   /* --rank R: this process alone builds rank R's share on its one GPU;
    * without it, the launcher starts the ranks and each runs its share */
   coll *rank_coll = NULL;
+  if (world > 1 && nc_test_cpu_ranks())
+    return mj_fail(err, MJ_EUSAGE, "moejit bench decode: MOEJIT_TEST_CPU_RANKS is a test hook of generate and serve; "
+                                   "the benchmark's ranks run on GPUs");
   if (world > 1 && rank < 0 &&
       ((rc = nc_parallel_run("bench decode", "bench", tp, ep, argc, argv, &rank_coll, err)) || !rank_coll))
     return rc;

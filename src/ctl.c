@@ -154,7 +154,9 @@ static int send_all(int fd, const void *p, size_t n) {
 }
 
 int ctl_send(ctl *c, const ctl_msg *m, mj_err *err) {
-  wire w = {.magic = CTL_MAGIC, .sp_size = sizeof(sample_params), .kind = m->kind, .slot = m->slot, .n = m->n, .sp = m->sp};
+  wire w;
+  memset(&w, 0, sizeof w); /* no byte of the header unwritten on the wire */
+  w.magic = CTL_MAGIC, w.sp_size = sizeof(sample_params), w.kind = m->kind, w.slot = m->slot, w.n = m->n, w.sp = m->sp;
   size_t nb = (size_t)(m->n > 0 ? m->n : 0) * sizeof(int32_t);
   for (int i = 0; i < c->nfd; i++) {
     bool ok = !send_all(c->fd[i], &w, sizeof w);

@@ -21,7 +21,7 @@
  * below a socket's buffer, so the leader does not wait on a follower that
  * is busy with the same step (a prompt of more than about 50,000 tokens
  * may wait for the follower to come back to its receive; it always does).
- * Messages are a fixed 56-byte header (a magic word, the kind, the slot,
+ * Messages are a fixed 72-byte header (a magic word, the kind, the slot,
  * the count, the sampling) and the count's int32 arrays.  The leader
  * accepts only connections of its own user (SO_PEERCRED).  Prefix: ctl_.
  */

@@ -322,6 +322,7 @@ int nc_parallel_run(const char *cmd, const char *pre, int64_t tp, int64_t ep, in
    * neither), then one process per rank. */
   int ngpu = 0;
   bool cpu = nc_test_cpu_ranks();
+  if (cpu) fprintf(stderr, "moejit: warning: MOEJIT_TEST_CPU_RANKS=1: the ranks run on the CPU, without GPUs or NCCL (a test hook)\n");
   if (!cpu && (r = cu_device_count(&ngpu, err))) return r;
   if (!cpu && world > ngpu) {
     char flags[64] = "";

@@ -42,6 +42,7 @@ typedef struct sample_params {
    * parameters, which say where it is drawn, travel as one value (sess_admit,
    * the control channel of a sharded server). */
   bool logprobs;
+  uint8_t pad_[3]; /* named, so every initialiser zeroes it: the struct travels as bytes (ctl.c) */
   int32_t top_logprobs;
 } sample_params;
 

@@ -184,9 +184,12 @@ int sess_admit(session *s, const sample_params *sp, int *slot, mj_err *err) {
   sess_seq *q = &s->seq[i];
   q->live = true;
   q->len = 0;
+  /* From sp, never from q->logprobs: a follower rank (no_logprobs) must
+   * draw where rank 0 draws, or its token checks fail on GPUs. */
   q->dev_sample = s->g && !sample_host_only(sp) && same_filters(sp, &s->o.gpu.sampling);
   q->logprobs = sp->logprobs && !s->o.no_logprobs, q->has_lp = false;
   q->ntop = sp->top_logprobs < 0 ? 0 : sp->top_logprobs > SAMPLE_MAX_LOGPROBS ? SAMPLE_MAX_LOGPROBS : sp->top_logprobs;
+  if (q->ntop > s->vocab) q->ntop = (int)s->vocab; /* what sample_logprobs fills (a vocabulary under 20 ids) */
   /* The device's draw is keyed by the sequence's own seed, as the host's
    * sampler is: the same seed draws the same tokens in any slot. */
   if (q->dev_sample) gpu_set_seed(s->g, i, sp->seed);

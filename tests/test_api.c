@@ -703,6 +703,12 @@ static void test_bad_arguments(void) {
   s.min_p = 1;
   BAD(MOEJIT_EINVAL, "min_p in [0, 1)");
   moejit_sampling_init(&s);
+  s.repeat_penalty = INFINITY; /* seen tokens' logits would go to 0, -inf or NaN */
+  BAD(MOEJIT_EINVAL, "repeat_penalty inf");
+  moejit_sampling_init(&s);
+  s.temperature = INFINITY;
+  BAD(MOEJIT_EINVAL, "temperature inf");
+  moejit_sampling_init(&s);
   s.presence_penalty = 2.5f;
   BAD(MOEJIT_EINVAL, "presence_penalty 2.5, frequency_penalty 0: each must be in [-2, 2]");
   moejit_sampling_init(&s);

@@ -256,6 +256,10 @@ static void test_logprobs(void) {
   T_NEAR(top[0].logprob, want0, 1e-6);
   T_CHECK(top[0].id == 0 && top[1].id == 2 && top[2].id == 1);
   T_NEAR(exp(top[0].logprob) + exp(top[1].logprob) + exp(top[2].logprob), 1.0, 1e-6);
+  /* k past n fills n entries and leaves the rest alone (the session reports n) */
+  for (int j = 0; j < SAMPLE_MAX_LOGPROBS; j++) top[j].id = -7;
+  sample_logprobs(three, 3, 1, SAMPLE_MAX_LOGPROBS, top);
+  T_CHECK(top[0].id == 0 && top[1].id == 2 && top[2].id == 1 && top[3].id == -7);
   free(v);
 }
 
