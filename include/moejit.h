@@ -386,6 +386,10 @@ typedef struct moejit_stats {
   double decode_gap_ms_sum;
   uint64_t decode_gaps;
   double events_ms_sum;
+  /* (version 5) 1 when the engine admits nothing again: a sharded engine
+   * that lost a follower rank (moejit_submit answers MOEJIT_EBACKEND).  A
+   * server's health check says so, so a balancer stops sending to it. */
+  uint32_t broken;
 } moejit_stats;
 
 moejit_status moejit_get_stats(moejit *m, moejit_stats *out);

@@ -1474,6 +1474,7 @@ moejit_status moejit_get_stats(moejit *a, moejit_stats *out) {
   *out = a->st;
   out->queue_depth = (uint32_t)a->nwait;
   out->running = (uint32_t)a->nrun;
+  out->broken = a->ranks_lost;
   pthread_mutex_unlock(&a->lock);
   cache_stats cs;
   jit_stats(&cs);

@@ -607,9 +607,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   }
   mj_buf b = {0};
   switch (q->rt) {
-  case R_HEALTH:
-    mj_buf_puts(&b, s->draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}");
-    return send_json(s, c, s->draining ? 503 : 200, &b);
+  case R_HEALTH: {
+    moejit_stats st;
+    bool broken = moejit_get_stats(s->engine, &st) == MOEJIT_OK && st.broken; /* a sharded engine without a rank */
+    mj_buf_puts(&b, s->draining ? "{\"status\":\"draining\"}" : broken ? "{\"status\":\"broken\"}" : "{\"status\":\"ok\"}");
+    return send_json(s, c, s->draining || broken ? 503 : 200, &b);
+  }
   case R_MODELS:
     oai_write_models(&b, s->model_name, s->created);
     return send_json(s, c, 200, &b);

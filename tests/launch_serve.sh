@@ -249,6 +249,9 @@ esac
 s=$(post '{"prompt":"x","max_tokens":2}' "$tmp/f2.o")
 [ "$s" = 500 ] && grep -q "follower rank of this sharded engine is gone" "$tmp/f2.o" &&
   ok "a new request after the follower's loss: 500, $(cat "$tmp/f2.o")" || bad "new request, ranks lost: $s $(cat "$tmp/f2.o")"
+s=$(curl -s -o "$tmp/f2.h" -w '%{http_code}' "http://127.0.0.1:$port/health")
+[ "$s" = 503 ] && [ "$(cat "$tmp/f2.h")" = '{"status":"broken"}' ] && ok "/health after the follower's loss: 503 broken" ||
+  bad "/health, ranks lost: $s $(cat "$tmp/f2.h")"
 kill -TERM $pid
 kill -CONT $pid
 waitfor $pid 10
