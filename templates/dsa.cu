@@ -19,15 +19,15 @@
 //   dsa_topk<BLOCK>: grid B.  A radix select over the scores' order-
 //     preserving integer keys finds the topk-th largest key K (four passes
 //     of 8 bits, each a shared-memory histogram of the keys that match the
-//     digits found so far, one atomic per distinct bin of a warp) and how
-//     many ties of K must be kept; a final pass in ascending t writes every
-//     t with a larger key, in slots [0, topk - ties), and the first `ties`
-//     t with key K, in slots [topk - ties, topk), placed by ballots within
-//     a warp's contiguous range of t and the counts of the warps before
-//     it.  Equal scores therefore go to the lower t, as ref_topk.
-//     (Until 2026-12-05 an atomic a lane and a block-wide scan every BLOCK
-//     tokens: 56 us for one row at ctx 32k on the H200, more than the
-//     attention over the selected keys; bench/results/2026-12-03-batch-perf.md.)
+//     digits found so far) and how many ties of K must be kept; a final
+//     pass in ascending t writes every t with a larger key, in slots
+//     [0, topk - ties), and the first `ties` t with key K, in slots
+//     [topk - ties, topk), placed by block-wide prefix sums.  Equal scores
+//     therefore go to the lower t, as ref_topk.
+//     (A rewrite with one atomic per distinct bin of a warp (__match_any_sync),
+//     8 loads a thread in flight and ballots over warp ranges was correct on
+//     the H200 but slower: 73.8 against 55.7 us at batch 1, ctx 32k;
+//     bench/results/2026-12-05-dsa.md.  This is the kernel before it.)
 // Scratch: score f32 [B][max_ctx].
 //
 // Why NVRTC (docs/dsl.md, "DSL or NVRTC"): dsa_score's shared memory is
@@ -94,19 +94,35 @@ dsa_score(const float *__restrict__ iq, const float *__restrict__ iw, const floa
   score[(size_t)b * max_ctx + t] = acc;
 }
 
-// The order-preserving keys of a row's scores, U a thread at a time: U loads
-// in flight before the first is used (a row's scores are 128 KB at ctx 32k,
-// read from L2 by one block: one load a thread at a time left it waiting on
-// latency).  The loads are unconditional, their index clamped to n - 1 (n
-// >= 1), so none waits on a branch; a token at or past n gets key 0, and
-// the callers test t < n themselves.
-template <int U, int STRIDE>
-__device__ __forceinline__ void dsa_keys(const float *__restrict__ sc, int t, int n, unsigned (&u)[U]) {
-  float f[U];
+// Exclusive prefix sum of v over the block (in thread order) and the
+// block's total.  Starts and ends with a barrier-safe state: the caller
+// may call it again at once.
+template <int BLOCK>
+__device__ __forceinline__ int block_excl_scan(int v, int *warp_tot, int *total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int x = v;
 #pragma unroll
-  for (int j = 0; j < U; j++) f[j] = __ldg(sc + min(t + j * STRIDE, n - 1));
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) warp_tot[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < BLOCK / 32 ? warp_tot[lane] : 0;
 #pragma unroll
-  for (int j = 0; j < U; j++) u[j] = t + j * STRIDE < n ? dsa_key(f[j]) : 0u;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += y;
+    }
+    if (lane < BLOCK / 32) warp_tot[lane] = w;  // inclusive over warps
+    if (lane == 31) *total = w;
+  }
+  __syncthreads();
+  const int before = warp > 0 ? warp_tot[warp - 1] : 0;
+  const int r = before + x - v;
+  __syncthreads();  // warp_tot and total may be rewritten by the next call
+  return r;
 }
 
 template <int BLOCK>
@@ -116,10 +132,9 @@ dsa_topk(const float *__restrict__ score, const int *__restrict__ poss, int *__r
   MJ_GRIDDEP_WAIT();
   MJ_GRIDDEP_LAUNCH();
   static_assert(BLOCK % 32 == 0 && BLOCK >= 64 && BLOCK <= 1024, "BLOCK: a multiple of 32 in [64, 1024]");
-  constexpr int NW = BLOCK / 32, U = 8;
   __shared__ int hist[DSA_BINS];
-  __shared__ int warp_gt[NW], warp_eq[NW];
-  __shared__ int found_bin, found_rank;
+  __shared__ int warp_tot[32];
+  __shared__ int found_bin, found_rank, total;
   const int b = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   int n = poss[b] + 1;
   if (n > max_ctx) n = max_ctx;
@@ -128,26 +143,14 @@ dsa_topk(const float *__restrict__ score, const int *__restrict__ poss, int *__r
 
   // Radix select: prefix/mask are the key digits found so far, rank the
   // position (1 = largest) of the wanted key among keys with that prefix.
-  // A histogram increment is one atomic per distinct bin of a warp
-  // (__match_any_sync): scores cluster in a few binades, so the first
-  // digit (sign and high exponent bits) puts most of a warp on one or two
-  // bins, and one atomic a lane serialised on them.
   unsigned prefix = 0u, mask = 0u;
   int rank = topk;
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = tid; i < DSA_BINS; i += BLOCK) hist[i] = 0;
     __syncthreads();
-    for (int t0 = 0; t0 < n; t0 += BLOCK * U) {  // the same trip count in every thread
-      unsigned u[U];
-      dsa_keys<U, BLOCK>(sc, t0 + tid, n, u);
-#pragma unroll
-      for (int j = 0; j < U; j++) {
-        const bool in = t0 + tid + j * BLOCK < n && (u[j] & mask) == prefix;
-        if (!__any_sync(0xffffffffu, in)) continue;  // past the first digit most keys are out: no match
-        const int bin = in ? (int)((u[j] >> shift) & 0xffu) : -1;
-        const unsigned peers = __match_any_sync(0xffffffffu, bin);
-        if (in && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
-      }
+    for (int t = tid; t < n; t += BLOCK) {
+      const unsigned u = dsa_key(sc[t]);
+      if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 0xffu], 1);
     }
     __syncthreads();
     if (warp == 0) {
@@ -182,51 +185,23 @@ dsa_topk(const float *__restrict__ score, const int *__restrict__ poss, int *__r
     __syncthreads();  // found_* are rewritten by the next pass
   }
   // prefix is now the topk-th largest key; `rank` of its ties are kept.
-  // Warp w owns the tokens [w C, (w + 1) C), C a multiple of 32, so the
-  // block's order of tokens is the warps' order: each warp counts its
-  // larger and equal keys (ballots, no atomics), one barrier hands every
-  // warp the counts of the warps before it, and a second walk writes each
-  // token at its rank among them.  Larger keys fill slots [0, topk - ties)
-  // and the first `ties` equal ones [topk - ties, topk), both in ascending t.
   const unsigned kth = prefix;
   const int ties = rank, above = topk - ties;
-  const int C = ((n + NW - 1) / NW + 31) & ~31, w0 = warp * C, w1 = min(w0 + C, n);
-  int gt_n = 0, eq_n = 0;
-  for (int t0 = w0; t0 < w1; t0 += 32 * U) {
-    unsigned u[U];
-    dsa_keys<U, 32>(sc, t0 + lane, w1, u);
-#pragma unroll
-    for (int j = 0; j < U; j++) {
-      const bool v = t0 + lane + j * 32 < w1;
-      gt_n += __popc(__ballot_sync(0xffffffffu, v && u[j] > kth));
-      eq_n += __popc(__ballot_sync(0xffffffffu, v && u[j] == kth));
-    }
-  }
-  if (lane == 0) warp_gt[warp] = gt_n, warp_eq[warp] = eq_n;
-  __syncthreads();
-  int base_gt = lane < warp ? warp_gt[lane] : 0, base_eq = lane < warp ? warp_eq[lane] : 0;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    base_gt += __shfl_xor_sync(0xffffffffu, base_gt, o);
-    base_eq += __shfl_xor_sync(0xffffffffu, base_eq, o);
-  }
   int *out = sel + (size_t)b * topk;
-  const unsigned below = (1u << lane) - 1u;  // the lanes before this one
-  for (int t0 = w0; t0 < w1; t0 += 32 * U) {
-    unsigned u[U];
-    dsa_keys<U, 32>(sc, t0 + lane, w1, u);
-#pragma unroll
-    for (int j = 0; j < U; j++) {
-      const int t = t0 + lane + j * 32;
-      const bool v = t < w1, gt = v && u[j] > kth, eq = v && u[j] == kth;
-      const unsigned gm = __ballot_sync(0xffffffffu, gt), em = __ballot_sync(0xffffffffu, eq);
-      if (gt) out[base_gt + __popc(gm & below)] = t;
-      if (eq) {
-        const int r = base_eq + __popc(em & below);
-        if (r < ties) out[above + r] = t;
-      }
-      base_gt += __popc(gm);
-      base_eq += __popc(em);
+  int base_gt = 0, base_eq = 0;
+  for (int t0 = 0; t0 < n; t0 += BLOCK) {
+    const int t = t0 + tid;
+    const unsigned u = t < n ? dsa_key(sc[t]) : 0u;
+    const int gt = t < n && u > kth, eq = t < n && u == kth;
+    // Both counts in one scan: greater in the low 16 bits, equal in the high.
+    const int ex = block_excl_scan<BLOCK>(gt | (eq << 16), warp_tot, &total);
+    const int tot = total;
+    if (gt) out[base_gt + (ex & 0xffff)] = t;
+    if (eq) {
+      const int r = base_eq + (ex >> 16);
+      if (r < ties) out[above + r] = t;
     }
+    base_gt += tot & 0xffff;
+    base_eq += tot >> 16;
   }
 }

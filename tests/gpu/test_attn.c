@@ -72,9 +72,10 @@ static float quant(float lim, float q) { return roundf((2 * uniform() - 1) * lim
  * bf16 in the mma.  The CUDA-core kernel keeps f32 throughout: it is held
  * near f32 rounding.  Achieved on the H200 (bench/results/
  * 2026-12-03-batch-perf.md, replays included): 1.56e-3 and 5.3e-7. */
-#define ATT_FMA_TOL 2e-6 /* achieved 5.3e-7 */
-static double attend_tol(gop_attend_kind kind) {
-  return kind == GOP_ATTEND_FMA ? ATT_FMA_TOL : kt_kernels[KT_mla_attend].tol;
+#define ATT_FMA_TOL 2e-6      /* achieved 5.3e-7 up to ctx 4096 */
+#define ATT_FMA_TOL_LONG 5e-6 /* past ctx 8192: f32 sums over 32k keys, achieved 2.96e-6 on the H200 */
+static double attend_tol(gop_attend_kind kind, int ctx) {
+  return kind == GOP_ATTEND_FMA ? (ctx > 8192 ? ATT_FMA_TOL_LONG : ATT_FMA_TOL) : kt_kernels[KT_mla_attend].tol;
 }
 
 static int cmp_int(const void *a, const void *b) {
@@ -147,7 +148,7 @@ static int replay(gop_attend_kind kind, const shape *s, const gop_dims *d, const
          kind == GOP_ATTEND_MMA ? " (tensor cores)" : "", rel, bad, sel_bad);
   T_EQ_INT(sel_bad, 0);
   T_EQ_INT(bad, 0);
-  T_CHECK(rel <= attend_tol(kind));
+  T_CHECK(rel <= attend_tol(kind, s->max_ctx));
   r = 0;
 out:
   if (ge) cu.cuGraphExecDestroy(ge);
@@ -258,7 +259,7 @@ static int run_shape(const shape *s, bool ties, mj_err *err) {
            s->name, ties ? "ties" : "distinct", B, T, K, use ? "sel" : "all", kind == GOP_ATTEND_MMA ? "mma" : "fma",
            rel, worst, sel_rows, sel_bad);
     T_EQ_INT(bad, 0);
-    T_CHECK(rel <= attend_tol(kind));
+    T_CHECK(rel <= attend_tol(kind, T));
   }
   for (int k = 0; k < (tc ? 2 : 1) && (s->pos2[0] || s->pos2[1]); k++) {
     int rr = replay(k ? GOP_ATTEND_MMA : GOP_ATTEND_FMA, s, &d, &g, qlat, kv, iq, iw, ikey, ties, err);
