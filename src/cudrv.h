@@ -99,8 +99,8 @@ int cu_launch(CUfunction fn, unsigned grid, unsigned block, unsigned smem, CUstr
 
 /* Programmatic dependent launch (docs/decode.md, "Programmatic dependent
  * launch"): on when MOEJIT_PDL is 1 and the device is sm_90 or newer;
- * read once, at the first question after cu_init.  Off by default until
- * an H200 run has measured it. */
+ * read once, at the first question after cu_init.  Off by default: on the
+ * H200 it gave graph replays nothing (bench/results/2026-12-05-pdl.md). */
 bool cu_pdl(void);
 
 /* Launch a kernel of templates/ on grid (gx, gy, gz) of `block` threads.
