@@ -304,6 +304,7 @@ for phase in "$@"; do
     multi)
       n=${MULTI_N:-$(nvidia-smi -L | wc -l)}
       moejit mkmodel --preset glm5 --layers 4 --dense-layers 1 --nvfp4 --seed 3 --out /tmp/g5w -q >> "$log" 2>&1
+      tk() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["tokens"])' "$1" 2> /dev/null; }
       for m in builtin /tmp/g5w; do
         [ $m = builtin ] && ma= || ma="-m $m"
         # shellcheck disable=SC2086
@@ -313,7 +314,6 @@ for phase in "$@"; do
           timeout 300 moejit generate $ma -p "The sea at night" -n 16 --temp 0 --backend cuda --json $split \
             2>> "$log" > "$OUT/multi-s.json"
           st=$?
-          tk() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["tokens"])' "$1" 2> /dev/null; }
           [ -n "$(tk "$OUT/multi-1.json")" ] && [ "$(tk "$OUT/multi-1.json")" = "$(tk "$OUT/multi-s.json")" ] &&
             v="16 greedy tokens equal one GPU's" || v="DIFFERENT: $(tk "$OUT/multi-1.json") against $(tk "$OUT/multi-s.json")"
           echo "generate ($m) $split: rc=$st, $v" >> "$log"

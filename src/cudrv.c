@@ -155,17 +155,17 @@ int cu_launch(CUfunction fn, unsigned grid, unsigned block, unsigned smem, CUstr
   return 0;
 }
 
-static int pdl_state = -1; /* -1: not read yet */
+static bool pdl_on; /* read once (pdl_once) */
 static pthread_once_t pdl_once = PTHREAD_ONCE_INIT;
 static void pdl_read(void) {
   const char *e = getenv("MOEJIT_PDL");
-  pdl_state = e && (!strcmp(e, "1") || !strcmp(e, "on")) && device.cc_major >= 9;
+  pdl_on = e && (!strcmp(e, "1") || !strcmp(e, "on")) && device.cc_major >= 9;
 }
 
 bool cu_pdl(void) {
   if (init_state != 1) return false;
   pthread_once(&pdl_once, pdl_read);
-  return pdl_state == 1;
+  return pdl_on;
 }
 
 int cu_launch_tpl(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned block, unsigned smem, CUstream s,
