@@ -205,10 +205,12 @@ for phase in "$@"; do
     serve)
       # the serving benchmark (scripts/serve-bench.sh), streamed and whole,
       # with serve's and generate's mean step and engine gap side by side;
-      # a generate first puts the built-in model's kernels in the cache
+      # the built-in model's kernels into the cache first (every batch size
+      # and context the runs reach), so no row waits for a compile
+      moejit warmup --ctx 1024 -j 8 >> "$log" 2>&1 || echo "warmup: rc=$?" >> "$log"
       moejit generate -p "warm up" -n 8 --backend cuda > /dev/null 2>> "$log"
       for mode in "" --no-stream; do
-        timeout 280 sh scripts/serve-bench.sh --streams "${SERVE_STREAMS:-1 8 32}" -n "${SERVE_TOKENS:-128}" $mode >> "$log" 2>&1
+        MOEJIT_LOG=2 timeout 280 sh scripts/serve-bench.sh --streams "${SERVE_STREAMS:-1 8 32}" -n "${SERVE_TOKENS:-128}" $mode >> "$log" 2>&1
         echo "serve-bench $mode: rc=$?" >> "$log"
       done ;;
     serve-ranks)

@@ -189,6 +189,8 @@ curl -s "http://127.0.0.1:$port/metrics" > "$tmp/metrics" 2> /dev/null || true
 kill -TERM $spid
 wait $spid || echo "serve-bench.sh: warning: moejit serve exited with $?" >&2
 spid=
+# kernels the server compiled while serving (named under MOEJIT_LOG=2)
+grep 'jit: compiled' "$tmp/serve.err" | sed 's/^/serve-bench.sh: serve: /' >&2
 
 for c in $streams; do
   head -n $((c * requests)) "$tmp/prompts.txt" > "$tmp/p.$c.txt"
@@ -220,8 +222,9 @@ def per_step(c, before):
     d = lambda k: b.get(k, 0) - a.get(k, 0)
     steps, gaps = d("moejit_decode_step_seconds_count"), d("moejit_engine_gaps_total")
     if steps <= 0 or gaps <= 0: return "n/a"
-    return "%.1f / %.1f" % (1e6 * d("moejit_decode_step_seconds_sum") / steps, 1e6 * d("moejit_engine_gap_seconds_total") / gaps)
-print("| streams | requests | req/s | tok/s (serve) | TTFT p50 ms | TTFT p90 ms | request p50 ms | tok/s (generate --parallel) | step / gap us (serve) | step / gap us (generate) | errors |")
+    return "%.1f / %.1f / %.1f" % (1e6 * d("moejit_decode_step_seconds_sum") / steps, 1e6 * d("moejit_engine_gap_seconds_total") / gaps,
+                                   d("moejit_decode_rows_total") / steps)
+print("| streams | requests | req/s | tok/s (serve) | TTFT p50 ms | TTFT p90 ms | request p50 ms | tok/s (generate --parallel) | step / gap us / rows (serve) | step / gap us / rows (generate) | errors |")
 print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 before = "warm"
 for c in streams:
@@ -231,16 +234,16 @@ for c in streams:
         err = open("%s/gen.%s.err" % (tmp, c)).read()
         m = re.search(r"tokens in [0-9.]+ ms \(([0-9.]+) tok/s\)", err)
         if m: g = m.group(1)
-        m = re.search(r"\(([0-9.]+) us each, ([0-9.]+) us of the engine's between them\)", err)
-        if m: gs = "%s / %s" % (m.group(1), m.group(2))
+        m = re.search(r"steps of ([0-9.]+) rows on average \(([0-9.]+) us each, ([0-9.]+) us of the engine's between them\)", err)
+        if m: gs = "%s / %s / %s" % (m.group(2), m.group(3), m.group(1))
     except OSError:
         pass
     print("| %s | %d | %.2f | %.1f | %.1f | %.1f | %.1f | %s | %s | %s | %d |" % (c, s["requests"], s["req_s"], s["tok_s"], s["ttft_p50_ms"],
           s["ttft_p90_ms"], s["total_p50_ms"], g, per_step(c, before), gs, s["errors"]))
     before = c
     if s["first_error"]: print("\nfirst error at %s streams: %s\n" % (c, s["first_error"]))
-print("\nstep / gap: the mean decode step, and the engine thread's own time between two steps in a row"
-      " (tokens out, wake-ups, lock waits), in us.")
+print("\nstep / gap / rows: the mean decode step and the engine thread's own time between two steps in a row"
+      " (tokens out, wake-ups, lock waits), in us, and the mean rows a step (the batch the clients kept full).")
 try:
     met = open(tmp + "/metrics").read()
     keep = [l for l in met.splitlines() if re.match(r"moejit_(kernel_compiles_total|kernel_cache_hits_total|decode_step_seconds_(sum|count)|decode_rows_total) ", l)]

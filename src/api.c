@@ -423,7 +423,7 @@ static void remove_flat_dir(const char *path) {
  * written on first use.  The folder name carries the preset and seed so a
  * future change of the built-in model gets a new folder rather than a
  * stale one. */
-static int default_model(char *dir, size_t n, bool quiet, mj_err *err) {
+int api_default_model(char *dir, size_t n, bool quiet, mj_err *err) {
   char base[2048];
   int r = data_dir(base, sizeof base, err);
   if (r) return r;
@@ -524,7 +524,7 @@ static int load(const char *dir, const moejit_open_opts *o, moejit **out, moejit
   char defdir[4096];
   *st = MOEJIT_EMODEL;
   if (!dir) {
-    if ((rc = default_model(defdir, sizeof defdir, o->quiet, err))) return rc;
+    if ((rc = api_default_model(defdir, sizeof defdir, o->quiet, err))) return rc;
     dir = defdir;
   }
   moejit *a = mj_xcalloc(1, sizeof *a);

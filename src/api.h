@@ -25,6 +25,13 @@
 /* Load the model folder (NULL: the built-in model) and its tokenizer and
  * pick the backend, checking that it can run the model; no engine yet.
  * err keeps the library's code and message. */
+/* The built-in model's folder into dir (mkmodel's medium preset with NVFP4
+ * experts, seed 1, under the data folder: MOEJIT_DATA_DIR, else
+ * $XDG_DATA_HOME/moejit, else ~/.local/share/moejit), written there on first
+ * use: what moejit_open opens without a folder, and `moejit warmup` warms
+ * without -m. */
+int api_default_model(char *dir, size_t n, bool quiet, mj_err *err);
+
 int api_load(const char *dir, const moejit_open_opts *o, moejit **out, mj_err *err);
 
 typedef struct api_start_opts {

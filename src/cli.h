@@ -124,13 +124,14 @@
     "                     serves and the others replay its steps (docs/multigpu.md; not yet run\n" \
     "                     on several GPUs); SIGTERM to this process stops them all in order\n") \
   X(warmup, "compile every kernel a deployment needs into the cache, ahead of serving", \
-    "moejit warmup (-m DIR | --synthetic glm5 [--layers N] [--dense D]) [--batches 1,2,4,..]\n" \
+    "moejit warmup [-m DIR | --synthetic glm5 [--layers N] [--dense D]] [--batches 1,2,4,..]\n" \
     "              [--trace FILE.jsonl] [--arch sm_90a] [-j N] [--ctx N] [--no-graphs] [-q]\n" \
     "              [--tp N] [--ep M] [--tune]\n" \
     "  obtains through the front door every kernel the decode steps of the batch\n" \
     "  sizes (default 1,2,4,8,16,32,64, or the sizes a trace ran) need; no GPU is\n" \
     "  needed with --arch (sm_90a, or Blackwell: sm_100a, sm_120, sm_120a, never run);\n" \
-    "  with a GPU of the target it also captures the graphs.\n" \
+    "  with a GPU of the target it also captures the graphs.  Without -m or\n" \
+    "  --synthetic: the built-in model, as generate and serve open it.\n" \
     "  -j N splits the compiles between N processes; --tp/--ep: every rank's kernels\n" \
     "  --tune (GPU): first times the candidate tiles of the MoE expert kernels per\n" \
     "  bucket and of the dense GEMVs per shape and row block, stores the winners in\n" \

@@ -286,6 +286,12 @@ static int obtain(jit_entry *e, const char *kernel, const jit_spec *spec, const 
     int cr = kc_compile(&q.job, &o, &ce);
     cache_count(J.cache, CACHE_STAT_compiles, 1);
     cache_count(J.cache, CACHE_STAT_compile_us, (mj_now_ns() - t0) / 1000);
+    if (!cr && mj_log_level() >= 2) { /* MOEJIT_LOG=2: which kernel a warm-up missed (a failure says so below) */
+      mj_buf w = {0};
+      describe(&w, kernel, spec);
+      mj_info("jit: compiled %s for %s in %.1f ms", w.data, arch, (mj_now_ns() - t0) / 1e6);
+      mj_buf_free(&w);
+    }
     if (cr) {
       cache_count(J.cache, CACHE_STAT_failures, 1);
       mj_buf b = {0};

@@ -25,6 +25,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "api.h"
 #include "cli.h"
 #include "nccldrv.h"
 #include "session.h"
@@ -87,8 +88,7 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
                     {"ep", 0, CLI_INT, &ep},            {"tune", 0, CLI_FLAG, &tune}};
   int rc = cli_parse("warmup", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (rc) return rc < 0 ? 0 : rc;
-  if (!dir == !synth)
-    return mj_fail(err, MJ_EUSAGE, "moejit warmup: name the model: -m DIR or --synthetic glm5");
+  if (dir && synth) return mj_fail(err, MJ_EUSAGE, "moejit warmup: -m DIR or --synthetic glm5, not both");
   if (synth && strcmp(synth, "glm5") != 0)
     return mj_fail(err, MJ_EUSAGE, "moejit warmup: --synthetic knows only glm5, not '%s'", synth);
   if (jobs < 1 || jobs > 256) return mj_fail(err, MJ_EUSAGE, "moejit warmup: -j must be 1..256");
@@ -123,6 +123,11 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
   mj_arena_init(&a, 4096);
   model_config cfg;
   int sh = 0;
+  char defdir[4096];
+  if (!dir && !synth) { /* the built-in model, as generate and serve open it without -m */
+    if ((rc = api_default_model(defdir, sizeof defdir, quiet, err))) goto out;
+    dir = defdir;
+  }
   if (dir) {
     if ((rc = model_load(dir, &m, err))) goto out;
     cfg = m->cfg;

@@ -56,7 +56,14 @@ MOEJIT_CACHE=assert-warm $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 1,2 
   grep -q " 0 compiled, " "$tmp/w5" && ok "--tp 2 --ep 2: warm, 0 compiles" || bad "--tp 2 --ep 2 assert-warm: $(cat "$tmp/w5" "$tmp/e5")"
 expect 1 "moejit: --tp 3 does not divide num_attention_heads (8)" $MOEJIT warmup -m "$tmp/m" --arch sm_90a --tp 3
 
-expect 1 "moejit: moejit warmup: name the model: -m DIR or --synthetic glm5" $MOEJIT warmup --arch sm_90a
+# No model named: the built-in one, where generate and serve find it (the
+# data folder; seeded here with the test's model, which has its widths, so
+# the warm cache above holds every kernel it needs: assert-warm passes).
+mkdir -p "$tmp/data" && ln -s "$tmp/m" "$tmp/data/default-medium-nvfp4-s1"
+MOEJIT_DATA_DIR="$tmp/data" MOEJIT_CACHE=assert-warm $MOEJIT warmup --arch sm_90a --batches 1,2 > "$tmp/w6" 2> "$tmp/e6" &&
+  grep -q "^warmup: $tmp/data/default-medium-nvfp4-s1 for sm_90a, batch sizes 1,2: $kernels kernels, 0 compiled" "$tmp/w6" &&
+  ok "no -m: the built-in model, warm" || bad "warmup without -m: $(cat "$tmp/w6" "$tmp/e6")"
+expect 1 "moejit: moejit warmup: -m DIR or --synthetic glm5, not both" $MOEJIT warmup -m "$tmp/m" --synthetic glm5 --arch sm_90a
 expect 1 "moejit: moejit warmup: --batches sizes must be 1..1024 (got 0)" $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 0
 expect 1 "moejit: moejit warmup: --arch h200: unknown target (use sm_80, sm_86, sm_87, sm_89, sm_90, sm_90a, sm_100, sm_100a, sm_120 or sm_120a)" $MOEJIT warmup -m "$tmp/m" --arch h200
 expect 1 "moejit: moejit warmup: -j must be 1..256" $MOEJIT warmup -m "$tmp/m" --arch sm_90a -j 0
