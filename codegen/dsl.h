@@ -93,6 +93,10 @@ bool dsl_target_forward(const char *arch);
 /* The target's SM number (80 for sm_80, 90 for sm_90a, 120 for sm_120),
  * 0 for a name that is none. */
 int dsl_target_sm(const char *arch);
+/* The static shared memory a block may declare on the target, in bytes:
+ * 48 KiB on the portable targets (sm_80 .. sm_90, sm_100, sm_120), 227 KiB
+ * on sm_90a and sm_100a, 99 KiB on sm_120a; 48 KiB for an unknown name. */
+int dsl_target_static_smem(const char *arch);
 int dsl_target_count(void);
 const char *dsl_target_name(int i);
 const char *dsl_target_names(void);

@@ -61,17 +61,23 @@ const char *dsl_llvm_version(void) {
  * DSL kernel uses an sm_90a-only feature (wgmma, setmaxnreg, TMA): the
  * newest instructions the templates use are mma.sync and
  * cvt.rn.f16x2.e4m3x2 (sm_89), which sm_90 PTX carries. */
-#define DSL_TARGETS(X)                                                                 \
-  X("sm_80", "sm_80", false) X("sm_86", "sm_86", false) X("sm_87", "sm_87", false)     \
-  X("sm_89", "sm_89", false) X("sm_90", "sm_90", false) X("sm_90a", "sm_90a", false)   \
-  X("sm_100", "sm_90", true) X("sm_100a", "sm_90", true) X("sm_120", "sm_90", true)    \
-  X("sm_120a", "sm_90", true)
+#define DSL_TARGETS(X)                                                                                 \
+  X("sm_80", "sm_80", false, 48) X("sm_86", "sm_86", false, 48) X("sm_87", "sm_87", false, 48)         \
+  X("sm_89", "sm_89", false, 48) X("sm_90", "sm_90", false, 48) X("sm_90a", "sm_90a", false, 227)      \
+  X("sm_100", "sm_90", true, 48) X("sm_100a", "sm_90", true, 227) X("sm_120", "sm_90", true, 48)       \
+  X("sm_120a", "sm_90", true, 99)
 
+/* The last column: the static shared memory a block may declare, in KiB,
+ * as ptxas (through nvJitLink, CUDA 13.0) takes it: 48 KiB on every
+ * portable target, more on the arch-specific ones (sm_90a and sm_100a 227,
+ * sm_120a 99), found by compiling shared arrays of each size around the
+ * limits. */
 static const struct {
   const char *name, *llvm_cpu;
   bool forward;
+  int smem_kib;
 } targets[] = {
-#define X(n, cpu, fwd) {n, cpu, fwd},
+#define X(n, cpu, fwd, kib) {n, cpu, fwd, kib},
     DSL_TARGETS(X)
 #undef X
 };
@@ -90,6 +96,11 @@ bool dsl_target_forward(const char *arch) {
 }
 
 int dsl_target_sm(const char *arch) { return target_index(arch) >= 0 ? atoi(arch + 3) : 0; }
+
+int dsl_target_static_smem(const char *arch) {
+  int i = target_index(arch);
+  return i >= 0 ? targets[i].smem_kib * 1024 : 48 * 1024;
+}
 
 int dsl_target_count(void) { return (int)MJ_ARRAY_LEN(targets); }
 
