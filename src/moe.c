@@ -79,8 +79,15 @@ void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p) {
   p->cfg = *c;
   p->bcap = bcap;
   /* Expected rows per active expert: 1 at batch 1, ~1.1 at 8, ~2.3 at 64,
-   * ~4 at 128 (glm5.md); MT above that only costs registers. */
-  p->mt = bcap <= 1 ? 1 : bcap <= 16 ? 2 : 4;
+   * ~4 at 128 (glm5.md) under uniform routing, more where routing is
+   * skewed (the benchmark's random router: 3.4 at 64).  A slot of more rows
+   * than MT takes more passes, each reading its tile of weights again, which
+   * at bucket 32 and up no longer hits in L2: MT 8 (the tensor-core tile's n)
+   * cut the layer by 9% at 32 and 10% at 64 against MT 4 on the H200
+   * (bench/results/2026-12-05-moe-mt.md).  Where a target cannot declare
+   * MT rows of x (gate_up's 96 KiB at MT 8 needs sm_90a or sm_100a),
+   * moe_kernel_mt takes fewer. */
+  p->mt = bcap <= 1 ? 1 : bcap <= 16 ? 2 : 8;
   /* Buckets not measured follow the instruction count: from MT 2 the
    * bf16x2 FMAs (0.5 a weight per row of the pass) cost more than the
    * tensor-core path's fixed 0.5 a weight (the block-scale multiply), so
@@ -179,7 +186,13 @@ static int load_one(moe_kernels *k, int id, const char *file, const defs *d, con
 /* The template and constants of each kernel of a plan: one table for
  * moe_kernels_load and moe_kernels_probe, so what is probed is what is
  * loaded. */
-static void plan_defs(const moe_plan *p, defs d[MOE_NK]) {
+int moe_kernel_mt(const moe_plan *p, int mode, const char *arch) {
+  if (!arch) arch = cu_dev() ? cu_dev()->arch : "sm_90a"; /* the front door's target: the GPU's */
+  int K = mode ? p->cfg.inter : p->cfg.hidden, fit = dsl_target_static_smem(arch) / (2 * K);
+  return p->mt < fit ? p->mt : fit > 1 ? fit : 1;
+}
+
+static void plan_defs(const moe_plan *p, const char *arch, defs d[MOE_NK]) {
   const model_moe_cfg *c = &p->cfg;
   memset(d, 0, MOE_NK * sizeof *d);
   defs *r = &d[MOE_K_router];
@@ -196,7 +209,7 @@ static void plan_defs(const moe_plan *p, defs d[MOE_NK]) {
     const moe_tile *t = mode ? &p->dn : &p->gu;
     r = &d[mode ? MOE_K_down : MOE_K_gate_up];
     def_i(r, "MODE", mode), def_i(r, "K", mode ? c->inter : c->hidden), def_i(r, "N", mode ? c->hidden : c->inter);
-    def_i(r, "MT", p->mt), def_i(r, "ROWS", t->rows), def_i(r, "THREADS", t->threads), def_i(r, "CHAIN", t->chain);
+    def_i(r, "MT", moe_kernel_mt(p, mode, arch)), def_i(r, "ROWS", t->rows), def_i(r, "THREADS", t->threads), def_i(r, "CHAIN", t->chain);
     if (t->prefetch) def_i(r, "PREFETCH", 1);
     if (t->minb > 1) def_i(r, "MINB", t->minb);
     if (t->mma > 0) def_i(r, "MMA", 1), def_i(r, "KJ", t->mma);
@@ -209,7 +222,7 @@ static void plan_defs(const moe_plan *p, defs d[MOE_NK]) {
 int moe_kernels_load(moe_kernels *k, const moe_plan *p, const char *arch, mj_err *err) {
   memset(k, 0, sizeof *k);
   defs d[MOE_NK];
-  plan_defs(p, d);
+  plan_defs(p, arch, d);
   int rc = 0;
   for (int i = 0; i < MOE_NK && !rc; i++) rc = load_one(k, i, kernel_files(i), &d[i], arch, err);
   if (rc) moe_kernels_free(k);
@@ -218,7 +231,7 @@ int moe_kernels_load(moe_kernels *k, const moe_plan *p, const char *arch, mj_err
 
 int moe_kernels_probe(const moe_plan *p, const char *arch, bool cached[MOE_NK], uint64_t ids[MOE_NK], mj_err *err) {
   defs d[MOE_NK];
-  plan_defs(p, d);
+  plan_defs(p, arch, d);
   for (int i = 0; i < MOE_NK; i++) {
     if (ids) {
       mj_buf b = {0};
@@ -236,7 +249,7 @@ int moe_kernels_probe(const moe_plan *p, const char *arch, bool cached[MOE_NK], 
 
 int moe_kernel_check(const moe_plan *p, moe_kernel_id id, const char *arch, mj_err *err) {
   defs d[MOE_NK];
-  plan_defs(p, d);
+  plan_defs(p, arch, d);
   jit_request req = {kernel_files(id), {NULL, d[id].d, d[id].n}, NULL, arch};
   const jit_fn *f;
   return jit_get(&req, &f, err);

@@ -107,6 +107,12 @@ void moe_kernels_free(moe_kernels *k);
  * kernel rejects), MJ_ECOMPILE, MJ_ECACHE (a miss in assert-warm), ...
  * (the tuning lookup checks a stored tile with it, src/tune.c). */
 int moe_kernel_check(const moe_plan *p, moe_kernel_id id, const char *arch, mj_err *err);
+/* The MT an expert kernel (mode 0 gate_up, 1 down) is compiled with for
+ * arch: the plan's, or fewer rows where the target cannot declare MT rows
+ * of x in static shared memory (dsl_target_static_smem: 48 KiB on the
+ * portable targets, so gate_up at GLM-5's width takes MT 4 on sm_120);
+ * arch NULL is the GPU's, as for jit_get. */
+int moe_kernel_mt(const moe_plan *p, int mode, const char *arch);
 /* Whether each kernel of plan p for arch (NULL: the GPU's) is already in
  * the front door's memory table or disk cache (jit_probe): compiles
  * nothing, needs no GPU when arch is named.  ids (may be NULL) receives a

@@ -215,8 +215,19 @@ static void test_plan_paths(void) {
       if (!t->mma) continue;
       T_EQ_INT(t->rows, 16);
       T_EQ_INT(K % (128 * t->mma), 0);
-      T_CHECK(p.mt <= 8 && (size_t)p.mt * K * 2 <= 48 * 1024); /* static shared x */
+      /* x of MT rows in static shared memory, as each target declares it */
+      T_CHECK(p.mt <= 8);
+      T_CHECK((size_t)moe_kernel_mt(&p, mode, "sm_90a") * K * 2 <= 227 * 1024);
+      T_CHECK((size_t)moe_kernel_mt(&p, mode, "sm_120") * K * 2 <= 48 * 1024);
     }
+    /* MT 8 from bucket 32 (as measured); gate_up's 96 KiB of x at MT 8
+     * only where the target declares it: MT 4 on sm_120 and sm_90 */
+    T_EQ_INT(p.mt, bcap == 1 ? 1 : bcap <= 16 ? 2 : 8);
+    T_EQ_INT(moe_kernel_mt(&p, 0, "sm_90a"), p.mt);
+    T_EQ_INT(moe_kernel_mt(&p, 0, "sm_100a"), p.mt);
+    T_EQ_INT(moe_kernel_mt(&p, 0, "sm_120"), p.mt < 4 ? p.mt : 4);
+    T_EQ_INT(moe_kernel_mt(&p, 0, "sm_90"), p.mt < 4 ? p.mt : 4);
+    T_EQ_INT(moe_kernel_mt(&p, 1, "sm_120"), p.mt); /* down: K 2048, 32 KiB at MT 8 */
   }
 }
 
