@@ -65,7 +65,7 @@ for c in $commands; do
     case $o in
     --json | --chat | --no-think | --nvfp4 | --force | --absorbed | --ids | --pieces | --pieces* ) ;;
     --model | --tokenizer | --out | --dir | --output | --prompt | --system | --preset | --arch | --emit | \
-    --backend | --indexer-types | --tokens | --max | --configs | --config | --logits | --choices) ;;
+    --backend | --indexer-types | --tokens | --max | --configs | --config | --logits | --choices | --trace) ;;
     # serve: any key is a key, and a host name is looked up (no DNS in tests)
     --api-key | --host) ;;
     *)
