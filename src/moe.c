@@ -187,7 +187,8 @@ static int load_one(moe_kernels *k, int id, const char *file, const defs *d, con
  * moe_kernels_load and moe_kernels_probe, so what is probed is what is
  * loaded. */
 int moe_kernel_mt(const moe_plan *p, int mode, const char *arch) {
-  if (!arch) arch = cu_dev() ? cu_dev()->arch : "sm_90a"; /* the front door's target: the GPU's */
+  if (!arch && !cu_dev()) return p->mt; /* no target yet: jit_get will name the GPU's or fail without one */
+  if (!arch) arch = cu_dev()->arch;     /* the front door's target: the GPU's */
   int K = mode ? p->cfg.inter : p->cfg.hidden, fit = dsl_target_static_smem(arch) / (2 * K);
   return p->mt < fit ? p->mt : fit > 1 ? fit : 1;
 }

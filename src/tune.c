@@ -97,7 +97,8 @@ void tune_moe_want(const tune_target *t, const moe_plan *p, int mode, cache_tune
    * experts this GPU holds, top-k, the bucket and its rows per pass. */
   const model_moe_cfg *c = &p->cfg;
   snprintf(want->shape, sizeof want->shape, "%s hidden=%d inter=%d experts=%d topk=%d bucket=%d mt=%d",
-           mode ? "down" : "gate_up", c->hidden, c->inter, model_moe_local(c), c->topk, p->bcap, p->mt);
+           mode ? "down" : "gate_up", c->hidden, c->inter, model_moe_local(c), c->topk, p->bcap,
+           moe_kernel_mt(p, mode, t->arch)); /* the MT the kernel is compiled with */
 }
 
 /* ---- the lookup ------------------------------------------------------------------------ */
@@ -434,15 +435,15 @@ static int verdict(const tune_target *t, cache_tune *rec, char (*text)[64], cons
   return 0;
 }
 
-int tune_moe_candidates(int mode, const moe_tile *bt, moe_tile out[TUNE_MOE_MAXCAND]) {
+int tune_moe_candidates(int mode, int mt, const moe_tile *bt, moe_tile out[TUNE_MOE_MAXCAND]) {
   int nc = 0;
   out[nc++] = *bt;
   for (const char *s = mode ? dn_candidates : gu_candidates; *s && nc < TUNE_MOE_MAXCAND;) {
     int used = tune_tile_parse(s, &out[nc]);
     if (!used) return 0; /* a bad list: test_tune says where */
-    bool seen = false;
-    for (int i = 0; i < nc; i++) seen |= !memcmp(&out[nc], &out[i], sizeof *bt);
-    nc += !seen;
+    bool skip = !out[nc].mma && (mode ? out[nc].rows : out[nc].rows / 2) * mt > 32;
+    for (int i = 0; i < nc; i++) skip |= !memcmp(&out[nc], &out[i], sizeof *bt);
+    nc += !skip;
     s += used + (s[used] == ',');
   }
   return nc;
@@ -454,7 +455,7 @@ static int tune_one(const tune_target *t, rig *r, const moe_plan *base, int mode
                     FILE *log, mj_err *err) {
   const moe_tile *bt = mode ? &base->dn : &base->gu;
   moe_tile cand[TUNE_MOE_MAXCAND];
-  int nc = tune_moe_candidates(mode, bt, cand);
+  int nc = tune_moe_candidates(mode, moe_kernel_mt(base, mode, t->arch), bt, cand);
   if (nc < 1) return mj_fail(err, MJ_EINTERNAL, "tune: bad built-in candidate list of %s", mode ? "down" : "gate_up");
   moe_kernel_id id = mode ? MOE_K_down : MOE_K_gate_up;
   size_t n = (size_t)r->B * base->cfg.hidden;

@@ -49,11 +49,14 @@ int tune_tile_parse(const char *s, moe_tile *t);
 void tune_tile_text(const moe_tile *t, char *out, size_t cap);
 
 /* What the timing run tries for an expert kernel (mode 0 gate_up, 1 down)
- * whose built-in tile is bt: bt first, then the fixed list (bench moe's
- * tiles that won or came close, and the tensor-core ones with more chunks
- * in flight), distinct.  Returns the count, at most TUNE_MOE_MAXCAND. */
+ * whose built-in tile is bt, in a plan of capacity tile mt: bt first, then
+ * the fixed list (bench moe's tiles that won or came close, and the
+ * tensor-core ones with more chunks in flight), distinct, without the FMA
+ * tiles whose outputs a warp cannot hold at mt (one a lane: ROWS x MT, half
+ * the ROWS for gate_up, at most 32; moe_expert.k refuses them).  Returns
+ * the count, at most TUNE_MOE_MAXCAND. */
 #define TUNE_MOE_MAXCAND 16
-int tune_moe_candidates(int mode, const moe_tile *bt, moe_tile out[TUNE_MOE_MAXCAND]);
+int tune_moe_candidates(int mode, int mt, const moe_tile *bt, moe_tile out[TUNE_MOE_MAXCAND]);
 
 /* The record an expert kernel (mode 0 gate_up, 1 down) of plan p would
  * have for target t: slot, driver and source hash filled, results empty. */

@@ -555,8 +555,14 @@ static void test_moe_candidates(void) {
       moe_plan_default(&c, buckets[j], &p);
       const moe_tile *bt = mode ? &p.dn : &p.gu;
       moe_tile cand[TUNE_MOE_MAXCAND];
-      int n = tune_moe_candidates(mode, bt, cand);
-      T_CHECK(n >= 8 && n <= TUNE_MOE_MAXCAND);
+      int mt = moe_kernel_mt(&p, mode, "sm_90a");
+      int n = tune_moe_candidates(mode, mt, bt, cand);
+      T_CHECK(n >= 7 && n <= TUNE_MOE_MAXCAND);
+      /* down's 8-record FMA tile: tried where a warp holds its 8 x MT
+       * outputs (MT <= 4), left out at MT 8 (bucket 32 up) */
+      bool has8 = false;
+      for (int i = 0; i < n; i++) has8 |= mode == 1 && !cand[i].mma && cand[i].rows == 8;
+      if (mode == 1) T_EQ_INT(has8, mt <= 4);
       if (n < 1) continue;
       T_CHECK(!memcmp(&cand[0], bt, sizeof *bt));
       for (int i = 0; i < n; i++) {
@@ -577,6 +583,14 @@ static void test_moe_candidates(void) {
       }
     }
   printf("  %d candidate kernels compiled\n", compiled);
+  /* What the list leaves out, the kernel refuses (its outputs, one a lane,
+   * would not fit a warp): down's 8-record FMA tile at bucket 64 (MT 8). */
+  moe_plan q;
+  moe_plan_default(&c, 64, &q);
+  q.dn = (moe_tile){.rows = 8, .threads = 256, .chain = 8};
+  T_EQ_INT(moe_kernel_check(&q, MOE_K_down, "sm_90a", &err), MJ_EINPUT);
+  T_CHECK(strstr(err.msg, "the FMA path writes one output a lane") != NULL);
+  mj_err_clear(&err);
   jit_shutdown();
 }
 
