@@ -932,7 +932,7 @@ static int check_shared(checker *K, dsl_node *n) {
   if (const_int(K, n->lhs, "a shared array's length", 1, 1 << 24, &count)) return MJ_EINPUT;
   n->var->type = dsl_type_array(K->c, n->cast_type, count, AS_SHARED);
   n->type = n->var->type;
-  const char *arch = K->c->opt->arch ? K->c->opt->arch : "sm_90a";
+  const char *arch = K->c->opt->arch; /* set and known (dsl_compile) */
   int max = dsl_target_static_smem(arch);
   if (dsl_type_size(n->var->type) > max)
     return dsl_error(K->c, n->loc, "shared array '%s' needs %d bytes; a block on %s declares at most %d KiB", n->var->name,

@@ -207,8 +207,7 @@ for phase in "$@"; do
       # with serve's and generate's mean step and engine gap side by side;
       # the built-in model's kernels into the cache first (every batch size
       # and context the runs reach), so no row waits for a compile
-      moejit warmup --ctx 1024 -j 8 >> "$log" 2>&1 || echo "warmup: rc=$?" >> "$log"
-      moejit generate -p "warm up" -n 8 --backend cuda > /dev/null 2>> "$log"
+      moejit warmup --ctx 1024 -j 8 --no-graphs >> "$log" 2>&1 || echo "warmup: rc=$?" >> "$log"
       for mode in "" --no-stream; do
         MOEJIT_LOG=2 timeout 280 sh scripts/serve-bench.sh --streams "${SERVE_STREAMS:-1 8 32}" -n "${SERVE_TOKENS:-128}" $mode >> "$log" 2>&1
         echo "serve-bench $mode: rc=$?" >> "$log"

@@ -22,9 +22,6 @@
 #include "moejit.h"
 #include "util.h"
 
-/* Load the model folder (NULL: the built-in model) and its tokenizer and
- * pick the backend, checking that it can run the model; no engine yet.
- * err keeps the library's code and message. */
 /* The built-in model's folder into dir (mkmodel's medium preset with NVFP4
  * experts, seed 1, under the data folder: MOEJIT_DATA_DIR, else
  * $XDG_DATA_HOME/moejit, else ~/.local/share/moejit), written there on first
@@ -32,6 +29,9 @@
  * without -m. */
 int api_default_model(char *dir, size_t n, bool quiet, mj_err *err);
 
+/* Load the model folder (NULL: the built-in model) and its tokenizer and
+ * pick the backend, checking that it can run the model; no engine yet.
+ * err keeps the library's code and message. */
 int api_load(const char *dir, const moejit_open_opts *o, moejit **out, mj_err *err);
 
 typedef struct api_start_opts {

@@ -83,8 +83,8 @@ void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p) {
    * skewed (the benchmark's random router: 3.4 at 64).  A slot of more rows
    * than MT takes more passes, each reading its tile of weights again, which
    * at bucket 32 and up no longer hits in L2: MT 8 (the tensor-core tile's n)
-   * cut the layer by 9% at 32 and 10% at 64 against MT 4 on the H200
-   * (bench/results/2026-12-05-moe-mt.md).  Where a target cannot declare
+   * took the layer from 55.6% to 62.9% of copy at 32 and from 47.5% to
+   * 55.6% at 64 against MT 4 on the H200 (bench/results/2026-12-05-moe-mt.md).  Where a target cannot declare
    * MT rows of x (gate_up's 96 KiB at MT 8 needs sm_90a or sm_100a),
    * moe_kernel_mt takes fewer. */
   p->mt = bcap <= 1 ? 1 : bcap <= 16 ? 2 : 8;
