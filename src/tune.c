@@ -384,8 +384,17 @@ static int rig_launch(void *ctx, int i, CUstream s, mj_err *err) {
   return moe_launch(r->k, r->p, &r->w[i % r->copies], r->b, r->x[i % TUNE_SETS], r->B, r->which, s, err);
 }
 
-/* The layer's bf16 output for set 0 under plan p (kernels k), into host. */
+/* The layer's bf16 output for set 0 under plan p (kernels k), into host.
+ * What the layer's kernels write for each other (h, y) and its output are
+ * poisoned first (all bits set: NaN), so a tile that leaves any of them
+ * unwritten is not finite, never the previous run's values passed on
+ * (tests/nullgpu.sh: on a GPU that runs nothing, the built-in plan fails). */
 static int layer_out(const rig *r, bf16 *host, mj_err *err) {
+  const moe_plan *p = r->p;
+  size_t P = (size_t)moe_pairs(p), H = (size_t)p->cfg.hidden;
+  CU_CHECK(err, cu.cuMemsetD8(r->b->h, 0xFF, P * (size_t)p->cfg.inter * 2));
+  CU_CHECK(err, cu.cuMemsetD8(r->b->y, 0xFF, P * H * 4));
+  CU_CHECK(err, cu.cuMemsetD8(r->b->out, 0xFF, (size_t)p->bcap * H * 2));
   int rc = moe_forward(r->k, r->p, &r->w[0], r->b, r->x[0], r->B, NULL, err);
   if (rc) return rc;
   CU_CHECK(err, cu.cuCtxSynchronize());
@@ -491,7 +500,9 @@ static int tune_one(const tune_target *t, rig *r, const moe_plan *base, int mode
     if ((rc = layer_out(&c, out, err))) break;
     double rel = rel_l2(out, ref, n, false);
     if (!(rel <= 2e-2)) {
-      if (i == 0) return mj_fail(err, MJ_EINTERNAL, "tune: the built-in plan differs from itself (%.2e)", rel);
+      if (i == 0 && !isfinite(rel))
+        return mj_fail(err, MJ_EINTERNAL, "tune: %s: the built-in plan left outputs unwritten or not finite", what);
+      if (i == 0) return mj_fail(err, MJ_EINTERNAL, "tune: %s: the built-in plan differs from itself (%.2e)", what, rel);
       wrong++;
       say_wrong(log, moe_kernel_names[id], text[i], "plan", rel);
       continue;
