@@ -5,9 +5,13 @@
 # The serving benchmark, for the GPU host: starts `moejit serve --backend cuda`
 # on a model (default: the built-in one), and at each concurrency C of
 # --streams (default 1, 8 and 32) runs C client streams at once, each sending
-# R requests (default 4) one after another (POST /v1/completions, stream
-# true, -n tokens each, default 128); then the same prompts through
+# R requests one after another (POST /v1/completions, stream true, -n tokens
+# each, default 128; R default 4, or more so that a concurrency sends 32 in
+# all: one stream's 4 requests were 80 ms of wall time, and its figure moved
+# by 8% between runs); then the same prompts through
 # `moejit generate --prompts FILE --parallel C` (the engine without HTTP).
+# Both sides ignore end-of-sequence ids (ignore_eos, generate --ignore-eos),
+# so every request is -n tokens on both and the rates compare the same work.
 # It prints a markdown table: requests/s, generated tokens/s, time to first
 # token (p50, p90) and the whole request's time (p50), and generate's
 # tokens/s beside the server's.  --no-stream asks for whole responses
@@ -26,10 +30,10 @@
 # device, and generate gets the same (--temp 1 --top-p 1 --top-k 0
 # --min-p 0).  Each concurrency starts after a warm-up request, so kernel
 # compiles and graph captures are not timed (warm the cache first with
-# `moejit warmup -m DIR` to keep the warm-up short).  Every sequence may stop
-# early on an end-of-sequence id, on both sides; the token counts are what
-# was generated.  --ctx N (default 1024) bounds each sequence's cache, so
-# the largest concurrency's slots fit beside a full-size model.
+# `moejit warmup -m DIR` to keep the warm-up short).  The token counts are
+# what was generated (-n a request, ignore_eos).  --ctx N (default 1024)
+# bounds each sequence's cache, so the largest concurrency's slots fit
+# beside a full-size model.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 # MOEJIT, else the in-tree build, else moejit on PATH (gpu-env.sh puts the
@@ -38,7 +42,7 @@ moejit=${MOEJIT:-$here/../moejit}
 [ -x "$moejit" ] || moejit=$(command -v moejit || echo "$here/../moejit")
 model=
 streams="1 8 32"
-requests=4
+requests=
 ntok=128
 backend=cuda
 ctx=1024
@@ -57,29 +61,36 @@ while [ $# -gt 0 ]; do
     --no-stream) stream=0; shift ;;
     --server-cpus) spin="taskset -c $2"; shift 2 ;;
     --client-cpus) cpin="taskset -c $2"; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "serve-bench.sh: unknown argument '$1' (see --help)" >&2; exit 1 ;;
   esac
 done
 command -v python3 > /dev/null || { echo "serve-bench.sh: python3 is needed (the client)" >&2; exit 1; }
 [ -x "$moejit" ] || { echo "serve-bench.sh: no moejit at $moejit (--moejit PATH)" >&2; exit 1; }
-max=0
-for c in $streams; do if [ "$c" -gt $max ]; then max=$c; fi; done
+# reqs C: the requests a stream sends at concurrency C
+reqs() {
+  if [ -n "$requests" ]; then echo "$requests"; elif [ "$1" -ge 8 ]; then echo 4; else echo $(((32 + $1 - 1) / $1)); fi
+}
+max=0 total=0
+for c in $streams; do
+  if [ "$c" -gt $max ]; then max=$c; fi
+  if [ $((c * $(reqs "$c"))) -gt $total ]; then total=$((c * $(reqs "$c"))); fi
+done
 tmp=$(mktemp -d)
 spid=
 trap 'if [ -n "$spid" ]; then kill -TERM $spid 2>/dev/null; fi; wait 2>/dev/null; rm -rf "$tmp"' EXIT
 margs=
 [ -n "$model" ] && margs="-m $model"
 
-# The prompts: C x R of them at the largest C, different so no cache of any
-# kind could answer twice.
+# The prompts: the most any concurrency sends (C x R), different so no cache
+# of any kind could answer twice.
 python3 -c '
 import sys
 topics = ["the sea", "a city at night", "mountains", "an old library", "trains", "rain", "a market", "the moon"]
 n = int(sys.argv[1])
 for i in range(n):
     print("Write a short story about %s, part %d." % (topics[i % len(topics)], i))
-' $((max * requests)) > "$tmp/prompts.txt"
+' $total > "$tmp/prompts.txt"
 
 : > "$tmp/serve.err"
 # shellcheck disable=SC2086
@@ -105,7 +116,7 @@ STREAM = sys.argv[6] == "1"
 prompts = open(path, encoding="utf-8").read().splitlines()
 
 def one(conn, prompt):
-    body = {"prompt": prompt, "max_tokens": N, "stream": STREAM}
+    body = {"prompt": prompt, "max_tokens": N, "stream": STREAM, "ignore_eos": True}
     if STREAM:
         body["stream_options"] = {"include_usage": True}
     t0 = time.perf_counter()
@@ -181,8 +192,8 @@ python3 "$tmp/client.py" "$port" 0 1 "$ntok" "$tmp/prompts.txt" "$stream"
 # a run is its engine's step and gap times.
 curl -s "http://127.0.0.1:$port/metrics" > "$tmp/metrics.warm" 2> /dev/null || true
 for c in $streams; do
-  echo "serve-bench.sh: $c streams x $requests requests of $ntok tokens" >&2
-  $cpin python3 "$tmp/client.py" "$port" "$c" "$requests" "$ntok" "$tmp/prompts.txt" "$stream" > "$tmp/serve.$c.json"
+  echo "serve-bench.sh: $c streams x $(reqs "$c") requests of $ntok tokens" >&2
+  $cpin python3 "$tmp/client.py" "$port" "$c" "$(reqs "$c")" "$ntok" "$tmp/prompts.txt" "$stream" > "$tmp/serve.$c.json"
   curl -s "http://127.0.0.1:$port/metrics" > "$tmp/metrics.$c" 2> /dev/null || true
 done
 curl -s "http://127.0.0.1:$port/metrics" > "$tmp/metrics" 2> /dev/null || true
@@ -193,15 +204,15 @@ spid=
 grep 'jit: compiled' "$tmp/serve.err" | sed 's/^/serve-bench.sh: serve: /' >&2
 
 for c in $streams; do
-  head -n $((c * requests)) "$tmp/prompts.txt" > "$tmp/p.$c.txt"
-  echo "serve-bench.sh: moejit generate --prompts ($((c * requests)) prompts) --parallel $c" >&2
+  head -n $((c * $(reqs "$c"))) "$tmp/prompts.txt" > "$tmp/p.$c.txt"
+  echo "serve-bench.sh: moejit generate --prompts ($((c * $(reqs "$c"))) prompts) --parallel $c" >&2
   # shellcheck disable=SC2086
   $spin "$moejit" generate $margs --backend "$backend" --prompts "$tmp/p.$c.txt" --parallel "$c" -n "$ntok" --ctx "$ctx" \
-    --temp 1 --top-p 1 --top-k 0 --min-p 0 --json > "$tmp/gen.$c.jsonl" 2> "$tmp/gen.$c.err" ||
+    --temp 1 --top-p 1 --top-k 0 --min-p 0 --ignore-eos --json > "$tmp/gen.$c.jsonl" 2> "$tmp/gen.$c.err" ||
     { echo "serve-bench.sh: generate failed: $(tail -2 "$tmp/gen.$c.err")" >&2; }
 done
 
-python3 - "$tmp" "$streams" "$requests" "$ntok" "$backend" "$model" "$stream" << 'EOF'
+python3 - "$tmp" "$streams" "${requests:-4 (32 in all below 8 streams)}" "$ntok" "$backend" "$model" "$stream" << 'EOF'
 import json, re, sys
 tmp, streams, R, N, backend, model = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
 kind = "streamed" if sys.argv[7] == "1" else "whole (stream false)"

@@ -75,7 +75,7 @@
     "  --json            {\"ids\":[...]} (and \"pieces\" with --pieces)\n"         \
     "  TEXT              the text, or - to read it from stdin\n") \
   X(generate, "generate text from a GLM-5-format model (streams tokens, reports speed)", \
-    "moejit generate [-m DIR] (-p TEXT|- | --prompts FILE [--parallel P]) [-n N] [--chat]\n" \
+    "moejit generate [-m DIR] (-p TEXT|- | --prompts FILE [--parallel P]) [-n N] [--ignore-eos] [--chat]\n" \
     "                [--system TEXT] [--no-think]\n" \
     "                [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n" \
     "                [--seed S] [--backend auto|cpu|cuda] [--graph-batches 1,2,4,..] [--no-graphs]\n" \
@@ -88,6 +88,8 @@
     "               (--parallel, default 4): a finished sequence's slot takes the next\n" \
     "               prompt at once; the texts are printed in order (or a JSON line each)\n" \
     "  -n N         generate at most N tokens (default 64); stops early on an eos id\n" \
+    "  --ignore-eos an eos id does not stop a sequence: N tokens each (benchmarks;\n" \
+    "               the server's ignore_eos)\n" \
     "  --chat       format as a GLM-5 chat: [gMASK]<sop><|system|>..<|user|>..<|assistant|>\n" \
     "  --no-think   with --chat: answer without the thinking block\n"       \
     "  --temp T     0 is greedy (default 0.8); --top-k 0 and --top-p 1 turn those off\n" \

@@ -39,7 +39,7 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
              *prompts_path = NULL;
   int64_t n_predict = 64, top_k = 0, seed = -1, threads = 0, ctx = 0, parallel = 4, tp = 1, ep = 1;
   double temp = 0.8, top_p = 0.95, min_p = 0.05, rep = 1.0;
-  bool chat = false, no_think = false, as_json = false, quiet = false, no_graphs = false;
+  bool chat = false, no_think = false, as_json = false, quiet = false, no_graphs = false, ignore_eos = false;
   cli_opt opts[] = {
       {"model", 'm', CLI_STR, &dir},       {"prompt", 'p', CLI_TEXT, &prompt},
       {"n-predict", 'n', CLI_INT, &n_predict}, {"chat", 0, CLI_FLAG, &chat},
@@ -53,6 +53,7 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
       {"no-graphs", 0, CLI_FLAG, &no_graphs}, {"trace", 0, CLI_STR, &trace_path},
       {"prompts", 0, CLI_STR, &prompts_path}, {"parallel", 0, CLI_INT, &parallel},
       {"tp", 0, CLI_INT, &tp},             {"ep", 0, CLI_INT, &ep},
+      {"ignore-eos", 0, CLI_FLAG, &ignore_eos},
   };
   int r = cli_parse("generate", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (r) return r < 0 ? 0 : r;
@@ -97,7 +98,7 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
   coll *rank_coll = NULL;
   if (world > 1 && ((r = nc_parallel_run("generate", NULL, tp, ep, argc, argv, &rank_coll, err)) || !rank_coll)) return r;
 
-  gen_opts o = {.n_predict = n_predict, .stream = !prompts_path, .as_json = as_json, .quiet = quiet};
+  gen_opts o = {.n_predict = n_predict, .stream = !prompts_path, .as_json = as_json, .quiet = quiet, .ignore_eos = ignore_eos};
   moejit_sampling_init(&o.sp);
   o.sp.temperature = (float)temp, o.sp.top_k = (int32_t)top_k, o.sp.top_p = (float)top_p;
   o.sp.min_p = (float)min_p, o.sp.repeat_penalty = (float)rep;

@@ -14,6 +14,7 @@ typedef struct gen_opts {
   int64_t n_predict;
   bool stream;        /* one prompt (-p): print its text as it forms, then the speed line */
   bool as_json, quiet;
+  bool ignore_eos;     /* end-of-sequence ids do not end a sequence (-n tokens each: benchmarks) */
   moejit_sampling sp; /* seed: of prompt 0; prompt k uses seed + k */
   const char *model_dir; /* for the single prompt's JSON record */
 } gen_opts;

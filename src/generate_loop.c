@@ -135,7 +135,7 @@ int gen_run(const gen_opts *o, moejit *A, gen_seq *s, int np, mj_err *err) {
     r.prompt_ids = s[k].prompt, r.n_prompt_ids = s[k].n_prompt;
     r.sampling = &sp;
     r.max_tokens = o->n_predict > 0 ? (int32_t)o->n_predict : 1; /* -n 0 has always drawn the one token of the prompt's step */
-    r.ignore_eos = false;
+    r.ignore_eos = o->ignore_eos;
     jobs[k] = (gen_job){&w, &s[k]};
     r.on_event = on_event, r.user = &jobs[k];
     uint64_t id;

@@ -108,6 +108,15 @@ st=$?
 if [ $st -eq 3 ] && grep -qx "moejit: moejit generate: --ep 1024 needs 1024 GPUs, [0-9]* found\|moejit: no GPU: .*" "$tmp/err" &&
   [ "$(wc -l < "$tmp/err")" -eq 1 ]; then ok "--ep 1024: $(cat "$tmp/err")"; else bad "--ep 1024: status $st: $(cat "$tmp/err")"; fi
 expect 1 "moejit: moejit generate: unknown option '--temperature' (see moejit generate --help)" $MOEJIT generate -m "$tmp/m" -p x --temperature 1
+# --ignore-eos: seed 3 draws an eos id at its 8th token; with the flag the
+# sequence goes on to -n (the server's ignore_eos; serve-bench.sh gives both)
+for f in "" --ignore-eos; do
+  $MOEJIT generate -m "$tmp/m" --backend cpu -p Hi -n 40 --temp 1.5 --top-p 1 --min-p 0 --seed 3 --json $f 2> /dev/null |
+    grep -o '"generated_tokens": *[0-9]*\|"stop": *"[a-z]*"' | tr -d ' \n' > "$tmp/eos${f:-0}"
+done
+[ "$(cat "$tmp/eos0")" = '"generated_tokens":8"stop":"eos"' ] && [ "$(cat "$tmp/eos--ignore-eos")" = '"generated_tokens":40"stop":"length"' ] &&
+  ok "--ignore-eos: an eos at token 8 ends the sequence, with the flag 40 tokens" ||
+  bad "--ignore-eos: $(cat "$tmp/eos0") / $(cat "$tmp/eos--ignore-eos")"
 cp -r "$tmp/m" "$tmp/broken"
 printf '{"model": {"type": "BPE", ' > "$tmp/broken/tokenizer.json"
 "$MOEJIT" generate -m "$tmp/broken" -p x > /dev/null 2> "$tmp/err"
