@@ -19,7 +19,13 @@
  * names itself "moejit null GPU", so no tuning record of a real GPU applies
  * to it.  Graphs are recorded as counts of what was captured, and a replay
  * counts as that many launches.  NULLGPU_STATS=1 prints the counts to
- * stderr at exit.  Entry points not defined here come from stubs.c
+ * stderr at exit.  Time: by default the device takes none.  With
+ * NULLGPU_GRAPH_US=T (and NULLGPU_LAUNCH_US=L) a graph replay (a launch)
+ * keeps the device busy T (L) microseconds after the work queued before it,
+ * and every synchronising call (stream, event, context, a synchronous copy)
+ * sleeps until the device is idle: the engine's host side then runs at a
+ * real GPU's pace, so a serving benchmark on this machine measures the
+ * host's work between steps (one device and one clock for all streams).  Entry points not defined here come from stubs.c
  * (weak, failing with CUDA_ERROR_NOT_SUPPORTED).
  *
  * Not a simulator: no value a kernel computes is ever right, and no timing
@@ -27,6 +33,7 @@
 #define _GNU_SOURCE /* memmem */
 #include <cuda.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +44,52 @@
 #define TOTAL_MEM ((size_t)141 << 30)
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* ---- the device's clock (NULLGPU_GRAPH_US, NULLGPU_LAUNCH_US) ----------- */
+static double graph_us = -1, launch_us; /* < 0: not read yet */
+static double busy_until;                /* host-clock us at which the queued work ends */
+
+static double now_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+static void read_pace(void) {
+  const char *g = getenv("NULLGPU_GRAPH_US"), *l = getenv("NULLGPU_LAUNCH_US");
+  launch_us = l && *l ? atof(l) : 0;
+  graph_us = g && *g ? atof(g) : 0;
+}
+
+/* Queue us microseconds of device work. */
+static void occupy(double us) {
+  if (us <= 0) return;
+  pthread_mutex_lock(&mu);
+  double t = now_us();
+  busy_until = (busy_until > t ? busy_until : t) + us;
+  pthread_mutex_unlock(&mu);
+}
+
+/* Wait until the host clock reads t us: asleep while more than 200 us
+ * are left (a sleep overshoots by the timer slack, 50 us and more), then
+ * spinning with yields, as the driver's default synchronisation does. */
+static void sleep_until(double t) {
+  double left = t - now_us() - 200;
+  if (left > 0) {
+    struct timespec ts = {(time_t)(left / 1e6), 0};
+    ts.tv_nsec = (long)((left - (double)ts.tv_sec * 1e6) * 1e3);
+    nanosleep(&ts, NULL);
+  }
+  while (now_us() < t) sched_yield();
+}
+
+/* Wait for the device to be idle (every synchronising call). */
+static void drain(void) {
+  pthread_mutex_lock(&mu);
+  double until = busy_until;
+  pthread_mutex_unlock(&mu);
+  sleep_until(until);
+}
 
 /* ---- allocations: a sorted-enough list, found by containment ------------ */
 typedef struct {
@@ -75,6 +128,7 @@ CUresult cuInit(unsigned flags) {
   (void)flags;
   const char *s = getenv("NULLGPU_STATS");
   if (s && *s == '1') atexit(print_stats);
+  read_pace();
   return CUDA_SUCCESS;
 }
 
@@ -140,7 +194,10 @@ CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
   return CUDA_SUCCESS;
 }
 CUresult cuCtxSetCurrent(CUcontext c) { return c == (CUcontext)&ctx_token ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
-CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }
+CUresult cuCtxSynchronize(void) {
+  drain();
+  return CUDA_SUCCESS;
+}
 
 /* ---- memory ------------------------------------------------------------- */
 CUresult cuMemAlloc(CUdeviceptr *p, size_t n) {
@@ -212,6 +269,7 @@ CUresult cuMemcpyHtoD(CUdeviceptr d, const void *s, size_t n) {
   return r ? r : copy(DEV(d), s, n);
 }
 CUresult cuMemcpyDtoH(void *d, CUdeviceptr s, size_t n) {
+  drain(); /* synchronous */
   CUresult r = check_range(s, n);
   return r ? r : copy(d, DEV(s), n);
 }
@@ -226,7 +284,8 @@ CUresult cuMemcpyHtoDAsync(CUdeviceptr d, const void *s, size_t n, CUstream st_)
 }
 CUresult cuMemcpyDtoHAsync(void *d, CUdeviceptr s, size_t n, CUstream st_) {
   (void)st_;
-  return cuMemcpyDtoH(d, s, n);
+  CUresult r = check_range(s, n); /* the copy is at once, the wait is the caller's synchronise */
+  return r ? r : copy(d, DEV(s), n);
 }
 CUresult cuMemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st_) {
   (void)st_;
@@ -379,10 +438,12 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
     return CUDA_ERROR_INVALID_VALUE;
   if (smem > 48 * 1024 && (int)smem > ((function *)f)->dyn_smem) return CUDA_ERROR_INVALID_VALUE;
   stream *t = S(s);
-  if (t->capturing)
+  if (t->capturing) {
     t->captured++;
-  else
+  } else {
     __atomic_add_fetch(&st.launches, 1, __ATOMIC_RELAXED);
+    occupy(launch_us);
+  }
   return CUDA_SUCCESS;
 }
 
@@ -408,7 +469,11 @@ CUresult cuStreamDestroy(CUstream s) {
   free(s);
   return CUDA_SUCCESS;
 }
-CUresult cuStreamSynchronize(CUstream s) { return S(s)->capturing ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS; }
+CUresult cuStreamSynchronize(CUstream s) {
+  if (S(s)->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  drain();
+  return CUDA_SUCCESS;
+}
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
   (void)s, (void)flags;
   return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
@@ -449,6 +514,7 @@ CUresult cuGraphLaunch(CUgraphExec x, CUstream s) {
   if (S(s)->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   __atomic_add_fetch(&st.graph_launches, 1, __ATOMIC_RELAXED);
   __atomic_add_fetch(&st.graph_kernels, ((graph *)x)->kernels, __ATOMIC_RELAXED);
+  occupy(graph_us);
   return CUDA_SUCCESS;
 }
 CUresult cuGraphExecDestroy(CUgraphExec x) {
@@ -460,12 +526,6 @@ CUresult cuGraphDestroy(CUgraph g) {
   return CUDA_SUCCESS;
 }
 
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
 CUresult cuEventCreate(CUevent *e, unsigned flags) {
   (void)flags;
   *e = (CUevent)calloc(1, sizeof(event));
@@ -474,10 +534,17 @@ CUresult cuEventCreate(CUevent *e, unsigned flags) {
 CUresult cuEventRecord(CUevent e, CUstream s) {
   (void)s;
   if (!e) return CUDA_ERROR_INVALID_HANDLE;
-  ((event *)e)->ms = now_ms();
+  pthread_mutex_lock(&mu);
+  double t = now_us(), done = busy_until > t ? busy_until : t; /* when the work queued so far ends */
+  pthread_mutex_unlock(&mu);
+  ((event *)e)->ms = done / 1e3;
   return CUDA_SUCCESS;
 }
-CUresult cuEventSynchronize(CUevent e) { return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE; }
+CUresult cuEventSynchronize(CUevent e) {
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  sleep_until(((event *)e)->ms * 1e3);
+  return CUDA_SUCCESS;
+}
 CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
   if (!a || !b) return CUDA_ERROR_INVALID_HANDLE;
   *ms = (float)(((event *)b)->ms - ((event *)a)->ms);
