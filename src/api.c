@@ -23,8 +23,9 @@
  * (its poller waiting for its next event: a token wakes that poller and no
  * other, so a step of n sequences costs n wakeups, not n times the
  * pollers), `waker_cv` (a second thread, the waker, given a step's pollers
- * by the engine thread and waking them while the engine runs the next
- * step; it signals them outside the lock, see waker_main), and
+ * by the engine thread once the next step is queued on the device, and
+ * waking them while that step runs; it signals them outside the lock, see
+ * waker_main and on_queued), and
  * `closing_cv`, broadcast only while moejit_close runs (close waiting for
  * the engine to run dry and for the pollers to leave).
  *
@@ -972,11 +973,31 @@ static void deliver(moejit *a, api_req *q, moejit_event *ev) {
  * generate's tokens/s).  A last event takes its request out of both lists
  * under the lock (unwake), and one the waker has taken is freed by the
  * waker (req_let_go), so the waker never signals a freed request. */
-static void wake_pollers(moejit *a) {
-  if (!a->nwake) return;
+static bool hand_to_waker(moejit *a) {
+  if (!a->nwake) return false;
   for (int i = 0; i < a->nwake; i++) a->pend[a->npend++] = a->wake[i], a->wake[i]->waking = 2;
   a->nwake = 0;
-  pthread_cond_signal(&a->waker_cv);
+  return true;
+}
+
+static void wake_pollers(moejit *a) {
+  if (hand_to_waker(a)) pthread_cond_signal(&a->waker_cv);
+}
+
+/* The session's on_queued hook: the next step's work is on the device, so
+ * the pollers of the tokens handed out before it go to the waker now, while
+ * the device runs, not in the engine's time between steps.  There the
+ * signal to the waker (a system call, made under the lock) was most of
+ * that time: 8 of 9 us a step serving one stream on the null GPU at the
+ * H200's pace (bench/results/2026-12-05-serve-nullgpu.md).  The signal
+ * goes outside the lock (npend was set under it, and the waker tests it
+ * under the lock before it sleeps). */
+static void on_queued(void *ctx) {
+  moejit *a = ctx;
+  pthread_mutex_lock(&a->lock);
+  bool any = hand_to_waker(a);
+  pthread_mutex_unlock(&a->lock);
+  if (any) pthread_cond_signal(&a->waker_cv);
 }
 
 /* The waker takes the pend list as its batch and signals it outside the
@@ -1247,17 +1268,18 @@ static void engine_loop(moejit *a) {
       pthread_mutex_unlock(&a->lock);
       run_prompt(a, q);
       pthread_mutex_lock(&a->lock);
-      wake_pollers(a);
-      continue;
+      continue; /* its first token's poller: as a decode step's, below */
     }
     if (a->nrun > 0) {
       pthread_mutex_unlock(&a->lock);
       double ev_ms = decode_step(a, tk, sl, ids, who);
       pthread_mutex_lock(&a->lock);
-      wake_pollers(a);
       a->st.events_ms_sum += ev_ms;
+      /* This step's pollers wait for the next step to be queued (on_queued),
+       * or for the lines below when no step follows. */
       continue;
     }
+    wake_pollers(a); /* no step follows at once: the tokens of the last one go out now */
     a->gap_from = 0; /* nothing to step: what follows is idle time, not overhead */
     if (a->closing && !a->whead) break;
     bool cancelled = false;
@@ -1355,6 +1377,7 @@ static int open_session(moejit *a, mj_err *err) {
   so.model_name = a->x.model_name ? a->x.model_name : a->path;
   so.gpu.tp = a->x.tp, so.gpu.ep = a->x.ep, so.gpu.rank = a->x.rank, so.gpu.coll = a->x.coll;
   so.no_logprobs = a->x.follow; /* rank 0 alone emits events: a follower's would cost O(vocab) a token for nothing */
+  so.on_queued = on_queued, so.on_queued_ctx = a;
   return sess_create(a->m, &so, &a->S, err);
 }
 

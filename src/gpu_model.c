@@ -971,6 +971,7 @@ static int step_run(gpu_model *g, const int32_t *token, const int32_t *slot, con
   rc = graph ? graph_launch(g, np, g->s, err) : enqueue(g, np, g->s, NULL, err);
   if (rc) return rc;
   if (logits) CU_CHECK(err, cu.cuMemcpyDtoHAsync(logits, g->logits, (size_t)n * g->d.vocab * 4, g->s));
+  if (g->o.on_queued) g->o.on_queued(g->o.on_queued_ctx);
   if ((rc = read_tokens(g, n, out, err))) return rc;
   g->cnt.steps++;
   g->cnt.rows += (uint64_t)n;

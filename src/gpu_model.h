@@ -52,6 +52,11 @@ typedef struct gpu_opts {
   coll *coll;
   bool head_whole;                /* lm_head whole on every rank, not vocabulary-split with an all-gather */
   bool force_choices;             /* tests: each step takes its routing and DSA selections from gpu_force_choices */
+  /* Called once a step's work is queued on the device and before the step
+   * waits for it: host work that overlaps the device's (the API's engine
+   * wakes the pollers of the previous step's tokens there). */
+  void (*on_queued)(void *ctx);
+  void *on_queued_ctx;
   const struct tune_target *tune; /* whose tuned tiles the steps take (tune.h); NULL: the GPU at hand's records,
                                      where it is of the steps' target (the tests name one) */
 } gpu_opts;

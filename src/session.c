@@ -107,6 +107,7 @@ static session *new_session(const model_config *c, const sess_opts *o) {
   s->o.gpu.slots = o->slots;
   s->o.gpu.max_ctx = o->max_ctx;
   s->o.gpu.trace = o->trace_path != NULL || o->gpu.trace;
+  s->o.gpu.on_queued = o->on_queued, s->o.gpu.on_queued_ctx = o->on_queued_ctx;
   return s;
 }
 
@@ -297,6 +298,7 @@ static int step_gpu(session *s, const int32_t *token, const int32_t *slot, int n
 static int step_cpu(session *s, const int32_t *token, const int32_t *slot, int n, int32_t *ids, float *logits,
                     mj_err *err) {
   int64_t V = s->vocab;
+  if (s->o.on_queued) s->o.on_queued(s->o.on_queued_ctx);
   for (int i = 0; i < n;) {
     int k = slot[i], j = i;
     while (j < n && slot[j] == k) j++;

@@ -57,6 +57,9 @@ typedef struct sess_opts {
   const char *model_name; /* the trace header's model ("" if NULL) */
   bool no_logprobs;       /* a follower rank (ctl.h): a sequence that asks for log probabilities still draws
                              where rank 0's does (the host), but none are computed: no one reads them */
+  void (*on_queued)(void *ctx); /* each step: once its work is queued on the GPU, before the wait (gpu_opts');
+                                   on the CPU as its forward begins: host work beside the step's */
+  void *on_queued_ctx;
 } sess_opts;
 
 void sess_opts_default(sess_opts *o);
