@@ -37,6 +37,20 @@ typedef struct {
   int stmt_level_assign; /* an assignment is allowed here (statement or for-step) */
 } checker;
 
+/* f uses shared array v (names it, or calls a function that does): v
+ * counts toward the static shared memory of every kernel that reaches f. */
+static void use_shared(checker *K, dsl_func *f, dsl_var *v) {
+  for (int i = 0; i < f->nsmem; i++)
+    if (f->smem[i] == v) return;
+  if (f->nsmem == f->capsmem) {
+    int cap = f->capsmem ? 2 * f->capsmem : 8;
+    dsl_var **a = mj_arena_alloc(&K->c->arena, (size_t)cap * sizeof *a);
+    if (f->nsmem) memcpy(a, f->smem, (size_t)f->nsmem * sizeof *a);
+    f->smem = a, f->capsmem = cap;
+  }
+  f->smem[f->nsmem++] = v;
+}
+
 static void declare(checker *K, const char *name, dsl_var *v, dsl_func *f) {
   scope_ent *e = mj_arena_alloc(&K->c->arena, sizeof *e);
   e->name = name;
@@ -690,6 +704,7 @@ static int check_call(checker *K, dsl_node *n) {
   }
   n->callee = f;
   n->type = f->ret;
+  for (int i = 0; i < f->nsmem; i++) use_shared(K, K->fn, f->smem[i]); /* checked before its callers: complete */
   return 0;
 }
 
@@ -862,6 +877,7 @@ static int check_expr(checker *K, dsl_node *n) {
     if (!e->var) return dsl_error(K->c, n->loc, "'%s' is a function; call it with ()", n->name);
     n->var = e->var;
     n->type = e->var->type;
+    if (e->var->is_shared && K->fn) use_shared(K, K->fn, e->var);
     if (e->var->has_value) {
       n->is_const = true;
       n->cival = e->var->ival;
@@ -925,6 +941,24 @@ static int check_static_assert(checker *K, dsl_node *n) {
   if (!n->cond->cival)
     return dsl_error(K->c, n->loc, "static_assert failed%s%s", n->message ? ": " : "", n->message ? n->message : "");
   return 0;
+}
+
+/* A kernel's shared arrays together against the target's static limit
+ * (each alone is checked at its declaration): ptxas would refuse the sum
+ * with its own message and no line. */
+static int check_kernel_smem(checker *K, dsl_func *f) {
+  const char *arch = K->c->opt->arch;
+  int max = dsl_target_static_smem(arch);
+  int64_t total = 0;
+  for (int i = 0; i < f->nsmem; i++) total += dsl_type_size(f->smem[i]->type);
+  if (total <= max) return 0;
+  mj_buf b = {0};
+  for (int i = 0; i < f->nsmem; i++)
+    mj_buf_printf(&b, "%s%s %d", i ? ", " : "", f->smem[i]->name, dsl_type_size(f->smem[i]->type));
+  int rc = dsl_error(K->c, f->loc, "kernel '%s' declares %lld bytes of shared arrays (%s); a block on %s declares at most %d KiB",
+                     f->name, (long long)total, b.data, arch, max / 1024);
+  mj_buf_free(&b);
+  return rc;
 }
 
 static int check_shared(checker *K, dsl_node *n) {
@@ -1102,6 +1136,7 @@ static int check_func(checker *K, dsl_func *f) {
     }
   }
   if (check_block(K, f->body)) return MJ_EINPUT;
+  if (f->is_kernel && check_kernel_smem(K, f)) return MJ_EINPUT;
   bool is_void = is_scalar(f->ret) && f->ret->scalar == T_VOID;
   if (!is_void && !always_returns(f->body))
     return dsl_error(K->c, f->loc, "%s() returns %s but can reach its end without a return", f->name, tstr(f->ret, a));

@@ -294,6 +294,8 @@ struct dsl_func {
   int nparams;
   dsl_node *body;
   int max_threads, min_blocks; /* launch_bounds (kernels) */
+  dsl_var **smem;              /* check.c: the shared arrays it uses, its callees' included (a kernel's total) */
+  int nsmem, capsmem;
   dsl_node *lb_threads, *lb_blocks; /* unevaluated launch_bounds expressions */
   void *llvm_fn;
 };

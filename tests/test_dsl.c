@@ -251,8 +251,34 @@ static void test_target_names(void) {
   T_CHECK(!dsl_target_known("sm_121") && !dsl_target_known(NULL));
 }
 
+/* A kernel's shared arrays together, its callees' included, against the
+ * target's static limit: the sum at the limit links through ptxas (which
+ * counts what the kernel uses), a word more is the DSL's error at the
+ * kernel, not ptxas's line-less one; an array no kernel names does not
+ * count, as it does not for ptxas. */
+static void test_shared_total(void) {
+  const char *src = "const i32 N;\nshared u32 a[N];\nshared u32 b[N];\nshared u32 unused[N];\n"
+                    "f32 get(i32 i) { a[threadIdx.x] = 2u; barrier(); return f32(a[i]); }\n"
+                    "kernel void k(global f32* p) { b[threadIdx.x] = 1u; barrier(); p[0] = get(1) + f32(b[2]); }\n";
+  dsl_options o = {.arch = "sm_90", .opt_level = 3};
+  dsl_result r;
+  mj_err err = {0};
+  dsl_define at[] = {{"N", "6144"}}, over[] = {{"N", "6145"}};
+  T_EQ_INT(dsl_compile("t.k", src, strlen(src), at, 1, &o, &r, &err), 0);
+  T_CHECK(r.shared_bytes >= 2 * 6144 * 4); /* both arrays (and the block's reserve): ptxas kept them */
+  dsl_result_free(&r);
+  T_EQ_INT(dsl_compile("t.k", src, strlen(src), over, 1, &o, &r, &err), MJ_EINPUT);
+  T_CHECK(strstr(err.msg, "t.k:6:1: error: kernel 'k' declares 49160 bytes of shared arrays (b 24580, a 24580); "
+                          "a block on sm_90 declares at most 48 KiB") == err.msg);
+  mj_err_clear(&err);
+  o.arch = "sm_90a"; /* 227 KiB there */
+  T_EQ_INT(dsl_compile("t.k", src, strlen(src), over, 1, &o, &r, &err), 0);
+  dsl_result_free(&r);
+}
+
 int main(void) {
   T_RUN(test_target_names);
+  T_RUN(test_shared_total);
   T_RUN(test_lex);
   T_RUN(test_unterminated_buffer);
   T_RUN(test_parse);
