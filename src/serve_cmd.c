@@ -19,11 +19,18 @@
  * (ctl.h) beside the NCCL id, and the others replay them on their shares
  * until rank 0's end message.  The launcher keeps SIGTERM blocked and
  * passes it to rank 0, so `kill LAUNCHER` is the same staged shutdown.
+ * A SIGTERM to the whole process group (systemd's KillMode=control-group,
+ * `kill -TERM -PGID`) is the same stop too: rank 0 takes its own copy and
+ * the launcher's as one (stop_signal), and a follower leaves any SIGTERM
+ * not from the launcher to rank 0 (follower_signals), ending at rank 0's
+ * end message as in any stop.
  * Under the test hook MOEJIT_TEST_CPU_RANKS=1 the ranks run on the CPU
  * (nccldrv.h), which is how tests/launch_serve.sh runs all of this.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -38,15 +45,67 @@
 #include "server.h"
 
 /* Wait for SIGTERM or SIGINT up to ms milliseconds (< 0: without bound);
- * the signal, or 0. */
-static int wait_signal(const sigset_t *set, int ms) {
+ * the signal, or 0.  With from_parent, whether the parent sent it. */
+static int wait_signal(const sigset_t *set, int ms, bool *from_parent) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  siginfo_t si;
   for (;;) {
-    int sig = ms < 0 ? sigwaitinfo(set, NULL) : sigtimedwait(set, NULL, &ts);
-    if (sig > 0) return sig;
+    int sig = ms < 0 ? sigwaitinfo(set, &si) : sigtimedwait(set, &si, &ts);
+    if (sig > 0) {
+      if (from_parent) *from_parent = si.si_code == SI_USER && si.si_pid == getppid();
+      return sig;
+    }
     if (errno == EAGAIN) return 0;
     if (errno != EINTR) return 0;
   }
+}
+
+/* Rank 0 of a launched job: the next stop request, up to ms.  One signal
+ * sent to the whole process group reaches rank 0 twice, directly and
+ * passed on by the launcher (its parent), within moments: a signal from
+ * the one side less than a second after an unpaired one from the other
+ * is that same request, not the second that skips the wait.  Elsewhere
+ * every signal counts. */
+static int stop_signal(const sigset_t *set, int ms, bool launched) {
+  static double last_parent, last_other; /* unpaired, ms; 0: none */
+  double until = ms < 0 ? 0 : mj_now_ms() + ms;
+  for (;;) {
+    int left = ms < 0 ? -1 : (int)(until - mj_now_ms());
+    if (ms >= 0 && left < 0) left = 0;
+    bool parent = false;
+    int sig = wait_signal(set, left, &parent);
+    if (!sig || !launched) return sig;
+    double now = mj_now_ms(), *mine = parent ? &last_parent : &last_other, *theirs = parent ? &last_other : &last_parent;
+    if (*theirs > 0 && now - *theirs < 1000) {
+      *theirs = 0; /* the pair's second half */
+      if (ms >= 0 && mj_now_ms() >= until) return 0;
+      continue;
+    }
+    *mine = now;
+    return sig;
+  }
+}
+
+/* A follower's signals (a thread of its own, SIGTERM blocked everywhere):
+ * the launcher's SIGTERM (a rank failed) ends it at once, as an unblocked
+ * SIGTERM would; any other (a process group's, a stray kill) is rank 0's to
+ * act on, and rank 0's end message ends this rank. */
+static void *follower_signals(void *arg) {
+  int rank = *(const int *)arg;
+  sigset_t term;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  for (;;) {
+    siginfo_t si;
+    if (sigwaitinfo(&term, &si) != SIGTERM) continue;
+    if (si.si_code == SI_USER && si.si_pid == getppid()) {
+      signal(SIGTERM, SIG_DFL);
+      pthread_sigmask(SIG_UNBLOCK, &term, NULL);
+      raise(SIGTERM);
+    }
+    fprintf(stderr, "moejit: rank %d: SIGTERM from process %d left to rank 0, which stops the job\n", rank, (int)si.si_pid);
+  }
+  return NULL;
 }
 
 /* The control channel of a rank (ctl.h): a Unix socket in the folder of
@@ -142,18 +201,24 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
     }
   }
   bool follower = rank_coll && rank_coll->rank > 0;
+  moejit *m = NULL;
+  static int follower_rank;
   if (follower) {
-    /* The launcher's SIGTERM (a rank failed) ends a follower at once, and
-     * so does the launcher's death, by SIGKILL: a follower may sit in a
-     * collective no peer will join, and must not hold its GPU for ever.  A
-     * terminal's SIGINT stays blocked: rank 0 acts on it. */
-    sigset_t term;
-    sigemptyset(&term);
-    sigaddset(&term, SIGTERM);
-    pthread_sigmask(SIG_UNBLOCK, &term, NULL);
+    /* The launcher's SIGTERM (a rank failed) ends a follower at once
+     * (follower_signals), and so does the launcher's death, by SIGKILL: a
+     * follower may sit in a collective no peer will join, and must not
+     * hold its GPU for ever.  A terminal's SIGINT, and a SIGTERM to the
+     * whole group, are rank 0's to act on. */
+    follower_rank = rank_coll->rank;
+    pthread_t th;
+    int pe = pthread_create(&th, NULL, follower_signals, &follower_rank);
+    if (pe) {
+      r = mj_fail(err, MJ_EINTERNAL, "moejit serve: rank %d: cannot start its signal thread: %s", follower_rank, strerror(pe));
+      goto out;
+    }
+    pthread_detach(th);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
   }
-  moejit *m = NULL;
   if ((r = api_load(dir, &oo, &m, err))) goto out;
   api_start_opts x = {.ctl = c, .follow = follower}; /* the open options' context, slots and queue */
   if (rank_coll) x.tp = (int)tp, x.ep = (int)ep, x.rank = rank_coll->rank, x.coll = rank_coll;
@@ -176,7 +241,8 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
           info.context_length);
   fflush(stderr);
 
-  int sig = wait_signal(&set, -1);
+  bool launched = rank_coll != NULL; /* rank 0 of several: its parent passes signals on */
+  int sig = stop_signal(&set, -1, launched);
   /* With several ranks the engine may be in a collective whose peers are
    * gone (a follower killed): nothing would end it, and close would wait
    * for ever.  The whole shutdown gets a bound: SIGALRM's default action
@@ -189,14 +255,14 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
             (long long)shutdown_s);
   double deadline = mj_now_ms() + (double)shutdown_s * 1000.0;
   while (srv_in_flight(s) > 0 && mj_now_ms() < deadline)
-    if (wait_signal(&set, 100)) break; /* a second signal: stop waiting */
+    if (stop_signal(&set, 100, launched)) break; /* a second signal: stop waiting */
   int left = srv_in_flight(s);
   if (left) {
     if (!quiet) fprintf(stderr, "moejit: cancelling %d requests\n", left);
     srv_cancel_all(s);
     /* Their clients get their answers; a stream's thread sees its last
      * event within one poll. */
-    for (double t = mj_now_ms() + 2000; srv_in_flight(s) > 0 && mj_now_ms() < t;) wait_signal(&set, 50);
+    for (double t = mj_now_ms() + 2000; srv_in_flight(s) > 0 && mj_now_ms() < t;) wait_signal(&set, 50, NULL);
   }
   srv_destroy(s);
   mj_err ce = {0};

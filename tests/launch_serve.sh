@@ -20,6 +20,8 @@
 #     non-zero with one line naming rank 0.
 #  e. a follower that does not end after rank 0 has (SIGSTOPped): a second
 #     signal to the launcher stops it without the 30 s grace.
+#  f. SIGTERM to the whole process group: one stop, the running request
+#     finishes, exit 0.
 # Every server listens on 127.0.0.1 at --port 0; bounds are generous.
 . "$srcdir/tests/lib.sh"
 for p in curl python3; do
@@ -288,6 +290,34 @@ waitfor $pid 20
   grep -q "^moejit: rank 1 of 2 was killed by signal 9 (Killed); the other ranks were stopped" "$tmp/late.err" && gone late $r1 &&
   ok "a follower held after rank 0's exit: a second SIGTERM stops it, exit 8 in $took s, one line naming rank 1" ||
   bad "a follower held after rank 0's exit, a second SIGTERM: status $st in $took s: $(cat "$tmp/late.err")"
+
+# ---- f. SIGTERM to the whole process group ----------------------------------------------------------
+# systemd's default KillMode=control-group, or kill -TERM -PGID: every process
+# gets the signal at once.  Rank 0 takes its own copy and the launcher's as one
+# stop (not as the second signal that skips the wait), the follower leaves its
+# copy to rank 0 (one line in its log), the running request finishes, and the
+# job exits 0.  (Before: the follower died at once, the stream ended with an
+# error, and the launcher exited non-zero.)
+mkdir -p "$tmp/grp.t"
+serve_bg grp setsid env TMPDIR="$tmp/grp.t" MOEJIT_RANK_LOGS="$tmp/grp.logs" $MOEJIT serve -m "$tmp/m" --port 0 --tp 2 \
+  --shutdown-timeout 60
+ranks $pid
+LONG='{"prompt":"a","max_tokens":1500,"seed":3,"ignore_eos":true,"stream":true}' # ~10 s on 2 cores
+stream "$tmp/grp.sse"
+python3 -c 'import os, signal, sys; os.killpg(int(sys.argv[1]), signal.SIGTERM)' "$pid" # dash's kill takes no -PGID
+waitfor $pid 90
+wait $cpid
+end=$(last "$tmp/grp.sse")
+[ $st = 0 ] && gone grp $r0 $r1 && ok "SIGTERM to the process group: exit 0 in $took s, both ranks gone" ||
+  bad "SIGTERM to the process group: status $st in $took s: $(cat "$tmp/grp.err"); rank 1: $(cat "$tmp/grp.logs/rank-1.log")"
+case $end in
+*'"finish_reason":"length"'*) ok "the running stream finished: $end" ;;
+*) bad "the stream at a group SIGTERM: $end" ;;
+esac
+grep -q "^moejit: Terminated: no new requests; 1 running" "$tmp/grp.err" && ! grep -q "^moejit: cancelling" "$tmp/grp.err" &&
+  grep -q "^moejit: rank 1: SIGTERM from process [0-9]* left to rank 0, which stops the job$" "$tmp/grp.logs/rank-1.log" &&
+  ok "one stop at rank 0 (its copy and the launcher's as one), the follower's copy left to it" ||
+  bad "group stop: $(cat "$tmp/grp.err"); rank 1: $(cat "$tmp/grp.logs/rank-1.log")"
 
 # Under .ci/run's sanitizer build a rank's report is an exit status of 99 that the launcher
 # passes on only for the first failure (rank 0's after its follower was killed is not): none
