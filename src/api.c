@@ -951,10 +951,10 @@ static void deliver(moejit *a, api_req *q, moejit_event *ev) {
     else q->qhead = e;
     q->qtail = e;
     /* Its poller, no other.  A last event wakes it at once; a token's
-     * wake-up waits for the end of the engine's step (wake_pollers) and is
-     * then the waker thread's: signalled here, under the lock, each of a
-     * step's pollers would wake only to block on the lock the engine takes
-     * for the next row's event.  One already listed needs no second entry:
+     * wake-up waits until the next step is queued (on_queued), or until
+     * the engine goes idle (wake_pollers), and is then the waker thread's:
+     * signalled here, under the lock, each of a step's pollers would wake
+     * only to block on the lock the engine takes for the next row's event.  One already listed needs no second entry:
      * its wake-up will find every event queued by then. */
     if (last) pthread_cond_signal(&q->cv);
     else if (!q->waking) a->wake[a->nwake++] = q, q->waking = 1;
@@ -966,9 +966,9 @@ static void deliver(moejit *a, api_req *q, moejit_event *ev) {
   if (last) req_free(q);
 }
 
-/* The pollers of the step's tokens, woken after it (the engine thread,
- * under the lock it takes for its next turn anyway): handed to the waker
- * thread, so the engine goes on to the next step while they wake
+/* The pollers of the tokens handed out since the last call (under the
+ * lock), handed to the waker thread, so the engine goes on to the next
+ * step while they wake
  * (bench/results/2026-12-04-serve.md: 32 streams went from 74% to 80% of
  * generate's tokens/s).  A last event takes its request out of both lists
  * under the lock (unwake), and one the waker has taken is freed by the
@@ -1377,7 +1377,7 @@ static int open_session(moejit *a, mj_err *err) {
   so.model_name = a->x.model_name ? a->x.model_name : a->path;
   so.gpu.tp = a->x.tp, so.gpu.ep = a->x.ep, so.gpu.rank = a->x.rank, so.gpu.coll = a->x.coll;
   so.no_logprobs = a->x.follow; /* rank 0 alone emits events: a follower's would cost O(vocab) a token for nothing */
-  so.on_queued = on_queued, so.on_queued_ctx = a;
+  if (!a->x.follow) so.on_queued = on_queued, so.on_queued_ctx = a; /* a follower has no pollers */
   return sess_create(a->m, &so, &a->S, err);
 }
 

@@ -90,6 +90,8 @@ static int stop_signal(const sigset_t *set, int ms, bool launched) {
  * the launcher's SIGTERM (a rank failed) ends it at once, as an unblocked
  * SIGTERM would; any other (a process group's, a stray kill) is rank 0's to
  * act on, and rank 0's end message ends this rank. */
+static pid_t launcher_pid; /* a rank's parent when it started: its launcher */
+
 static void *follower_signals(void *arg) {
   int rank = *(const int *)arg;
   sigset_t term;
@@ -98,7 +100,9 @@ static void *follower_signals(void *arg) {
   for (;;) {
     siginfo_t si;
     if (sigwaitinfo(&term, &si) != SIGTERM) continue;
-    if (si.si_code == SI_USER && si.si_pid == getppid()) {
+    /* the launcher's; or any once the launcher is gone (its death signal
+     * comes after the rank is reparented) */
+    if ((si.si_code == SI_USER && si.si_pid == launcher_pid) || getppid() != launcher_pid) {
       signal(SIGTERM, SIG_DFL);
       pthread_sigmask(SIG_UNBLOCK, &term, NULL);
       raise(SIGTERM);
@@ -160,6 +164,7 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
     return mj_fail(err, MJ_EUSAGE, "moejit serve: --idle-timeout and --request-timeout must be 1..86400 seconds");
   int world;
   if ((r = nc_parallel_check("serve", tp, ep, &world, err))) return r;
+  launcher_pid = getppid();
   bool cpu_ranks = world > 1 && nc_test_cpu_ranks(); /* the test hook: every rank on the CPU (nccldrv.h) */
   if (world > 1 && !cpu_ranks && !strcmp(backend, "cpu"))
     return mj_fail(err, MJ_EUSAGE, "moejit serve: --tp/--ep run on GPUs, not with --backend cpu");
@@ -218,6 +223,10 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
     }
     pthread_detach(th);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != launcher_pid) { /* it died before the line above: nothing would end this rank */
+      r = mj_fail(err, MJ_EINTERNAL, "moejit serve: rank %d: its launcher (process %d) is gone", follower_rank, (int)launcher_pid);
+      goto out;
+    }
   }
   if ((r = api_load(dir, &oo, &m, err))) goto out;
   api_start_opts x = {.ctl = c, .follow = follower}; /* the open options' context, slots and queue */

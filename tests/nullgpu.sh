@@ -14,6 +14,9 @@
 #   line and stores no record (before the poisoning, stale outputs of the
 #   previous run passed every candidate).
 . "$srcdir/tests/lib.sh"
+# A test that stops early (a failed check, a timeout) takes its server with it.
+trap 'for p in ${pids:-}; do kill -9 "$p" 2> /dev/null; done; rm -rf "$tmp"' EXIT
+trap 'exit 1' HUP INT PIPE TERM
 command -v curl > /dev/null || { echo "SKIP: curl not found"; exit 77; }
 MOEJIT_LIBCUDA="$builddir/tests/nullgpu/libcuda.so.1"
 export MOEJIT_LIBCUDA
@@ -67,7 +70,7 @@ for p in "Hello" "Write a story about trains." "$long" "x" "the sea at night" "o
   s=false
   [ $((i % 2)) -eq 0 ] && s=true
   body $s "$p" > "$tmp/b$i"
-  curl -s -N -o "$tmp/r$i" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary "@$tmp/b$i" \
+  curl -s -N -m 120 -o "$tmp/r$i" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary "@$tmp/b$i" \
     "http://127.0.0.1:$port/v1/completions" > "$tmp/s$i" &
   i=$((i + 1))
 done
@@ -84,15 +87,23 @@ for j in 0 1 2 3 4 5 6 7; do
 done
 [ $good -eq 8 ] && ok "serve --backend cuda: 8 concurrent completions (4 streamed), 10 tokens each" ||
   bad "serve: $good of 8 answered: $(for j in 0 1 2 3 4 5 6 7; do printf '[%s] %s ' "$(cat "$tmp/s$j")" "$(head -c 200 "$tmp/r$j")"; done) $(cat "$tmp/srv.err")"
-curl -s "http://127.0.0.1:$port/metrics" > "$tmp/metrics"
+curl -s -m 30 "http://127.0.0.1:$port/metrics" > "$tmp/metrics"
 c=$(sed -n 's/^moejit_kernel_compiles_total \([0-9]*\)$/\1/p' "$tmp/metrics")
 r=$(sed -n 's/^moejit_decode_rows_total \([0-9]*\)$/\1/p' "$tmp/metrics")
 [ "$c" = 0 ] && [ "${r:-0}" -gt 0 ] && ok "serve compiled nothing: $r decode rows, moejit_kernel_compiles_total 0" ||
   bad "serve metrics: compiles '${c:-}', rows '${r:-}'"
 kill -TERM $pid
-wait $pid
-st=$?
-[ $st -eq 0 ] && ok "serve on the null GPU: SIGTERM, exit 0" || bad "serve exit $st: $(tail -3 "$tmp/srv.err")"
+i=0
+while kill -0 $pid 2> /dev/null && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+if kill -0 $pid 2> /dev/null; then
+  kill -9 $pid
+  wait $pid
+  bad "serve on the null GPU: still there 60 s after SIGTERM: $(tail -3 "$tmp/srv.err")"
+else
+  wait $pid
+  st=$?
+  [ $st -eq 0 ] && ok "serve on the null GPU: SIGTERM, exit 0" || bad "serve exit $st: $(tail -3 "$tmp/srv.err")"
+fi
 
 # ---- the tuner's guard: nothing computed, nothing stored -----------------------------
 MOEJIT_CACHE=on expect 8 "moejit: tune: bucket 1 gate_up: the built-in plan left outputs unwritten or not finite" \

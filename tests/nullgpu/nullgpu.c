@@ -22,8 +22,8 @@
  * stderr at exit.  Time: by default the device takes none.  With
  * NULLGPU_GRAPH_US=T (and NULLGPU_LAUNCH_US=L) a graph replay (a launch)
  * keeps the device busy T (L) microseconds after the work queued before it,
- * and every synchronising call (stream, event, context, a synchronous copy)
- * sleeps until the device is idle: the engine's host side then runs at a
+ * and the calls that wait for it (stream, event and context
+ * synchronisation, a device-to-host copy) sleep until the device is idle: the engine's host side then runs at a
  * real GPU's pace, so a serving benchmark on this machine measures the
  * host's work between steps (one device and one clock for all streams).  Entry points not defined here come from stubs.c
  * (weak, failing with CUDA_ERROR_NOT_SUPPORTED).
@@ -83,7 +83,7 @@ static void sleep_until(double t) {
   while (now_us() < t) sched_yield();
 }
 
-/* Wait for the device to be idle (every synchronising call). */
+/* Wait for the device to be idle (synchronisation, a device-to-host copy). */
 static void drain(void) {
   pthread_mutex_lock(&mu);
   double until = busy_until;
@@ -228,8 +228,10 @@ CUresult cuMemAlloc(CUdeviceptr *p, size_t n) {
 
 CUresult cuMemFree(CUdeviceptr p) {
   pthread_mutex_lock(&mu);
-  int i = find((uintptr_t)p, 0);
-  if (i < 0 || blocks[i].base != (uintptr_t)p) {
+  int i = -1; /* the block that starts at p (find would also take one that ends there) */
+  for (size_t k = 0; k < nblocks && i < 0; k++)
+    if (blocks[k].base == (uintptr_t)p) i = (int)k;
+  if (i < 0) {
     pthread_mutex_unlock(&mu);
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -333,14 +335,16 @@ CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, CUstream s) {
 }
 
 /* ---- modules and functions ---------------------------------------------- */
+typedef struct function function;
 typedef struct {
   const unsigned char *image;
   size_t bytes;
+  function *fns; /* looked up in it, freed with it */
 } module;
-typedef struct {
-  module *m;
+struct function {
   int dyn_smem;
-} function;
+  function *next;
+};
 
 /* An ELF64 image's extent: the section headers end it in what nvJitLink
  * writes (they follow the sections). */
@@ -359,7 +363,7 @@ CUresult cuModuleLoadData(CUmodule *mod, const void *image) {
   if (n == 0) return CUDA_ERROR_INVALID_IMAGE;
   module *m = malloc(sizeof *m);
   if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
-  *m = (module){malloc(n), n};
+  *m = (module){malloc(n), n, NULL};
   if (!m->image) return CUDA_ERROR_OUT_OF_MEMORY;
   memcpy((void *)m->image, image, n); /* the caller may free its copy */
   __atomic_add_fetch(&st.modules, 1, __ATOMIC_RELAXED);
@@ -370,6 +374,7 @@ CUresult cuModuleLoadData(CUmodule *mod, const void *image) {
 CUresult cuModuleUnload(CUmodule mod) {
   module *m = (module *)mod;
   if (!m) return CUDA_ERROR_INVALID_HANDLE;
+  for (function *f = m->fns, *next; f; f = next) next = f->next, free(f);
   free((void *)m->image);
   free(m);
   return CUDA_SUCCESS;
@@ -378,12 +383,19 @@ CUresult cuModuleUnload(CUmodule mod) {
 CUresult cuModuleGetFunction(CUfunction *fn, CUmodule mod, const char *name) {
   module *m = (module *)mod;
   if (!m || !name) return CUDA_ERROR_INVALID_HANDLE;
-  size_t k = strlen(name) + 1; /* the name with its terminator, as the string table holds it */
-  if (!memmem(m->image, m->bytes, name, k)) return CUDA_ERROR_NOT_FOUND;
+  /* the name whole, as a string table holds it: a NUL before, a NUL after */
+  size_t k = strlen(name) + 1;
+  const unsigned char *at = m->image, *end = m->image + m->bytes;
+  for (;;) {
+    at = memmem(at, (size_t)(end - at), name, k);
+    if (!at) return CUDA_ERROR_NOT_FOUND;
+    if (at > m->image && at[-1] == 0) break;
+    at++;
+  }
   function *f = calloc(1, sizeof *f);
   if (!f) return CUDA_ERROR_OUT_OF_MEMORY;
-  f->m = m;
-  *fn = (CUfunction)f; /* one small leak a lookup: moejit looks each kernel up once */
+  f->next = m->fns, m->fns = f;
+  *fn = (CUfunction)f;
   return CUDA_SUCCESS;
 }
 
