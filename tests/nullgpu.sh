@@ -9,6 +9,8 @@
 #   nothing (/metrics says 0); the same run on a cold cache fails on its
 #   first kernel with one line, so the check can fail;
 # - steps replay graphs (the driver's counts, NULLGPU_STATS);
+# - bench decode runs to its tables (its host side, checked before a GPU
+#   session would find a crash in it);
 # - the tuner's correctness guard: on a device that computes nothing the
 #   built-in plan's outputs stay poisoned, so `warmup --tune` stops with one
 #   line and stores no record (before the poisoning, stale outputs of the
@@ -103,6 +105,17 @@ else
   wait $pid
   st=$?
   [ $st -eq 0 ] && ok "serve on the null GPU: SIGTERM, exit 0" || bad "serve exit $st: $(tail -3 "$tmp/srv.err")"
+fi
+
+# ---- bench decode's host side: its tables, before a GPU session spends device time on it ----
+$MOEJIT bench decode -m "$tmp/m" --batch 1,8 --ctx 1024 --steps 2 --reps 1 > "$tmp/bd" 2>&1
+st=$?
+if [ $st -eq 0 ] && grep -q "on moejit null GPU (sm_90a, 132 SMs)" "$tmp/bd" && grep -q "^| 1 | " "$tmp/bd" &&
+  grep -q "^| 8 | " "$tmp/bd" && grep -q "^### batch 1: one profiled eager step, per op" "$tmp/bd" &&
+  grep -q "^| moe.router | 2 | " "$tmp/bd"; then
+  ok "bench decode on the null GPU: batches 1 and 8, the per-op table"
+else
+  bad "bench decode: status $st: $(head -c 1500 "$tmp/bd")"
 fi
 
 # ---- the tuner's guard: nothing computed, nothing stored -----------------------------
