@@ -255,6 +255,8 @@ int bench_decode(int argc, char **argv, mj_err *err) {
   profs = mj_xcalloc((size_t)nb, sizeof *profs);
   rrow = mj_xcalloc((size_t)nb, sizeof *rrow);
   uint64_t rng = (uint64_t)seed * 2654435761u + 12345;
+  const char *failed = NULL; /* the first batch whose check did not pass, and how */
+  int failed_b = 0;
   for (int bi = 0; bi < nb; bi++) {
     int B = (int)batches[bi];
     int32_t *tok = mj_xmalloc((size_t)B * 4), *slot = mj_xmalloc((size_t)B * 4), *pos = mj_xmalloc((size_t)B * 4),
@@ -303,6 +305,7 @@ int bench_decode(int argc, char **argv, mj_err *err) {
     printf("| %d%s | %.1f | %.1f | %.1f | %.1f | %.3f | %.0f | %.1f%% | %.1f | %s |\n", B,
            np != B ? " (padded)" : "", tg.us, B / (tg.us / 1e6), te.us, p->total_us, bytes / 1e9,
            gbs, 100.0 * gbs * 1e9 / copy_bps, moe_layers ? p->experts_touched / moe_layers : 0.0, check);
+    if (strcmp(check, "ok") && !failed) failed = check, failed_b = B;
   next:
     free(tok), free(slot), free(pos), free(out1), free(out2), free(logits);
     if (rc) goto out;
@@ -355,6 +358,9 @@ int bench_decode(int argc, char **argv, mj_err *err) {
            (unsigned long long)st.v[CACHE_STAT_mem_hits], si.counters.graphs, si.counters.capture_ms);
   }
   rc = 0;
+  if (failed) /* every table is printed first: the failure is one line at the end */
+    rc = mj_fail(err, MJ_EINTERNAL, "bench decode: batch %d's check failed (%s): the times above are of wrong output",
+                 failed_b, failed);
 out:
   free(profs), free(rrow);
   sess_destroy(S);

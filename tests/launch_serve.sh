@@ -71,7 +71,7 @@ post() {
 # returns once its first token has arrived (mid-decode).
 stream() {
   : > "$1"
-  curl -s -N -m 60 -H 'Content-Type: application/json' --data-binary "$LONG" "http://127.0.0.1:$port/v1/completions" > "$1" &
+  curl -s -N -m "${STREAM_S:-60}" -H 'Content-Type: application/json' --data-binary "$LONG" "http://127.0.0.1:$port/v1/completions" > "$1" &
   cpid=$!
   for _ in $(seq 600); do
     grep -q '"text_completion"' "$1" && return 0
@@ -302,10 +302,12 @@ mkdir -p "$tmp/grp.t"
 serve_bg grp setsid env TMPDIR="$tmp/grp.t" MOEJIT_RANK_LOGS="$tmp/grp.logs" $MOEJIT serve -m "$tmp/m" --port 0 --tp 2 \
   --shutdown-timeout 60
 ranks $pid
-LONG='{"prompt":"a","max_tokens":800,"seed":3,"ignore_eos":true,"stream":true}' # seconds, well inside stream's -m 60
+# the long request (4000 tokens: 2-30 s here, longer under the sanitizers): still
+# running when the signal lands, which `1 running` below checks
+STREAM_S=300
 stream "$tmp/grp.sse"
 python3 -c 'import os, signal, sys; os.killpg(int(sys.argv[1]), signal.SIGTERM)' "$pid" # dash's kill takes no -PGID
-waitfor $pid 90
+waitfor $pid 300
 wait $cpid
 end=$(last "$tmp/grp.sse")
 [ $st = 0 ] && gone grp $r0 $r1 && ok "SIGTERM to the process group: exit 0 in $took s, both ranks gone" ||

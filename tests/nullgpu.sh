@@ -10,7 +10,8 @@
 #   first kernel with one line, so the check can fail;
 # - steps replay graphs (the driver's counts, NULLGPU_STATS);
 # - bench decode runs to its tables (its host side, checked before a GPU
-#   session would find a crash in it);
+#   session would find a crash in it); bench moe's check of the layer
+#   against the CPU reference fails it (exit 8) after its tables;
 # - the tuner's correctness guard: on a device that computes nothing the
 #   built-in plan's outputs stay poisoned, so `warmup --tune` stops with one
 #   line and stores no record (before the poisoning, stale outputs of the
@@ -116,6 +117,18 @@ if [ $st -eq 0 ] && grep -q "on moejit null GPU (sm_90a, 132 SMs)" "$tmp/bd" && 
   ok "bench decode on the null GPU: batches 1 and 8, the per-op table"
 else
   bad "bench decode: status $st: $(head -c 1500 "$tmp/bd")"
+fi
+
+# bench moe checks the layer against the CPU reference before its times count:
+# on a device that computes nothing it prints its tables, then fails with one line.
+$MOEJIT bench moe --batches 1 --experts 32 --hidden 1024 --inter 1024 --sets 1 --copies 1 --check-tokens 1 \
+  --plan builtin > "$tmp/bm" 2> "$tmp/bme"
+st=$?
+if [ $st -eq 8 ] && grep -q "^correctness: rel err .* FAIL" "$tmp/bm" && [ "$(wc -l < "$tmp/bme")" -eq 1 ] &&
+  grep -q "^moejit: bench moe: the layer differs from the CPU reference at batch 1 (rel err .*): the times above are of wrong output$" "$tmp/bme"; then
+  ok "bench moe on a device that computes nothing: exit 8, $(cut -c1-60 "$tmp/bme")..."
+else
+  bad "bench moe's correctness gate: status $st: $(cat "$tmp/bme") $(head -c 600 "$tmp/bm")"
 fi
 
 # ---- the tuner's guard: nothing computed, nothing stored -----------------------------
