@@ -954,8 +954,9 @@ static void deliver(moejit *a, api_req *q, moejit_event *ev) {
      * wake-up waits until the next step is queued (on_queued), or until
      * the engine goes idle (wake_pollers), and is then the waker thread's:
      * signalled here, under the lock, each of a step's pollers would wake
-     * only to block on the lock the engine takes for the next row's event.  One already listed needs no second entry:
-     * its wake-up will find every event queued by then. */
+     * only to block on the lock the engine takes for the next row's event.
+     * One already listed needs no second entry: its wake-up will find
+     * every event queued by then. */
     if (last) pthread_cond_signal(&q->cv);
     else if (!q->waking) a->wake[a->nwake++] = q, q->waking = 1;
     pthread_mutex_unlock(&a->lock);

@@ -968,10 +968,17 @@ static int step_run(gpu_model *g, const int32_t *token, const int32_t *slot, con
   bool graph;
   int np = gpu_padded(g, n, &graph);
   graph = graph && !eager;
+  /* on_queued comes once the step is on the device, unless the launch
+   * itself is long host work: an eager step's launches (and a new shape's
+   * compiles), or a size's first graph step (an eager run and a capture).
+   * Then it comes first, so that no one waits through that work. */
+  bool ready = false;
+  for (int i = 0; graph && i < g->o.n_graph_batches; i++) ready |= g->o.graph_batches[i] == np && g->graph[i];
+  if (!ready && g->o.on_queued) g->o.on_queued(g->o.on_queued_ctx);
   rc = graph ? graph_launch(g, np, g->s, err) : enqueue(g, np, g->s, NULL, err);
   if (rc) return rc;
   if (logits) CU_CHECK(err, cu.cuMemcpyDtoHAsync(logits, g->logits, (size_t)n * g->d.vocab * 4, g->s));
-  if (g->o.on_queued) g->o.on_queued(g->o.on_queued_ctx);
+  if (ready && g->o.on_queued) g->o.on_queued(g->o.on_queued_ctx);
   if ((rc = read_tokens(g, n, out, err))) return rc;
   g->cnt.steps++;
   g->cnt.rows += (uint64_t)n;

@@ -54,7 +54,9 @@ typedef struct gpu_opts {
   bool force_choices;             /* tests: each step takes its routing and DSA selections from gpu_force_choices */
   /* Called once a step's work is queued on the device and before the step
    * waits for it: host work that overlaps the device's (the API's engine
-   * wakes the pollers of the previous step's tokens there). */
+   * wakes the pollers of the previous step's tokens there); before the
+   * launch when the launch is itself long host work (an eager step, a
+   * size's first graph step). */
   void (*on_queued)(void *ctx);
   void *on_queued_ctx;
   const struct tune_target *tune; /* whose tuned tiles the steps take (tune.h); NULL: the GPU at hand's records,
