@@ -640,6 +640,7 @@ int gpu_fill_cache(gpu_model *g, uint64_t seed, mj_err *err) {
 /* ---- the step --------------------------------------------------------------------- */
 static int read_tokens(gpu_model *g, int n, int32_t *out, mj_err *err);
 static int graph_launch(gpu_model *g, int np, CUstream s, mj_err *err);
+static int graph_slot(const gpu_model *g, int np);
 
 /* Whose tuned tiles this model's steps take: the options' target, else
  * the GPU at hand's where it is of the steps' target (tune_target_here);
@@ -904,10 +905,16 @@ static int launch_step(void *ctx, int i, CUstream s, mj_err *err) {
   return j->graph ? graph_launch(j->g, j->np, s, err) : enqueue(j->g, j->np, s, NULL, err);
 }
 
+/* The index of captured size np in graph_batches (and graph); -1 if none. */
+static int graph_slot(const gpu_model *g, int np) {
+  for (int i = 0; i < g->o.n_graph_batches; i++)
+    if (g->o.graph_batches[i] == np) return i;
+  return -1;
+}
+
 static int graph_launch(gpu_model *g, int np, CUstream s, mj_err *err) {
-  int gi = 0;
-  while (gi < g->o.n_graph_batches && g->o.graph_batches[gi] != np) gi++;
-  if (gi == g->o.n_graph_batches) return mj_fail(err, MJ_EINTERNAL, "gpu: no captured size %d", np);
+  int gi = graph_slot(g, np);
+  if (gi < 0) return mj_fail(err, MJ_EINTERNAL, "gpu: no captured size %d", np);
   if (!g->graph[gi]) {
     /* One eager run first brings every kernel through the front door
      * (loading a module inside a capture is not allowed); the step is
@@ -972,8 +979,8 @@ static int step_run(gpu_model *g, const int32_t *token, const int32_t *slot, con
    * itself is long host work: an eager step's launches (and a new shape's
    * compiles), or a size's first graph step (an eager run and a capture).
    * Then it comes first, so that no one waits through that work. */
-  bool ready = false;
-  for (int i = 0; graph && i < g->o.n_graph_batches; i++) ready |= g->o.graph_batches[i] == np && g->graph[i];
+  int gi = graph ? graph_slot(g, np) : -1;
+  bool ready = gi >= 0 && g->graph[gi];
   if (!ready && g->o.on_queued) g->o.on_queued(g->o.on_queued_ctx);
   rc = graph ? graph_launch(g, np, g->s, err) : enqueue(g, np, g->s, NULL, err);
   if (rc) return rc;
