@@ -135,7 +135,7 @@ out:
 
 int bench_decode(int argc, char **argv, mj_err *err) {
   const char *dir = NULL, *synth = "glm5", *batch_s = "1,8,32";
-  int64_t layers = 18, dense = 3, ctx = 1024, steps = 10, reps = 9, seed = 0, tp = 1, ep = 1, rank = -1;
+  int64_t layers = 18, dense = 3, ctx = 1024, max_ctx = 0, steps = 10, reps = 9, seed = 0, tp = 1, ep = 1, rank = -1;
   double ar_us = BENCH_ALLREDUCE_US;
   bool no_graphs = false, region = false, head_whole = false;
   cli_opt opts[] = {{"model", 'm', CLI_STR, &dir},   {"synthetic", 0, CLI_STR, &synth},
@@ -145,7 +145,8 @@ int bench_decode(int argc, char **argv, mj_err *err) {
                     {"seed", 0, CLI_INT, &seed},     {"no-graphs", 0, CLI_FLAG, &no_graphs},
                     {"profile-region", 0, CLI_FLAG, &region}, {"tp", 0, CLI_INT, &tp},
                     {"ep", 0, CLI_INT, &ep},         {"rank", 0, CLI_INT, &rank},
-                    {"allreduce-us", 0, CLI_NUM, &ar_us}, {"head-whole", 0, CLI_FLAG, &head_whole}};
+                    {"allreduce-us", 0, CLI_NUM, &ar_us}, {"head-whole", 0, CLI_FLAG, &head_whole},
+                    {"max-ctx", 0, CLI_INT, &max_ctx}};
   int rc = cli_parse("bench", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (rc) return rc < 0 ? 0 : rc;
   int64_t batches[16];
@@ -162,6 +163,9 @@ int bench_decode(int argc, char **argv, mj_err *err) {
     return mj_fail(err, MJ_EUSAGE,
                    "moejit bench decode: --ctx 1..1048576, --steps and --reps 1..100000, --layers 1..1000, "
                    "0 <= --dense <= --layers");
+  if (max_ctx != 0 && (max_ctx < ctx + 2 || max_ctx > 1 << 20))
+    return mj_fail(err, MJ_EUSAGE, "moejit bench decode: --max-ctx must be --ctx + 2 (%lld) .. 1048576, not %lld",
+                   (long long)(ctx + 2), (long long)max_ctx);
   if (!dir && strcmp(synth, "glm5") != 0)
     return mj_fail(err, MJ_EUSAGE, "moejit bench decode: --synthetic knows only glm5 (or give -m DIR)");
   int world;
@@ -190,7 +194,7 @@ int bench_decode(int argc, char **argv, mj_err *err) {
   sess_opts_default(&o);
   o.backend = SESS_CUDA;
   o.slots = (int)bmax;
-  o.max_ctx = ctx + 2;
+  o.max_ctx = max_ctx ? max_ctx : ctx + 2; /* --max-ctx: a server's cache, rows far shorter */
   o.gpu.use_graphs = !no_graphs;
   o.gpu.max_rows = (int)bmax;
   switch_coll sw = {.c = {.ops = &sw_ops, .rank = 0, .world = 1, .capturable = true}};

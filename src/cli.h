@@ -34,7 +34,7 @@
     "                 [--check-tokens N] [--experts E] [--hidden H] [--inter I] [--plan builtin|tuned]\n" \
     "moejit bench decode [-m DIR | --synthetic glm5 [--layers N] [--dense D]] [--batch 1,8,32]\n" \
     "                 [--ctx N] [--steps N] [--reps N] [--seed S] [--no-graphs] [--profile-region]\n" \
-    "                 [--tp N] [--ep M] [--rank R] [--allreduce-us US] [--head-whole]\n" \
+    "                 [--tp N] [--ep M] [--rank R] [--allreduce-us US] [--head-whole] [--max-ctx N]\n" \
     "  gemv: the decode step's GEMV, gemv_bf16_b.k, at B = 1 (default N = K = 8192), one row\n" \
     "  per tile THREADS:ROWS:UNROLL, checked against the CPU reference, then timed\n" \
     "  decode: the whole GLM-5 step (default: 18 full-width layers, 3 dense, random\n" \

@@ -31,6 +31,8 @@ grep -q "registers" "$tmp/out" || { echo "FAIL: no resource report"; fail=1; }
 expect 1 "moejit: moejit bench decode: --tp 4 --ep 2: each must be 1 or the number of ranks (the larger, 4)" \
   $MOEJIT bench decode --tp 4 --ep 2
 expect 1 "moejit: moejit bench decode: --ep must be 1 to 1024, not 0" $MOEJIT bench decode --ep 0
+expect 1 "moejit: moejit bench decode: --max-ctx must be --ctx + 2 (12) .. 1048576, not 11" \
+  $MOEJIT bench decode --ctx 10 --max-ctx 11
 # without a GPU the GPU commands say so plainly (status 3)
 if ! $MOEJIT version | grep -q "^driver    CUDA"; then
   expect 3 "moejit: no GPU: the CUDA driver (libcuda.so.1) is not installed" $MOEJIT bench gemv
