@@ -119,6 +119,16 @@ else
   bad "bench decode: status $st: $(head -c 1500 "$tmp/bd")"
 fi
 
+# --max-ctx: a server's cache (the attention's grid sized for it), rows of --ctx
+$MOEJIT bench decode -m "$tmp/m" --batch 1 --ctx 64 --max-ctx 2048 --steps 1 --reps 1 > "$tmp/bdm" 2>&1
+st=$?
+if [ $st -eq 0 ] && grep -q "context 64 (each row attends to 65 tokens; caches of 2048)" "$tmp/bdm" &&
+  grep -q "^| 1 | " "$tmp/bdm"; then
+  ok "bench decode --max-ctx 2048 on the null GPU"
+else
+  bad "bench decode --max-ctx: status $st: $(head -c 1500 "$tmp/bdm")"
+fi
+
 # bench moe checks the layer against the CPU reference before its times count:
 # on a device that computes nothing it prints its tables, then fails with one line.
 $MOEJIT bench moe --batches 1 --experts 32 --hidden 1024 --inter 1024 --sets 1 --copies 1 --check-tokens 1 \
