@@ -14,7 +14,9 @@
 # so every request is -n tokens on both and the rates compare the same work.
 # It prints a markdown table: requests/s, generated tokens/s, time to first
 # token (p50, p90) and the whole request's time (p50), and generate's
-# tokens/s beside the server's.  --no-stream asks for whole responses
+# tokens/s beside the server's; the server's rates count the span from the
+# first request sent to the last response read, as generate's count its
+# first prompt submitted to its last token.  --no-stream asks for whole responses
 # (stream false: one JSON body a request, no time to first token), which
 # takes the client's per-token work out of the measurement.  --server-cpus and
 # --client-cpus (taskset lists, as 0-7) keep the server (and generate) and
@@ -111,6 +113,10 @@ cat > "$tmp/client.py" << 'EOF'
 # events), each sending REQUESTS completions in turn; one JSON line of the
 # results.
 import http.client, json, multiprocessing, sys, time
+# Request times are CLOCK_MONOTONIC, one clock for every process, so the
+# span from the first request sent to the last response read compares across
+# the streams (perf_counter's reference point is per process).
+now = lambda: time.clock_gettime(time.CLOCK_MONOTONIC)
 port, C, R, N, path = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 STREAM = sys.argv[6] == "1"
 prompts = open(path, encoding="utf-8").read().splitlines()
@@ -119,15 +125,15 @@ def one(conn, prompt):
     body = {"prompt": prompt, "max_tokens": N, "stream": STREAM, "ignore_eos": True}
     if STREAM:
         body["stream_options"] = {"include_usage": True}
-    t0 = time.perf_counter()
+    t0 = now()
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     r = conn.getresponse()
     if r.status != 200:
         raise RuntimeError("status %d: %s" % (r.status, r.read()[:200]))
     if not STREAM:
         tokens = json.loads(r.read())["usage"]["completion_tokens"]
-        t1 = time.perf_counter()
-        return {"ttft": float("nan"), "total": t1 - t0, "tokens": tokens}
+        t1 = now()
+        return {"ttft": float("nan"), "total": t1 - t0, "tokens": tokens, "t0": t0, "t1": t1}
     first, tokens = None, 0
     while True:
         line = r.readline()
@@ -142,10 +148,10 @@ def one(conn, prompt):
         if d.get("usage"):
             tokens = d["usage"]["completion_tokens"]
         elif first is None:
-            first = time.perf_counter()
+            first = now()
     r.read()
-    t1 = time.perf_counter()
-    return {"ttft": (first or t1) - t0, "total": t1 - t0, "tokens": tokens}
+    t1 = now()
+    return {"ttft": (first or t1) - t0, "total": t1 - t0, "tokens": tokens, "t0": t0, "t1": t1}
 
 def stream(k, go, out):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
@@ -179,11 +185,17 @@ def pct(v, p):
     v = sorted(v)
     return v[min(len(v) - 1, int(p * len(v)))] if v else float("nan")
 toks = sum(r["tokens"] for r in results)
+# The rates count the span of the requests themselves (as generate counts
+# from its first prompt submitted to its last token out), not the harness's
+# process wake-up and result hand-back around them (wall_s): those were
+# 12-15 ms a run, ~2% of one stream's 32 requests (2026-12-05, null GPU).
+span = max(r["t1"] for r in results) - min(r["t0"] for r in results) if results else wall
 print(json.dumps({"streams": C, "requests": len(results), "errors": len(errors), "first_error": errors[0] if errors else None,
-                  "wall_s": wall, "req_s": len(results) / wall, "tok_s": toks / wall, "tokens": toks,
+                  "wall_s": wall, "span_s": span, "req_s": len(results) / span, "tok_s": toks / span, "tokens": toks,
                   "ttft_p50_ms": 1000 * pct([r["ttft"] for r in results], 0.5),
                   "ttft_p90_ms": 1000 * pct([r["ttft"] for r in results], 0.9),
-                  "total_p50_ms": 1000 * pct([r["total"] for r in results], 0.5)}))
+                  "total_p50_ms": 1000 * pct([r["total"] for r in results], 0.5),
+                  "total_mean_ms": 1000 * sum(r["total"] for r in results) / max(1, len(results))}))
 EOF
 
 echo "serve-bench.sh: moejit serve on port $port ($backend); warming up" >&2
@@ -235,8 +247,8 @@ def per_step(c, before):
     if steps <= 0 or gaps <= 0: return "n/a"
     return "%.1f / %.1f / %.1f" % (1e6 * d("moejit_decode_step_seconds_sum") / steps, 1e6 * d("moejit_engine_gap_seconds_total") / gaps,
                                    d("moejit_decode_rows_total") / steps)
-print("| streams | requests | req/s | tok/s (serve) | TTFT p50 ms | TTFT p90 ms | request p50 ms | tok/s (generate --parallel) | step / gap us / rows (serve) | step / gap us / rows (generate) | errors |")
-print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| streams | requests | req/s | tok/s (serve) | TTFT p50 ms | TTFT p90 ms | request p50 ms | tok/s (generate --parallel) | step / gap us / rows (serve) | step / gap us / rows (generate) | span / harness s | errors |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 before = "warm"
 for c in streams:
     s = json.load(open("%s/serve.%s.json" % (tmp, c)))
@@ -249,10 +261,13 @@ for c in streams:
         if m: gs = "%s / %s / %s" % (m.group(2), m.group(3), m.group(1))
     except OSError:
         pass
-    print("| %s | %d | %.2f | %.1f | %.1f | %.1f | %.1f | %s | %s | %s | %d |" % (c, s["requests"], s["req_s"], s["tok_s"], s["ttft_p50_ms"],
-          s["ttft_p90_ms"], s["total_p50_ms"], g, per_step(c, before), gs, s["errors"]))
+    print("| %s | %d | %.2f | %.1f | %.1f | %.1f | %.1f | %s | %s | %s | %.3f / %.3f | %d |" % (c, s["requests"], s["req_s"], s["tok_s"],
+          s["ttft_p50_ms"], s["ttft_p90_ms"], s["total_p50_ms"], g, per_step(c, before), gs, s.get("span_s", s["wall_s"]),
+          s["wall_s"], s["errors"]))
     before = c
     if s["first_error"]: print("\nfirst error at %s streams: %s\n" % (c, s["first_error"]))
+print("\nreq/s and tok/s count the span from the first request sent to the last response read (span); the"
+      " harness's wall time around it adds the client processes' start and hand-back.")
 print("\nstep / gap / rows: the mean decode step and the engine thread's own time between two steps in a row"
       " (tokens out, wake-ups, lock waits), in us, and the mean rows a step (the batch the clients kept full).")
 try:
