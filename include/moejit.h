@@ -43,7 +43,7 @@ extern "C" {
  * a struct that holds another by value (moejit_open_opts' default_sampling)
  * sees its later fields move when that one grows: rebuild against the
  * header (the library is static). */
-#define MOEJIT_API_VERSION 5
+#define MOEJIT_API_VERSION 6
 
 /* The header's MOEJIT_API_VERSION the library was built with (a program
  * may check that it equals its own), and the package version ("0.1.0"). */
@@ -311,6 +311,12 @@ typedef struct moejit_request {
    * false, 0. */
   bool logprobs;
   int32_t top_logprobs;
+  /* A polled request's events are held until its last is queued:
+   * moejit_poll returns none before (MOEJIT_ETIMEDOUT), and then each in
+   * turn without waiting.  Its poller wakes once a request, not once a
+   * token: for a caller that wants the whole response (moejit serve's
+   * stream false).  With on_event it is MOEJIT_EINVAL.  Default false. */
+  bool hold_events;
 } moejit_request;
 
 void moejit_request_init(moejit_request *r);

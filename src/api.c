@@ -195,6 +195,7 @@ typedef struct api_req {
   size_t *stop_len;
   size_t n_stop, stop_max;
   bool ignore_eos;
+  bool hold;     /* polled, its events held until the last (moejit_request.hold_events) */
   moejit_event_fn fn;
   void *user;
   /* the engine thread's */
@@ -783,6 +784,8 @@ static int make_req(moejit *a, const moejit_request *r, api_req **out, mj_err *e
   if (r->top_logprobs < 0 || r->top_logprobs > MOEJIT_MAX_TOP_LOGPROBS || (r->top_logprobs && !r->logprobs))
     return mj_fail(err, MJ_EUSAGE, "moejit_submit: top_logprobs is %d (0 to %d, and only with logprobs)", r->top_logprobs,
                    MOEJIT_MAX_TOP_LOGPROBS);
+  if (r->hold_events && r->on_event)
+    return mj_fail(err, MJ_EUSAGE, "moejit_submit: hold_events is for a polled request, and on_event is set");
   api_req *q = req_new(a);
   *out = q;
   if (r->prompt) rc = encode(a, r->prompt, r->prompt_len ? r->prompt_len : strlen(r->prompt), true, &q->prompt, err);
@@ -815,6 +818,7 @@ static int make_req(moejit *a, const moejit_request *r, api_req **out, mj_err *e
   }
   q->ignore_eos = r->ignore_eos;
   q->fn = r->on_event, q->user = r->user;
+  q->hold = r->hold_events;
   q->slot = -1;
   return 0;
 }
@@ -958,7 +962,7 @@ static void deliver(moejit *a, api_req *q, moejit_event *ev) {
      * One already listed needs no second entry: its wake-up will find
      * every event queued by then. */
     if (last) pthread_cond_signal(&q->cv);
-    else if (!q->waking) a->wake[a->nwake++] = q, q->waking = 1;
+    else if (!q->waking && !q->hold) a->wake[a->nwake++] = q, q->waking = 1;
     pthread_mutex_unlock(&a->lock);
     return;
   }
@@ -1447,16 +1451,19 @@ moejit_status moejit_poll(moejit *a, uint64_t id, moejit_event *ev, int timeout_
   api_req *q = find(a, id);
   if (!q) st = failf(MOEJIT_ENOTFOUND, "moejit_poll: no request %llu", (unsigned long long)id);
   else if (q->fn) st = failf(MOEJIT_EINVAL, "moejit_poll: request %llu has a callback", (unsigned long long)id);
-  while (!st && !q->qhead) {
+  /* A held request's events are ready once its last is queued (REQ_DONE). */
+#define READY(q) ((q)->qhead && (!(q)->hold || (q)->state == REQ_DONE))
+  while (!st && !READY(q)) {
     if (timeout_ms == 0 ||
         (timeout_ms > 0 ? pthread_cond_timedwait(&q->cv, &a->lock, &until) : pthread_cond_wait(&q->cv, &a->lock)) ==
             ETIMEDOUT) {
-      if (!q->qhead) st = failf(MOEJIT_ETIMEDOUT, "moejit_poll: no event of request %llu within %d ms",
+      if (!READY(q)) st = failf(MOEJIT_ETIMEDOUT, "moejit_poll: no event of request %llu within %d ms",
                                 (unsigned long long)id, timeout_ms);
-    } else if (!q->qhead) {
+    } else if (!READY(q)) {
       a->idle_wakeups++;
     }
   }
+#undef READY
   if (!st) {
     e = q->qhead;
     if (!(q->qhead = e->next)) q->qtail = NULL;

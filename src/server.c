@@ -4,7 +4,8 @@
  * max_connections); a completion request is submitted to the engine from its
  * connection's thread and that thread then polls the request's events
  * (moejit_poll) in slices of 100 ms, so blocking is where the work is and no
- * callback ever runs on the engine thread.  Between slices the thread peeks
+ * callback ever runs on the engine thread.  A whole response's events are
+ * held until its last (hold_events), so its thread wakes once a request.  Between slices the thread peeks
  * at its socket: a client that has gone away (EOF or reset) has its request
  * released at once (moejit_release cancels it and frees its slot) rather
  * than when the next write fails.  A streamed response is a chunked body
@@ -410,6 +411,8 @@ static enum MHD_Result completion(srv_req *q) {
   rq.max_tokens = mt > INT32_MAX ? INT32_MAX : (int32_t)mt;
   rq.stop = q->q.n_stop ? q->q.stop : NULL, rq.n_stop = (size_t)q->q.n_stop, rq.stop_lens = q->q.stop_len;
   rq.ignore_eos = q->q.ignore_eos;
+  /* A whole response wakes its thread once, at the end, not once a token. */
+  rq.hold_events = !q->q.stream;
   rq.logprobs = q->q.logprobs, rq.top_logprobs = (int32_t)q->q.top_logprobs;
   uint64_t id = 0;
   /* The body may have finished arriving after the drain began. */

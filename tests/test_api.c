@@ -16,7 +16,8 @@
  * requests without a seed draw alike on two ranks of a sharded engine;
  * threads that poll and exit leave no event parked; close with requests running
  * (cancelled, or drained to their end); an engine (its waker thread, the first started) that cannot start
- * reports pthread_create's own error; log probabilities (each token's the
+ * reports pthread_create's own error; a request whose events are held
+ * (hold_events) polls none until its end, then all; log probabilities (each token's the
  * log-softmax of the logits the session computes for that position, the
  * top list sorted and of the size asked, the same through a callback) and
  * the presence and frequency penalties (the session's draws; a request
@@ -544,12 +545,13 @@ static void test_stop_strings(void) {
   T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
 }
 
-/* A callback that blocks the engine on its first event until let go. */
+/* A callback that blocks the engine on its first event (or its at-th)
+ * until let go. */
 typedef struct gate {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   bool entered, open;
-  int events, last;
+  int events, last, at;
 } gate;
 
 static void gate_cb(const moejit_event *ev, void *user) {
@@ -557,6 +559,10 @@ static void gate_cb(const moejit_event *ev, void *user) {
   pthread_mutex_lock(&g->mu);
   g->events++;
   if (ev->finish) g->last = ev->finish;
+  if (g->events < g->at) {
+    pthread_mutex_unlock(&g->mu);
+    return;
+  }
   g->entered = true;
   pthread_cond_broadcast(&g->cv);
   while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
@@ -627,6 +633,61 @@ static void test_queue_full_and_timeout(void) {
   T_EQ_INT(g.last, MOEJIT_FINISH_LENGTH);
   T_EQ_INT(moejit_poll(m, b, &ev, 0), MOEJIT_ENOTFOUND); /* forgotten after its last event */
   T_EQ_INT(moejit_cancel(m, a), MOEJIT_ENOTFOUND);
+  T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
+  gate_free(&g);
+}
+
+/* hold_events: a held request's poll finds nothing while it runs, though
+ * its tokens are queued (a request beside it, not held, finds its own),
+ * then each event without waiting; the tokens are the same. */
+static void test_hold(void) {
+  moejit *m = open_tiny(3, 8);
+  moejit_sampling s = seeded(11);
+  moejit_request r;
+  moejit_request_init(&r);
+  r.prompt_ids = prompt, r.n_prompt_ids = NPROMPT;
+  r.sampling = &s, r.max_tokens = 50, r.ignore_eos = true, r.hold_events = true;
+  uint64_t b = 0;
+  T_EQ_INT(moejit_submit(m, &r, &b), MOEJIT_OK);
+  uint64_t c = submit_ids(m, &s, 50, true);
+  gate g;
+  gate_init(&g);
+  uint64_t a = submit_gated(m, &g, 4);
+  gate_wait_entered(&g); /* admitted after b and c, a holds the engine in its first event */
+  moejit_event ev;
+  T_EQ_INT(moejit_poll(m, b, &ev, 0), MOEJIT_ETIMEDOUT);
+  T_EQ_INT(moejit_poll(m, b, &ev, 30), MOEJIT_ETIMEDOUT);
+  T_EQ_INT(moejit_poll(m, c, &ev, 0), MOEJIT_OK); /* c's first token, queued */
+  T_CHECK(ev.token >= 0 && ev.finish == MOEJIT_FINISH_NONE);
+  int32_t first_c = ev.token;
+  gate_open(&g);
+  result rc;
+  T_CHECK(drain(m, c, &rc));
+  T_EQ_INT(rc.ntok, 49);
+  /* b: the first poll waits for its end, the rest find their events queued */
+  int32_t tok[64];
+  int n = 0;
+  T_EQ_INT(moejit_poll(m, b, &ev, 10000), MOEJIT_OK);
+  for (;;) {
+    if (ev.token >= 0 && n < 64) tok[n++] = ev.token;
+    if (ev.finish != MOEJIT_FINISH_NONE) break;
+    moejit_status st = moejit_poll(m, b, &ev, 0);
+    T_EQ_INT(st, MOEJIT_OK);
+    if (st) break;
+  }
+  T_EQ_INT(ev.finish, MOEJIT_FINISH_LENGTH);
+  T_EQ_INT(n, 50);
+  T_EQ_INT(tok[0], first_c);
+  T_CHECK(n == 50 && !memcmp(tok + 1, rc.tok, 49 * sizeof *tok)); /* c's, as the same seed draws */
+  T_EQ_INT(moejit_poll(m, b, &ev, 0), MOEJIT_ENOTFOUND);
+  T_EQ_INT(moejit_cancel(m, a), MOEJIT_ENOTFOUND);
+  T_EQ_INT(g.last, MOEJIT_FINISH_LENGTH);
+  /* released while held: cancelled, forgotten at once */
+  uint64_t d = 0;
+  T_EQ_INT(moejit_submit(m, &r, &d), MOEJIT_OK);
+  T_EQ_INT(moejit_poll(m, d, &ev, 20), MOEJIT_ETIMEDOUT);
+  T_EQ_INT(moejit_release(m, d), MOEJIT_OK);
+  T_EQ_INT(moejit_poll(m, d, &ev, 0), MOEJIT_ENOTFOUND);
   T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
   gate_free(&g);
 }
@@ -720,6 +781,9 @@ static void test_bad_arguments(void) {
   r.logprobs = false, r.top_logprobs = 2;
   BAD(MOEJIT_EINVAL, "top_logprobs is 2");
   r.top_logprobs = 0;
+  r.hold_events = true, r.on_event = gate_cb;
+  BAD(MOEJIT_EINVAL, "hold_events is for a polled request");
+  r.hold_events = false, r.on_event = NULL;
   const char *empty[] = {""};
   r.stop = empty, r.n_stop = 1;
   BAD(MOEJIT_EINVAL, "stop string 0 is empty");
@@ -1293,6 +1357,7 @@ int main(void) {
   T_RUN(test_penalties);
   T_RUN(test_queue_full_and_timeout);
   T_RUN(test_cancel);
+  T_RUN(test_hold);
   T_RUN(test_release_running);
   T_RUN(test_bad_arguments);
   T_RUN(test_thread_start_error);
