@@ -128,15 +128,96 @@ static int rank_channel(const coll *rc, int world, ctl **out, mj_err *err) {
   return rc->rank == 0 ? ctl_leader(path, world - 1, 600 * 1000, out, err) : ctl_follower(path, 600 * 1000, out, err);
 }
 
+/* The API keys, for the process's life: they point into the texts they
+ * came from (the flag's or the environment's copy, the file's). */
+static struct {
+  char *text, *file;
+  const char **v;
+  int n;
+} keys;
+
+static void keys_free(void) {
+  free(keys.text), free(keys.file), free(keys.v);
+  memset(&keys, 0, sizeof keys);
+}
+
+/* Take key k (of len bytes, trimmed of blanks at both ends) from where
+ * (an option, a file's line) into keys, or say why not. */
+static int key_add(char *k, size_t len, const char *where, int line, mj_err *err) {
+  while (len && (*k == ' ' || *k == '\t')) k++, len--;
+  while (len && (k[len - 1] == ' ' || k[len - 1] == '\t' || k[len - 1] == '\r')) len--;
+  k[len] = 0;
+  char at[32] = "";
+  if (line) snprintf(at, sizeof at, ": line %d", line);
+  else snprintf(at, sizeof at, ": key %d", keys.n + 1);
+  if (!len) return mj_fail(err, MJ_EUSAGE, "moejit serve: %s%s: an empty key", where, at);
+  if (!srv_key_valid(k))
+    return mj_fail(err, MJ_EUSAGE, "moejit serve: %s%s: a key is 1 to %d visible ASCII characters (no spaces)", where, at,
+                   SRV_MAX_KEY);
+  keys.v = mj_xrealloc(keys.v, (size_t)(keys.n + 1) * sizeof *keys.v);
+  keys.v[keys.n++] = k;
+  return 0;
+}
+
+/* The API keys: --api-key's (several, comma-separated), and --api-key-file's
+ * (one a line; blank lines and lines starting with # skipped); with
+ * neither, $MOEJIT_API_KEY's (as --api-key; empty is none), which keeps a
+ * key out of the process list that --api-key shows. */
+static int keys_take(const char *flag, const char *file, mj_err *err) {
+  const char *env = getenv("MOEJIT_API_KEY");
+  const char *where = flag ? "--api-key" : "MOEJIT_API_KEY";
+  if (!flag && !file && env && *env) flag = env;
+  if (flag) {
+    keys.text = mj_xstrdup(flag);
+    for (char *k = keys.text;;) {
+      char *comma = strchr(k, ',');
+      size_t len = comma ? (size_t)(comma - k) : strlen(k);
+      int r = key_add(k, len, where, 0, err);
+      if (r) return r;
+      if (!comma) break;
+      k = comma + 1;
+    }
+  }
+  if (file) {
+    size_t len;
+    int r = mj_read_file(file, &keys.file, &len, err);
+    if (r) {
+      char why[sizeof err->msg];
+      snprintf(why, sizeof why, "%s", err->msg);
+      mj_err_clear(err);
+      return mj_fail(err, MJ_EUSAGE, "moejit serve: --api-key-file %s", why);
+    }
+    if (memchr(keys.file, 0, len)) return mj_fail(err, MJ_EUSAGE, "moejit serve: --api-key-file %s: holds a NUL byte", file);
+    int n0 = keys.n, line = 0;
+    char where_f[600];
+    snprintf(where_f, sizeof where_f, "--api-key-file %s", file);
+    for (char *l = keys.file; *l;) {
+      char *nl = strchr(l, '\n');
+      size_t ll = nl ? (size_t)(nl - l) : strlen(l);
+      line++;
+      char *t = l;
+      while (t < l + ll && (*t == ' ' || *t == '\t' || *t == '\r')) t++;
+      if (t < l + ll && *t != '#' && (r = key_add(l, ll, where_f, line, err))) return r;
+      if (!nl) break;
+      l = nl + 1;
+    }
+    if (keys.n == n0)
+      return mj_fail(err, MJ_EUSAGE, "moejit serve: --api-key-file %s: no key in it (one a line; blank lines and # comments skipped)",
+                     file);
+  }
+  return 0;
+}
+
 int cmd_serve(int argc, char **argv, mj_err *err) {
-  const char *dir = NULL, *host = "127.0.0.1", *api_key = NULL, *backend = "auto";
+  const char *dir = NULL, *host = "127.0.0.1", *api_key = NULL, *key_file = NULL, *backend = "auto";
   int64_t port = 8000, parallel = 4, max_queue = 256, max_body = 1 << 20, ctx = 0, shutdown_s = 10, threads = 0,
           max_conn = 128, idle_s = 60, request_s = 30, tp = 1, ep = 1;
   bool quiet = false;
   cli_opt opts[] = {
       {"model", 'm', CLI_STR, &dir},          {"host", 0, CLI_STR, &host},
       {"port", 0, CLI_INT, &port},            {"parallel", 0, CLI_INT, &parallel},
-      {"api-key", 0, CLI_STR, &api_key},      {"backend", 0, CLI_STR, &backend},
+      {"api-key", 0, CLI_STR, &api_key},      {"api-key-file", 0, CLI_STR, &key_file},
+      {"backend", 0, CLI_STR, &backend},
       {"max-queue", 0, CLI_INT, &max_queue},  {"max-body", 0, CLI_INT, &max_body},
       {"ctx", 'c', CLI_INT, &ctx},            {"shutdown-timeout", 0, CLI_INT, &shutdown_s},
       {"threads", 't', CLI_INT, &threads},    {"max-connections", 0, CLI_INT, &max_conn},
@@ -170,7 +251,8 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
     return mj_fail(err, MJ_EUSAGE, "moejit serve: --tp/--ep run on GPUs, not with --backend cpu");
   srv_opts so;
   srv_opts_init(&so);
-  so.host = host, so.port = (int)port, so.api_key = api_key;
+  if ((r = keys_take(api_key, key_file, err))) return r;
+  so.host = host, so.port = (int)port, so.api_keys = keys.v, so.n_api_keys = keys.n;
   so.max_body = (size_t)max_body, so.max_connections = (int)max_conn;
   so.idle_timeout_s = (int)idle_s, so.request_timeout_s = (int)request_s;
   if ((r = srv_check(&so, err))) return r; /* before the model is loaded */
@@ -280,6 +362,7 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
   m = NULL;
   if (!quiet) fprintf(stderr, "moejit: stopped\n");
 out:
+  keys_free(); /* the server, which copied them, is gone */
   api_close(m, 0, NULL);
   ctl_close(c);
   coll_destroy(rank_coll);

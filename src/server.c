@@ -106,7 +106,9 @@ typedef struct srv_req {
 struct srv {
   moejit *engine;
   srv_opts o;
-  char *model_name, *api_key;
+  char *model_name;
+  char **keys; /* the API keys, n_keys of them (none: no key asked) */
+  int n_keys;
   int64_t created;
   int port;
   struct MHD_Daemon *d;
@@ -532,15 +534,22 @@ static route route_of(const char *url) {
   return R_NONE;
 }
 
-/* The key compared in time that does not depend on where it differs. */
+/* The bearer token against every key, each compared in time that does
+ * not depend on where it differs, and all of them whatever matched. */
 static bool key_ok(const srv *s, struct MHD_Connection *c) {
   const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
   if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
   h += 7;
-  size_t n = strlen(h), k = strlen(s->api_key);
-  unsigned char d = n != k;
-  for (size_t i = 0; i < n; i++) d |= (unsigned char)(h[i] ^ s->api_key[i % (k ? k : 1)]);
-  return d == 0;
+  size_t n = strlen(h);
+  bool ok = false;
+  for (int j = 0; j < s->n_keys; j++) {
+    const char *key = s->keys[j];
+    size_t k = strlen(key); /* never 0 (serve_cmd.c) */
+    unsigned char d = n != k;
+    for (size_t i = 0; i < n; i++) d |= (unsigned char)(h[i] ^ key[i % k]);
+    ok |= d == 0;
+  }
+  return ok;
 }
 
 static srv_conn *conn_of(struct MHD_Connection *c) {
@@ -559,7 +568,7 @@ static enum MHD_Result first_call(srv *s, srv_req *q, const char *method) {
              want_post ? "POST" : "GET");
     return send_error(s, q->c, &e, MHD_HTTP_HEADER_ALLOW, want_post ? "POST" : "GET, HEAD");
   }
-  if (s->api_key && q->rt != R_HEALTH && q->rt != R_METRICS && !key_ok(s, q->c)) {
+  if (s->n_keys && q->rt != R_HEALTH && q->rt != R_METRICS && !key_ok(s, q->c)) {
     oai_error e;
     oai_fail(&e, 401, "authentication_error", NULL, "invalid_api_key",
              "a missing or wrong API key: send the header Authorization: Bearer KEY");
@@ -745,22 +754,42 @@ static int resolve(const srv_opts *o, struct addrinfo **ai, mj_err *err) {
   return 0;
 }
 
+bool srv_key_valid(const char *k) {
+  size_t n = strlen(k);
+  if (n < 1 || n > SRV_MAX_KEY) return false;
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)k[i] < 0x21 || (unsigned char)k[i] > 0x7e) return false;
+  return true;
+}
+
+static int check_keys(const srv_opts *o, mj_err *err) {
+  for (int j = 0; j < o->n_api_keys; j++)
+    if (!srv_key_valid(o->api_keys[j]))
+      return mj_fail(err, MJ_EUSAGE, "moejit serve: API key %d is not 1 to %d visible ASCII characters", j + 1, SRV_MAX_KEY);
+  return 0;
+}
+
 int srv_check(const srv_opts *o, mj_err *err) {
+  int r = check_keys(o, err);
+  if (r) return r;
   struct addrinfo *ai;
-  int r = resolve(o, &ai, err);
+  r = resolve(o, &ai, err);
   if (!r) freeaddrinfo(ai);
   return r;
 }
 
 int srv_start(moejit *engine, const srv_opts *o, srv **out, mj_err *err) {
   *out = NULL;
-  struct addrinfo *ai;
-  int r = resolve(o, &ai, err);
+  int r = check_keys(o, err);
   if (r) return r;
+  struct addrinfo *ai;
+  if ((r = resolve(o, &ai, err))) return r;
   srv *s = mj_xcalloc(1, sizeof *s);
   s->engine = engine, s->o = *o;
   s->model_name = mj_xstrdup(o->model_name ? o->model_name : "moejit");
-  s->api_key = o->api_key ? mj_xstrdup(o->api_key) : NULL;
+  s->n_keys = o->n_api_keys;
+  s->keys = mj_xcalloc(o->n_api_keys ? (size_t)o->n_api_keys : 1, sizeof *s->keys);
+  for (int j = 0; j < o->n_api_keys; j++) s->keys[j] = mj_xstrdup(o->api_keys[j]);
   s->created = (int64_t)time(NULL);
   s->next_id = 1;
   pthread_mutex_init(&s->mu, NULL), pthread_mutex_init(&s->parse_mu, NULL), pthread_mutex_init(&s->wd_mu, NULL);
@@ -825,6 +854,7 @@ void srv_destroy(srv *s) {
   }
   pthread_mutex_destroy(&s->mu), pthread_mutex_destroy(&s->parse_mu), pthread_mutex_destroy(&s->wd_mu);
   pthread_cond_destroy(&s->wd_cv);
-  free(s->model_name), free(s->api_key);
+  for (int j = 0; j < s->n_keys; j++) free(s->keys[j]);
+  free(s->model_name), free(s->keys);
   free(s);
 }

@@ -24,7 +24,8 @@
 typedef struct srv_opts {
   const char *host;        /* the address to listen on (default "127.0.0.1"; a name or an IPv4/IPv6 literal) */
   int port;                /* default 8000; 0: an ephemeral port (srv_port says which) */
-  const char *api_key;     /* NULL: none; else /v1/ routes want "Authorization: Bearer KEY" */
+  const char *const *api_keys; /* n_api_keys keys (copied): /v1/ routes want "Authorization: Bearer KEY" */
+  int n_api_keys;              /* with any of them; 0 (default): no key asked */
   const char *model_name;  /* the model's id in /v1/models and responses */
   size_t max_body;         /* request body bytes (default 1 MiB); more is 413 */
   int max_connections;     /* open connections (default 128); more are refused at accept */
@@ -37,7 +38,14 @@ void srv_opts_init(srv_opts *o);
 
 typedef struct srv srv;
 
-/* Check o (ranges; the host resolves) without listening, so a command can
+/* The longest API key taken. */
+#define SRV_MAX_KEY 512
+
+/* Is k an API key a bearer header can carry: 1 to SRV_MAX_KEY visible ASCII
+ * characters (0x21-0x7e: no spaces, no control characters)? */
+bool srv_key_valid(const char *k);
+
+/* Check o (ranges, the keys; the host resolves) without listening, so a command can
  * refuse a bad flag before it loads a model.  MJ_EUSAGE naming the flag. */
 int srv_check(const srv_opts *o, mj_err *err);
 
