@@ -145,6 +145,62 @@ static int get_logprobs(oai_request *r, const json *o, oai_error *e) {
   return 0;
 }
 
+/* Completions' prompt: a string, or token ids (an array of integers), or a
+ * batch of one of either ([STRING] or [[IDS]]); a batch of more is refused,
+ * as is an empty prompt of ids (an empty string is the server's to refuse). */
+static int get_prompt(oai_request *r, const json *v, oai_error *e) {
+  if (!v) return BAD(e, "prompt", "'prompt' is required");
+  if (v->type == JSON_ARR && v->len >= 1 && (v->items[0]->type == JSON_STR || v->items[0]->type == JSON_ARR)) {
+    if (v->len > 1)
+      return BAD(e, "prompt", "'prompt' is a batch of %zu prompts; moejit takes one a request (send them as requests of "
+                              "their own: they are batched on the engine)", v->len);
+    v = v->items[0];
+  }
+  if (v->type == JSON_STR) {
+    r->prompt = mj_arena_strndup(&r->mem, v->str, v->len), r->prompt_len = v->len;
+    return 0;
+  }
+  if (v->type != JSON_ARR)
+    return BAD(e, "prompt", "'prompt' must be a string or an array of token ids, not %s", json_type_name(v->type));
+  if (v->len == 0) return BAD(e, "prompt", "'prompt' is an empty array of token ids");
+  int32_t *ids = mj_arena_alloc(&r->mem, v->len * sizeof *ids);
+  for (size_t i = 0; i < v->len; i++) {
+    const json *t = v->items[i];
+    if (t->type != JSON_NUM || !t->is_int || t->i < 0 || t->i > INT32_MAX)
+      return BAD(e, "prompt", "'prompt' token %zu must be a token id (an integer, 0 or more), not %s", i,
+                 t->type == JSON_NUM ? "that number" : json_type_name(t->type));
+    ids[i] = (int32_t)t->i;
+  }
+  r->prompt_ids = ids, r->n_prompt_ids = v->len;
+  return 0;
+}
+
+/* Fields whose meaning moejit does not give are refused, not ignored: an
+ * answer that silently leaves them out would look right and be wrong.
+ * Their neutral values (an empty logit_bias, best_of 1, an empty suffix,
+ * no tools, a text response_format) pass. */
+static int refuse_unsupported(const oai_request *r, const json *o, oai_error *e) {
+  const json *v = json_get(o, "logit_bias");
+  if (v && v->type != JSON_NULL && !(v->type == JSON_OBJ && v->len == 0))
+    return BAD(e, "logit_bias", "'logit_bias' is not supported by moejit");
+  v = json_get(o, "best_of");
+  if (v && v->type != JSON_NULL && !(v->type == JSON_NUM && v->is_int && v->i == 1))
+    return BAD(e, "best_of", "'best_of' must be 1 (moejit draws one sequence a request)");
+  v = json_get(o, "suffix");
+  if (v && v->type != JSON_NULL && !(v->type == JSON_STR && v->len == 0))
+    return BAD(e, "suffix", "'suffix' (insertion) is not supported by moejit");
+  v = json_get(o, "tools");
+  if (v && v->type != JSON_NULL && !(v->type == JSON_ARR && v->len == 0))
+    return BAD(e, "tools", "'tools' (function calling) is not supported by moejit");
+  v = json_get(o, "response_format");
+  const json *t = v && v->type == JSON_OBJ ? json_get(v, "type") : NULL;
+  if (v && v->type != JSON_NULL && !(t && t->type == JSON_STR && !strcmp(t->str, "text")))
+    return BAD(e, "response_format", "'response_format' other than {\"type\": \"text\"} (JSON mode, schemas) is not supported by moejit");
+  if (r->echo && r->logprobs)
+    return BAD(e, "echo", "'echo' with 'logprobs' is not supported (moejit has no log probabilities of the prompt)");
+  return 0;
+}
+
 static int parse_fields(oai_request *r, const json *o, oai_error *e) {
   if (o->type != JSON_OBJ) return BAD(e, NULL, "the body must be a JSON object, not %s", json_type_name(o->type));
   const json *v = json_get(o, "model");
@@ -153,12 +209,7 @@ static int parse_fields(oai_request *r, const json *o, oai_error *e) {
     r->model = mj_arena_strndup(&r->mem, v->str, v->len);
   }
   if (r->kind == OAI_COMPLETION) {
-    v = json_get(o, "prompt");
-    if (!v) return BAD(e, "prompt", "'prompt' is required");
-    if (v->type == JSON_ARR)
-      return BAD(e, "prompt", "'prompt' as an array (a batch, or token ids) is not supported: send one string a request");
-    if (v->type != JSON_STR) return BAD(e, "prompt", "'prompt' must be a string, not %s", json_type_name(v->type));
-    r->prompt = mj_arena_strndup(&r->mem, v->str, v->len), r->prompt_len = v->len;
+    if (get_prompt(r, json_get(o, "prompt"), e) || get_bool(o, "echo", &r->echo, e)) return e->status;
   } else if (get_messages(r, o, e)) {
     return e->status;
   }
@@ -197,7 +248,7 @@ static int parse_fields(oai_request *r, const json *o, oai_error *e) {
       get_num(o, "frequency_penalty", -2, false, 2, false, &r->frequency_penalty, e) ||
       get_num(o, "repetition_penalty", 0, true, INFINITY, true, &r->repetition_penalty, e))
     return e->status;
-  if (get_logprobs(r, o, e)) return e->status;
+  if (get_logprobs(r, o, e) || refuse_unsupported(r, o, e)) return e->status;
   v = json_get(o, "chat_template_kwargs");
   if (r->kind == OAI_CHAT && v && v->type != JSON_NULL) {
     if (v->type != JSON_OBJ)

@@ -42,8 +42,11 @@ typedef struct oai_message {
 typedef struct oai_request {
   oai_kind kind;
   const char *model;       /* NULL when absent */
-  const char *prompt;      /* OAI_COMPLETION */
+  const char *prompt;      /* OAI_COMPLETION: a text, or */
   size_t prompt_len;
+  const int32_t *prompt_ids; /* token ids (an array of integers), n_prompt_ids > 0 of them */
+  size_t n_prompt_ids;
+  bool echo;               /* completions: the prompt's text before the completion's */
   oai_message *messages;   /* OAI_CHAT */
   size_t n_messages;
   double temperature;      /* default 1 (OpenAI's); 0 is greedy */

@@ -370,6 +370,30 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 /* ---- completions ---------------------------------------------------------------------------- */
 static const char *role_name(oai_role r) { return r == OAI_SYSTEM ? "system" : r == OAI_USER ? "user" : "assistant"; }
 
+/* echo: the prompt's text ahead of the completion's: the whole response's
+ * text starts with it, a stream's first chunk is it (its reader hands out
+ * q->out before it asks for an event).  A text prompt is echoed as given;
+ * token ids are decoded as the completion's tokens are, special tokens
+ * left out. */
+static void echo_prompt(srv_req *q) {
+  const char *p = q->q.prompt;
+  size_t n = q->q.prompt_len;
+  char *dec = NULL;
+  if (q->q.prompt_ids && moejit_detokenize(q->s->engine, q->q.prompt_ids, q->q.n_prompt_ids, true, &dec, &n) != MOEJIT_OK)
+    n = 0; /* cannot fail for ids the engine took */
+  if (dec) p = dec;
+  if (!q->q.stream) {
+    mj_buf_put(&q->text, p, n);
+  } else {
+    oai_result r;
+    result_of(q, &r, p, n);
+    q->json.len = 0;
+    oai_write_chunk(&q->json, q->q.kind, &r, false);
+    sse(q);
+  }
+  moejit_free(dec);
+}
+
 static enum MHD_Result completion(srv_req *q) {
   srv *s = q->s;
   oai_error e;
@@ -386,7 +410,7 @@ static enum MHD_Result completion(srv_req *q) {
   }
   /* The API reads a prompt_len of 0 as "up to the NUL"; an empty prompt
    * would be refused there anyway, but here it names its field. */
-  if (q->q.kind == OAI_COMPLETION && q->q.prompt_len == 0)
+  if (q->q.kind == OAI_COMPLETION && !q->q.prompt_ids && q->q.prompt_len == 0)
     return fail(s, q->c, 400, "invalid_request_error", "prompt", NULL, "'prompt' must not be empty");
   moejit_sampling sp;
   moejit_sampling_init(&sp);
@@ -405,6 +429,8 @@ static enum MHD_Result completion(srv_req *q) {
     for (size_t i = 0; i < q->q.n_messages; i++)
       msgs[i] = (moejit_message){role_name(q->q.messages[i].role), q->q.messages[i].content, q->q.messages[i].len};
     rq.messages = msgs, rq.n_messages = q->q.n_messages, rq.thinking = q->q.thinking;
+  } else if (q->q.prompt_ids) {
+    rq.prompt_ids = q->q.prompt_ids, rq.n_prompt_ids = q->q.n_prompt_ids;
   } else {
     rq.prompt = q->q.prompt, rq.prompt_len = q->q.prompt_len;
   }
@@ -431,6 +457,7 @@ static enum MHD_Result completion(srv_req *q) {
   snprintf(q->rid, sizeof q->rid, "%s-%016llx", q->q.kind == OAI_CHAT ? "chatcmpl" : "cmpl",
            (unsigned long long)(s->next_id++ * 0x9E3779B97F4A7C15ull ^ (uint64_t)s->created));
   q->created = (int64_t)time(NULL);
+  if (q->q.echo) echo_prompt(q);
 
   if (q->q.stream) {
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, q, NULL);

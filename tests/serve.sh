@@ -115,6 +115,26 @@ $probe sse "$tmp/cs.sse" > "$tmp/cs.json"
 [ "$($probe field "$tmp/cs.json" text)" = "$ref_text" ] && [ "$($probe field "$tmp/cs.json" done)" = true ] &&
   [ "$($probe field "$tmp/cs.json" chunks)" = "$ref_n" ] && [ "$($probe field "$tmp/cs.json" finish)" = '"length"' ] &&
   ok "curl completion stream = generate, one chunk a token, [DONE]" || bad "curl stream: $(cat "$tmp/cs.json")"
+# The prompt as token ids (moejit tokenize's, which a text prompt is encoded to), alone or as a
+# batch of one, and the text as a batch of one: generate's text again.
+ids=$($MOEJIT tokenize -m "$MOEJIT_DATA_DIR/$model" "hello world" | paste -sd, -)
+for p in "[$ids]" "[[$ids]]" '["hello world"]'; do
+  st=$(post /v1/completions "{\"prompt\":$p,\"max_tokens\":12,\"seed\":7,$REQ_S}" "$tmp/ci.json")
+  [ "$st" = 200 ] && [ "$($probe field "$tmp/ci.json" choices.0.text)" = "$ref_text" ] &&
+    [ "$($probe field "$tmp/ci.json" usage.prompt_tokens)" = "$($probe field "$tmp/c.json" usage.prompt_tokens)" ] || break
+done
+[ "$st" = 200 ] && [ "$($probe field "$tmp/ci.json" choices.0.text)" = "$ref_text" ] &&
+  ok "prompt [$ids], as [[ids]] and [\"hello world\"]: generate's text" || bad "prompt $p: $st $(cat "$tmp/ci.json")"
+# echo: the prompt's text first; the ids' decoded (a stream's first chunk)
+echo_ref=$(python3 -c 'import json, sys; print(json.dumps("hello world" + json.loads(sys.argv[1])))' "$ref_text")
+st=$(post /v1/completions "{\"prompt\":\"hello world\",\"echo\":true,\"max_tokens\":12,\"seed\":7,$REQ_S}" "$tmp/ce.json")
+post /v1/completions "{\"prompt\":[$ids],\"echo\":true,\"stream\":true,\"max_tokens\":12,\"seed\":7,$REQ_S}" "$tmp/ce.sse" -N > /dev/null
+$probe sse "$tmp/ce.sse" > "$tmp/ce.sse.json"
+[ "$st" = 200 ] && [ "$($probe field "$tmp/ce.json" choices.0.text)" = "$echo_ref" ] &&
+  [ "$($probe field "$tmp/ce.json" usage.completion_tokens)" = "$ref_n" ] &&
+  [ "$($probe field "$tmp/ce.sse.json" text)" = "$echo_ref" ] && [ "$($probe field "$tmp/ce.sse.json" chunks)" = $((ref_n + 1)) ] &&
+  ok "echo: the prompt, then generate's text (whole; streamed from ids, one chunk more)" ||
+  bad "echo: $st $(cat "$tmp/ce.json") / $(cat "$tmp/ce.sse.json") / $echo_ref"
 ref_chat=$($probe field "$tmp/ref_chat.json" text)
 post /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"hello world\"}],\"max_tokens\":12,\"seed\":7,$REQ_S}" "$tmp/ch.json" > /dev/null
 [ "$($probe field "$tmp/ch.json" choices.0.message.content)" = "$ref_chat" ] && [ "$($probe field "$tmp/ch.json" object)" = '"chat.completion"' ] &&

@@ -49,6 +49,22 @@ static void test_completion_fields(void) {
   T_CHECK(r.stop_len[1] == 3 && !memcmp(r.stop[1], "b\0c", 3));
   T_CHECK(r.stop_len[2] == 1 && r.stop[2][0] == 0);
   oai_request_free(&r);
+  /* token ids, alone or a batch of one; a text as a batch of one; echo;
+   * the neutral values of the fields refused otherwise */
+  const char *ids_bodies[] = {"{\"prompt\":[5,0,2147483647],\"echo\":true}", "{\"prompt\":[[5,0,2147483647]],\"best_of\":1}"};
+  for (int i = 0; i < 2; i++) {
+    T_EQ_INT(parse(OAI_COMPLETION, ids_bodies[i], &r, &e), 0);
+    T_CHECK(r.prompt == NULL && r.n_prompt_ids == 3 && r.prompt_ids);
+    if (r.n_prompt_ids == 3) T_CHECK(r.prompt_ids[0] == 5 && r.prompt_ids[1] == 0 && r.prompt_ids[2] == INT32_MAX);
+    T_CHECK(r.echo == (i == 0));
+    oai_request_free(&r);
+  }
+  T_EQ_INT(parse(OAI_COMPLETION,
+                 "{\"prompt\":[\"ab\"],\"suffix\":\"\",\"logit_bias\":null,\"response_format\":{\"type\":\"text\"},\"tools\":[]}",
+                 &r, &e),
+           0);
+  T_CHECK(r.prompt && r.prompt_len == 2 && !strcmp(r.prompt, "ab") && !r.prompt_ids && !r.echo);
+  oai_request_free(&r);
 }
 
 static void test_chat_fields(void) {
@@ -139,8 +155,27 @@ static void test_errors(void) {
   bad(OAI_COMPLETION, "{\"prompt\":\"\\ud800\"}", NULL, "the body is not valid JSON");
   bad(OAI_COMPLETION, "[1]", NULL, "the body must be a JSON object, not array");
   bad(OAI_COMPLETION, "{}", "prompt", "'prompt' is required");
-  bad(OAI_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", "prompt", "'prompt' as an array");
-  bad(OAI_COMPLETION, "{\"prompt\":5}", "prompt", "'prompt' must be a string, not number");
+  bad(OAI_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", "prompt", "'prompt' is a batch of 2 prompts; moejit takes one a request");
+  bad(OAI_COMPLETION, "{\"prompt\":[[1],[2],[3]]}", "prompt", "'prompt' is a batch of 3 prompts");
+  bad(OAI_COMPLETION, "{\"prompt\":5}", "prompt", "'prompt' must be a string or an array of token ids, not number");
+  bad(OAI_COMPLETION, "{\"prompt\":[]}", "prompt", "'prompt' is an empty array of token ids");
+  bad(OAI_COMPLETION, "{\"prompt\":[[]]}", "prompt", "'prompt' is an empty array of token ids");
+  bad(OAI_COMPLETION, "{\"prompt\":[1,-2]}", "prompt", "'prompt' token 1 must be a token id (an integer, 0 or more), not that number");
+  bad(OAI_COMPLETION, "{\"prompt\":[1,2.5]}", "prompt", "'prompt' token 1 must be a token id");
+  bad(OAI_COMPLETION, "{\"prompt\":[1,2147483648]}", "prompt", "'prompt' token 1 must be a token id");
+  bad(OAI_COMPLETION, "{\"prompt\":[1,[2]]}", "prompt", "'prompt' token 1 must be a token id (an integer, 0 or more), not array");
+  bad(OAI_COMPLETION, "{\"prompt\":[{}]}", "prompt", "'prompt' token 0 must be a token id (an integer, 0 or more), not object");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"echo\":1}", "echo", "'echo' must be a boolean, not number");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"echo\":true,\"logprobs\":1}", "echo", "'echo' with 'logprobs' is not supported");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":-100}}", "logit_bias", "'logit_bias' is not supported by moejit");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"best_of\":2}", "best_of", "'best_of' must be 1");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"suffix\":\"end\"}", "suffix", "'suffix' (insertion) is not supported");
+  bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}", "tools",
+      "'tools' (function calling) is not supported");
+  bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}",
+      "response_format", "'response_format' other than {\"type\": \"text\"}");
+  bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":\"text\"}", "response_format",
+      "'response_format' other than");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"max_tokens\":-1}", "max_tokens", "'max_tokens' must be 1 or more, not -1");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens", "'max_tokens' must be 1 or more, not 0");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"max_tokens\":\"8\"}", "max_tokens", "'max_tokens' must be an integer, not string");
