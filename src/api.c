@@ -1457,8 +1457,10 @@ moejit_status moejit_poll(moejit *a, uint64_t id, moejit_event *ev, int timeout_
     if (timeout_ms == 0 ||
         (timeout_ms > 0 ? pthread_cond_timedwait(&q->cv, &a->lock, &until) : pthread_cond_wait(&q->cv, &a->lock)) ==
             ETIMEDOUT) {
-      if (!READY(q)) st = failf(MOEJIT_ETIMEDOUT, "moejit_poll: no event of request %llu within %d ms",
-                                (unsigned long long)id, timeout_ms);
+      if (!READY(q))
+        st = failf(MOEJIT_ETIMEDOUT, q->hold ? "moejit_poll: request %llu (its events held) did not end within %d ms"
+                                             : "moejit_poll: no event of request %llu within %d ms",
+                   (unsigned long long)id, timeout_ms);
     } else if (!READY(q)) {
       a->idle_wakeups++;
     }

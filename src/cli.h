@@ -104,7 +104,7 @@
     "               (each 1 or that number; docs/multigpu.md; not yet run on several GPUs)\n")           \
   X(serve, "serve the model over HTTP: OpenAI's completion and chat API, metrics", \
     "moejit serve [-m DIR] [--host 127.0.0.1] [--port 8000] [--parallel P]\n" \
-    "             [--api-key KEY | --api-key-file F]\n" \
+    "             [--api-key KEY] [--api-key-file F]\n" \
     "             [--backend auto|cpu|cuda] [--max-queue N] [--max-body BYTES] [--ctx N]\n" \
     "             [--shutdown-timeout S] [--max-connections N] [--idle-timeout S]\n" \
     "             [--request-timeout S] [--threads T] [--tp N] [--ep M] [-q]\n" \
@@ -114,9 +114,9 @@
     "  --port 0           an ephemeral port; the stderr line 'listening on http://HOST:PORT'\n" \
     "                     names the one bound\n" \
     "  --parallel P       sequences decoded at once, every client's batched together (default 4)\n" \
-    "  --api-key KEY      /v1/ routes want 'Authorization: Bearer KEY' (else 401); several\n" \
-    "                     keys comma-separated; without it, $MOEJIT_API_KEY\n" \
-    "  --api-key-file F   keys one a line (# comments), kept out of the process list\n" \
+    "  --api-key KEY      /v1/ routes want 'Authorization: Bearer KEY' (else 401); with\n" \
+    "                     neither key flag, $MOEJIT_API_KEY\n" \
+    "  --api-key-file F   more keys, one a line (# comments), kept out of the process list\n" \
     "  --max-queue N      requests waiting for a slot (default 256); past it 503 + Retry-After\n" \
     "  --max-body BYTES   a request body's limit (default 1048576); past it 413\n" \
     "  --ctx N            tokens a sequence may hold (default: the model's, at most 4096)\n" \

@@ -189,9 +189,15 @@ static int refuse_unsupported(const oai_request *r, const json *o, oai_error *e)
   v = json_get(o, "suffix");
   if (v && v->type != JSON_NULL && !(v->type == JSON_STR && v->len == 0))
     return BAD(e, "suffix", "'suffix' (insertion) is not supported by moejit");
-  v = json_get(o, "tools");
-  if (v && v->type != JSON_NULL && !(v->type == JSON_ARR && v->len == 0))
-    return BAD(e, "tools", "'tools' (function calling) is not supported by moejit");
+  const char *fn[] = {"tools", "functions"}; /* functions: the older name */
+  for (int i = 0; i < 2; i++) {
+    v = json_get(o, fn[i]);
+    if (v && v->type != JSON_NULL && !(v->type == JSON_ARR && v->len == 0))
+      return BAD(e, fn[i], "'%s' (function calling) is not supported by moejit", fn[i]);
+  }
+  v = json_get(o, "echo");
+  if (r->kind == OAI_CHAT && v && v->type != JSON_NULL && !(v->type == JSON_BOOL && !v->b))
+    return BAD(e, "echo", "'echo' is taken by /v1/completions only");
   v = json_get(o, "response_format");
   const json *t = v && v->type == JSON_OBJ ? json_get(v, "type") : NULL;
   if (v && v->type != JSON_NULL && !(t && t->type == JSON_STR && !strcmp(t->str, "text")))

@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -149,36 +150,37 @@ static int key_add(char *k, size_t len, const char *where, int line, mj_err *err
   k[len] = 0;
   char at[32] = "";
   if (line) snprintf(at, sizeof at, ": line %d", line);
-  else snprintf(at, sizeof at, ": key %d", keys.n + 1);
   if (!len) return mj_fail(err, MJ_EUSAGE, "moejit serve: %s%s: an empty key", where, at);
   if (!srv_key_valid(k))
     return mj_fail(err, MJ_EUSAGE, "moejit serve: %s%s: a key is 1 to %d visible ASCII characters (no spaces)", where, at,
                    SRV_MAX_KEY);
+  if (keys.n == SRV_MAX_KEYS) return mj_fail(err, MJ_EUSAGE, "moejit serve: %s%s: more than %d keys", where, at, SRV_MAX_KEYS);
   keys.v = mj_xrealloc(keys.v, (size_t)(keys.n + 1) * sizeof *keys.v);
   keys.v[keys.n++] = k;
   return 0;
 }
 
-/* The API keys: --api-key's (several, comma-separated), and --api-key-file's
- * (one a line; blank lines and lines starting with # skipped); with
- * neither, $MOEJIT_API_KEY's (as --api-key; empty is none), which keeps a
- * key out of the process list that --api-key shows. */
+/* The API keys: --api-key's, and --api-key-file's (one a line; blank lines
+ * and lines starting with # skipped); with neither, $MOEJIT_API_KEY's (one
+ * key; empty is none), which keeps a key out of the process list that
+ * --api-key shows.  A key is taken whole, commas included: splitting a
+ * value that was one key would let a piece of it in. */
 static int keys_take(const char *flag, const char *file, mj_err *err) {
   const char *env = getenv("MOEJIT_API_KEY");
   const char *where = flag ? "--api-key" : "MOEJIT_API_KEY";
   if (!flag && !file && env && *env) flag = env;
   if (flag) {
     keys.text = mj_xstrdup(flag);
-    for (char *k = keys.text;;) {
-      char *comma = strchr(k, ',');
-      size_t len = comma ? (size_t)(comma - k) : strlen(k);
-      int r = key_add(k, len, where, 0, err);
-      if (r) return r;
-      if (!comma) break;
-      k = comma + 1;
-    }
+    int r = key_add(keys.text, strlen(keys.text), where, 0, err);
+    if (r) return r;
   }
   if (file) {
+    struct stat st;
+    if (stat(file, &st)) return mj_fail(err, MJ_EUSAGE, "moejit serve: --api-key-file %s: cannot open: %s", file, strerror(errno));
+    if (!S_ISREG(st.st_mode)) return mj_fail(err, MJ_EUSAGE, "moejit serve: --api-key-file %s: not a regular file", file);
+    if (st.st_size > SRV_MAX_KEY_FILE)
+      return mj_fail(err, MJ_EUSAGE, "moejit serve: --api-key-file %s: %lld bytes; a key file is at most %d", file,
+                     (long long)st.st_size, SRV_MAX_KEY_FILE);
     size_t len;
     int r = mj_read_file(file, &keys.file, &len, err);
     if (r) {

@@ -373,25 +373,21 @@ static const char *role_name(oai_role r) { return r == OAI_SYSTEM ? "system" : r
 /* echo: the prompt's text ahead of the completion's: the whole response's
  * text starts with it, a stream's first chunk is it (its reader hands out
  * q->out before it asks for an event).  A text prompt is echoed as given;
- * token ids are decoded as the completion's tokens are, special tokens
- * left out. */
+ * token ids are decoded (before the request is submitted: an id the model
+ * takes may have no text in the tokenizer, a 400) as the completion's
+ * tokens are, special tokens left out, into q->text. */
 static void echo_prompt(srv_req *q) {
-  const char *p = q->q.prompt;
-  size_t n = q->q.prompt_len;
-  char *dec = NULL;
-  if (q->q.prompt_ids && moejit_detokenize(q->s->engine, q->q.prompt_ids, q->q.n_prompt_ids, true, &dec, &n) != MOEJIT_OK)
-    n = 0; /* cannot fail for ids the engine took */
-  if (dec) p = dec;
+  const char *p = q->q.prompt_ids ? q->text.data : q->q.prompt;
+  size_t n = q->q.prompt_ids ? q->text.len : q->q.prompt_len;
   if (!q->q.stream) {
-    mj_buf_put(&q->text, p, n);
-  } else {
-    oai_result r;
-    result_of(q, &r, p, n);
-    q->json.len = 0;
-    oai_write_chunk(&q->json, q->q.kind, &r, false);
-    sse(q);
+    if (!q->q.prompt_ids) mj_buf_put(&q->text, p, n);
+    return;
   }
-  moejit_free(dec);
+  oai_result r;
+  result_of(q, &r, p ? p : "", n);
+  q->json.len = 0;
+  oai_write_chunk(&q->json, q->q.kind, &r, false);
+  sse(q);
 }
 
 static enum MHD_Result completion(srv_req *q) {
@@ -442,6 +438,16 @@ static enum MHD_Result completion(srv_req *q) {
   /* A whole response wakes its thread once, at the end, not once a token. */
   rq.hold_events = !q->q.stream;
   rq.logprobs = q->q.logprobs, rq.top_logprobs = (int32_t)q->q.top_logprobs;
+  if (q->q.echo && q->q.prompt_ids) {
+    char *dec = NULL;
+    size_t n = 0;
+    if (moejit_detokenize(s->engine, q->q.prompt_ids, q->q.n_prompt_ids, true, &dec, &n) != MOEJIT_OK) {
+      free(msgs);
+      return fail(s, q->c, 400, "invalid_request_error", "prompt", NULL, moejit_last_error());
+    }
+    mj_buf_put(&q->text, dec, n); /* a stream's echo chunk is written from it, then it is emptied */
+    moejit_free(dec);
+  }
   uint64_t id = 0;
   /* The body may have finished arriving after the drain began. */
   moejit_status ms = s->draining ? MOEJIT_ECLOSED : moejit_submit(s->engine, &rq, &id);
@@ -458,6 +464,7 @@ static enum MHD_Result completion(srv_req *q) {
            (unsigned long long)(s->next_id++ * 0x9E3779B97F4A7C15ull ^ (uint64_t)s->created));
   q->created = (int64_t)time(NULL);
   if (q->q.echo) echo_prompt(q);
+  if (q->q.stream) q->text.len = 0;
 
   if (q->q.stream) {
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, q, NULL);
@@ -568,6 +575,7 @@ static bool key_ok(const srv *s, struct MHD_Connection *c) {
   if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
   h += 7;
   size_t n = strlen(h);
+  if (n > SRV_MAX_KEY) return false; /* no key is longer: the work a request costs stays bounded */
   bool ok = false;
   for (int j = 0; j < s->n_keys; j++) {
     const char *key = s->keys[j];
@@ -790,6 +798,7 @@ bool srv_key_valid(const char *k) {
 }
 
 static int check_keys(const srv_opts *o, mj_err *err) {
+  if (o->n_api_keys > SRV_MAX_KEYS) return mj_fail(err, MJ_EUSAGE, "moejit serve: more than %d API keys", SRV_MAX_KEYS);
   for (int j = 0; j < o->n_api_keys; j++)
     if (!srv_key_valid(o->api_keys[j]))
       return mj_fail(err, MJ_EUSAGE, "moejit serve: API key %d is not 1 to %d visible ASCII characters", j + 1, SRV_MAX_KEY);
@@ -817,6 +826,7 @@ int srv_start(moejit *engine, const srv_opts *o, srv **out, mj_err *err) {
   s->n_keys = o->n_api_keys;
   s->keys = mj_xcalloc(o->n_api_keys ? (size_t)o->n_api_keys : 1, sizeof *s->keys);
   for (int j = 0; j < o->n_api_keys; j++) s->keys[j] = mj_xstrdup(o->api_keys[j]);
+  s->o.api_keys = NULL; /* the caller's: the copies above are the server's */
   s->created = (int64_t)time(NULL);
   s->next_id = 1;
   pthread_mutex_init(&s->mu, NULL), pthread_mutex_init(&s->parse_mu, NULL), pthread_mutex_init(&s->wd_mu, NULL);

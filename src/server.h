@@ -38,8 +38,10 @@ void srv_opts_init(srv_opts *o);
 
 typedef struct srv srv;
 
-/* The longest API key taken. */
+/* The longest API key taken, the most keys, the largest key file. */
 #define SRV_MAX_KEY 512
+#define SRV_MAX_KEYS 1024
+#define SRV_MAX_KEY_FILE (1 << 20)
 
 /* Is k an API key a bearer header can carry: 1 to SRV_MAX_KEY visible ASCII
  * characters (0x21-0x7e: no spaces, no control characters)? */

@@ -176,6 +176,10 @@ static void test_errors(void) {
       "response_format", "'response_format' other than {\"type\": \"text\"}");
   bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":\"text\"}", "response_format",
       "'response_format' other than");
+  bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"functions\":[{\"name\":\"f\"}]}", "functions",
+      "'functions' (function calling) is not supported");
+  bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":true}", "echo",
+      "'echo' is taken by /v1/completions only");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"max_tokens\":-1}", "max_tokens", "'max_tokens' must be 1 or more, not -1");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens", "'max_tokens' must be 1 or more, not 0");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"max_tokens\":\"8\"}", "max_tokens", "'max_tokens' must be an integer, not string");
