@@ -145,6 +145,20 @@ static int get_logprobs(oai_request *r, const json *o, oai_error *e) {
   return 0;
 }
 
+/* The array v of token ids (integers 0 to INT32_MAX) as r's prompt_ids. */
+static int get_ids(oai_request *r, const json *v, const char *key, oai_error *e) {
+  int32_t *ids = mj_arena_alloc(&r->mem, (v->len ? v->len : 1) * sizeof *ids);
+  for (size_t i = 0; i < v->len; i++) {
+    const json *t = v->items[i];
+    if (t->type != JSON_NUM || !t->is_int || t->i < 0 || t->i > INT32_MAX)
+      return BAD(e, key, "'%s' token %zu must be a token id (an integer, 0 or more), not %s", key, i,
+                 t->type == JSON_NUM ? "that number" : json_type_name(t->type));
+    ids[i] = (int32_t)t->i;
+  }
+  r->prompt_ids = ids, r->n_prompt_ids = v->len;
+  return 0;
+}
+
 /* Completions' prompt: a string, or token ids (an array of integers), or a
  * batch of one of either ([STRING] or [[IDS]]); a batch of more is refused,
  * as is an empty prompt of ids (an empty string is the server's to refuse). */
@@ -163,16 +177,7 @@ static int get_prompt(oai_request *r, const json *v, oai_error *e) {
   if (v->type != JSON_ARR)
     return BAD(e, "prompt", "'prompt' must be a string or an array of token ids, not %s", json_type_name(v->type));
   if (v->len == 0) return BAD(e, "prompt", "'prompt' is an empty array of token ids");
-  int32_t *ids = mj_arena_alloc(&r->mem, v->len * sizeof *ids);
-  for (size_t i = 0; i < v->len; i++) {
-    const json *t = v->items[i];
-    if (t->type != JSON_NUM || !t->is_int || t->i < 0 || t->i > INT32_MAX)
-      return BAD(e, "prompt", "'prompt' token %zu must be a token id (an integer, 0 or more), not %s", i,
-                 t->type == JSON_NUM ? "that number" : json_type_name(t->type));
-    ids[i] = (int32_t)t->i;
-  }
-  r->prompt_ids = ids, r->n_prompt_ids = v->len;
-  return 0;
+  return get_ids(r, v, "prompt", e);
 }
 
 /* Fields whose meaning moejit does not give are refused, not ignored: an
@@ -207,6 +212,37 @@ static int refuse_unsupported(const oai_request *r, const json *o, oai_error *e)
   return 0;
 }
 
+/* /tokenize: a prompt (a string, add_special_tokens) or chat messages
+ * (add_generation_prompt, chat_template_kwargs.enable_thinking);
+ * /detokenize: tokens, an array of ids. */
+static int parse_token_fields(oai_request *r, const json *o, oai_error *e) {
+  const json *v;
+  if (r->kind == OAI_DETOKENIZE) {
+    v = json_get(o, "tokens");
+    if (!v) return BAD(e, "tokens", "'tokens' is required");
+    if (v->type != JSON_ARR) return BAD(e, "tokens", "'tokens' must be an array of token ids, not %s", json_type_name(v->type));
+    return get_ids(r, v, "tokens", e);
+  }
+  r->add_special = r->add_generation_prompt = true;
+  if (json_get(o, "messages")) {
+    if (get_messages(r, o, e) || get_bool(o, "add_generation_prompt", &r->add_generation_prompt, e)) return e->status;
+    v = json_get(o, "chat_template_kwargs");
+    const json *t = v && v->type == JSON_OBJ ? json_get(v, "enable_thinking") : NULL;
+    if (t && t->type != JSON_NULL) {
+      if (t->type != JSON_BOOL)
+        return BAD(e, "chat_template_kwargs", "'chat_template_kwargs.enable_thinking' must be a boolean, not %s",
+                   json_type_name(t->type));
+      r->thinking = t->b;
+    }
+    return 0;
+  }
+  v = json_get(o, "prompt");
+  if (!v) return BAD(e, "prompt", "'prompt' (a string) or 'messages' is required");
+  if (v->type != JSON_STR) return BAD(e, "prompt", "'prompt' must be a string, not %s", json_type_name(v->type));
+  r->prompt = mj_arena_strndup(&r->mem, v->str, v->len), r->prompt_len = v->len;
+  return get_bool(o, "add_special_tokens", &r->add_special, e);
+}
+
 static int parse_fields(oai_request *r, const json *o, oai_error *e) {
   if (o->type != JSON_OBJ) return BAD(e, NULL, "the body must be a JSON object, not %s", json_type_name(o->type));
   const json *v = json_get(o, "model");
@@ -214,6 +250,7 @@ static int parse_fields(oai_request *r, const json *o, oai_error *e) {
     if (v->type != JSON_STR) return BAD(e, "model", "'model' must be a string, not %s", json_type_name(v->type));
     r->model = mj_arena_strndup(&r->mem, v->str, v->len);
   }
+  if (r->kind == OAI_TOKENIZE || r->kind == OAI_DETOKENIZE) return parse_token_fields(r, o, e);
   if (r->kind == OAI_COMPLETION) {
     if (get_prompt(r, json_get(o, "prompt"), e) || get_bool(o, "echo", &r->echo, e)) return e->status;
   } else if (get_messages(r, o, e)) {
@@ -452,6 +489,18 @@ void oai_write_usage_chunk(mj_buf *b, oai_kind kind, const oai_result *r) {
   mj_buf_puts(b, ",\"choices\":[],");
   usage(b, r);
   mj_buf_puts(b, "}");
+}
+
+void oai_write_tokens(mj_buf *b, const int32_t *ids, size_t n, int64_t max_model_len) {
+  mj_buf_printf(b, "{\"count\":%zu,\"max_model_len\":%lld,\"tokens\":[", n, (long long)max_model_len);
+  for (size_t i = 0; i < n; i++) mj_buf_printf(b, i ? ",%d" : "%d", (int)ids[i]);
+  mj_buf_puts(b, "]}");
+}
+
+void oai_write_detokenized(mj_buf *b, const char *text, size_t len) {
+  mj_buf_puts(b, "{\"prompt\":");
+  json_write_str(b, text, len);
+  mj_buf_putc(b, '}');
 }
 
 void oai_write_models(mj_buf *b, const char *model, int64_t created) {

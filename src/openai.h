@@ -25,7 +25,9 @@
 
 #include "util.h"
 
-typedef enum oai_kind { OAI_COMPLETION, OAI_CHAT } oai_kind;
+/* The routes with a body: completions, chat, and vLLM's /tokenize and
+ * /detokenize. */
+typedef enum oai_kind { OAI_COMPLETION, OAI_CHAT, OAI_TOKENIZE, OAI_DETOKENIZE } oai_kind;
 
 /* The most stop strings a request may give (OpenAI's limit). */
 #define OAI_MAX_STOP 4
@@ -44,9 +46,12 @@ typedef struct oai_request {
   const char *model;       /* NULL when absent */
   const char *prompt;      /* OAI_COMPLETION: a text, or */
   size_t prompt_len;
-  const int32_t *prompt_ids; /* token ids (an array of integers), n_prompt_ids > 0 of them */
+  const int32_t *prompt_ids; /* token ids (an array of integers), n_prompt_ids > 0 of them;
+                                detokenize: its tokens (n_prompt_ids may be 0) */
   size_t n_prompt_ids;
   bool echo;               /* completions: the prompt's text before the completion's */
+  bool add_special;        /* tokenize a prompt: add_special_tokens (default true) */
+  bool add_generation_prompt; /* tokenize messages: end with the assistant's turn (default true) */
   oai_message *messages;   /* OAI_CHAT */
   size_t n_messages;
   double temperature;      /* default 1 (OpenAI's); 0 is greedy */
@@ -141,5 +146,9 @@ void oai_write_chunk(mj_buf *b, oai_kind kind, const oai_result *r, bool role_fi
 void oai_write_usage_chunk(mj_buf *b, oai_kind kind, const oai_result *r);
 /* GET /v1/models: the one model. */
 void oai_write_models(mj_buf *b, const char *model, int64_t created);
+/* POST /tokenize's answer, vLLM's shape: {"count", "max_model_len", "tokens"}. */
+void oai_write_tokens(mj_buf *b, const int32_t *ids, size_t n, int64_t max_model_len);
+/* POST /detokenize's answer: {"prompt": TEXT}. */
+void oai_write_detokenized(mj_buf *b, const char *text, size_t len);
 
 #endif

@@ -61,7 +61,7 @@
 /* An SSE comment after this long without an event. */
 #define KEEPALIVE_MS 5000
 
-typedef enum { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_COMPLETIONS, R_CHAT } route;
+typedef enum { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE } route;
 
 /* One connection of the registry (under the server's mu). */
 typedef struct srv_conn {
@@ -493,6 +493,59 @@ static enum MHD_Result completion(srv_req *q) {
   return send_json(s, q->c, 200, &b);
 }
 
+/* ---- /tokenize and /detokenize (vLLM's) ------------------------------------------------------ */
+/* The tokenizer as the engine uses it, without running anything: a prompt's
+ * ids (with the special tokens a completion's prompt gets, unless
+ * add_special_tokens is false), chat messages' (the template a chat request
+ * gets), or the text of ids (special tokens kept: the inverse of /tokenize). */
+static enum MHD_Result tokens(srv_req *q) {
+  srv *s = q->s;
+  oai_error e;
+  pthread_mutex_lock(&s->parse_mu);
+  int st = oai_parse(q->rt == R_TOKENIZE ? OAI_TOKENIZE : OAI_DETOKENIZE, q->body.data ? q->body.data : "", q->body.len,
+                     &q->q, &e);
+  pthread_mutex_unlock(&s->parse_mu);
+  mj_buf_free(&q->body);
+  if (st) return send_error(s, q->c, &e, NULL, NULL);
+  q->parsed = true;
+  if (q->q.model && strcmp(q->q.model, s->model_name) != 0) {
+    oai_fail(&e, 404, "invalid_request_error", "model", "model_not_found", "the model '%s' does not exist; this server serves '%s'",
+             q->q.model, s->model_name);
+    return send_error(s, q->c, &e, NULL, NULL);
+  }
+  mj_buf b = {0};
+  moejit_status ms;
+  if (q->rt == R_DETOKENIZE) {
+    char *text = NULL;
+    size_t len = 0;
+    ms = moejit_detokenize(s->engine, q->q.prompt_ids, q->q.n_prompt_ids, false, &text, &len);
+    if (ms == MOEJIT_OK) oai_write_detokenized(&b, text, len);
+    moejit_free(text);
+  } else {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (q->q.messages) {
+      moejit_message *msgs = mj_xcalloc(q->q.n_messages, sizeof *msgs);
+      for (size_t i = 0; i < q->q.n_messages; i++)
+        msgs[i] = (moejit_message){role_name(q->q.messages[i].role), q->q.messages[i].content, q->q.messages[i].len};
+      ms = moejit_chat_template(s->engine, msgs, q->q.n_messages, q->q.add_generation_prompt, q->q.thinking, &ids, &n);
+      free(msgs);
+    } else {
+      ms = moejit_tokenize(s->engine, q->q.prompt, q->q.prompt_len, q->q.add_special, &ids, &n);
+    }
+    moejit_info info;
+    if (ms == MOEJIT_OK && (ms = moejit_get_info(s->engine, &info)) == MOEJIT_OK)
+      oai_write_tokens(&b, ids, n, info.context_length);
+    moejit_free(ids);
+  }
+  if (ms != MOEJIT_OK) {
+    mj_buf_free(&b);
+    return fail(s, q->c, ms == MOEJIT_EINVAL ? 400 : 500, ms == MOEJIT_EINVAL ? "invalid_request_error" : "server_error",
+                q->rt == R_DETOKENIZE ? "tokens" : NULL, NULL, moejit_last_error());
+  }
+  return send_json(s, q->c, 200, &b);
+}
+
 /* ---- metrics --------------------------------------------------------------------------------- */
 static void metric(mj_buf *b, const char *name, const char *type, const char *help, double v) {
   mj_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
@@ -562,7 +615,8 @@ static enum MHD_Result metrics(srv *s, struct MHD_Connection *c) {
 static route route_of(const char *url) {
   static const struct { const char *path; route r; } t[] = {
       {"/health", R_HEALTH}, {"/metrics", R_METRICS}, {"/v1/models", R_MODELS},
-      {"/v1/completions", R_COMPLETIONS}, {"/v1/chat/completions", R_CHAT}};
+      {"/v1/completions", R_COMPLETIONS}, {"/v1/chat/completions", R_CHAT},
+      {"/tokenize", R_TOKENIZE}, {"/detokenize", R_DETOKENIZE}};
   for (size_t i = 0; i < MJ_ARRAY_LEN(t); i++)
     if (strcmp(url, t[i].path) == 0) return t[i].r;
   return R_NONE;
@@ -596,7 +650,7 @@ static srv_conn *conn_of(struct MHD_Connection *c) {
 static enum MHD_Result first_call(srv *s, srv_req *q, const char *method) {
   bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
   if (q->rt == R_NONE) return fail(s, q->c, 404, "invalid_request_error", NULL, "not_found", "no such route");
-  bool want_post = q->rt == R_COMPLETIONS || q->rt == R_CHAT;
+  bool want_post = q->rt == R_COMPLETIONS || q->rt == R_CHAT || q->rt == R_TOKENIZE || q->rt == R_DETOKENIZE;
   if (want_post ? !post : !get) {
     oai_error e;
     oai_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s is not allowed here; use %s", method,
@@ -609,7 +663,7 @@ static enum MHD_Result first_call(srv *s, srv_req *q, const char *method) {
              "a missing or wrong API key: send the header Authorization: Bearer KEY");
     return send_error(s, q->c, &e, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
   }
-  if (s->draining && want_post) return fail(s, q->c, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+  if (s->draining && (q->rt == R_COMPLETIONS || q->rt == R_CHAT)) return fail(s, q->c, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
   const char *cl = MHD_lookup_connection_value(q->c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
   if (cl) {
     char *end;
@@ -668,6 +722,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   case R_COMPLETIONS:
   case R_CHAT:
     return completion(q);
+  case R_TOKENIZE:
+  case R_DETOKENIZE:
+    return tokens(q);
   case R_NONE:
     break;
   }

@@ -122,6 +122,19 @@ for p in "[$ids]" "[[$ids]]" '["hello world"]'; do
 done
 [ "$st" = 200 ] && [ "$($probe field "$tmp/ci.json" choices.0.text)" = "$ref_text" ] &&
   ok "prompt [$ids], as [[ids]] and [\"hello world\"]: generate's text" || bad "prompt $p: $st $(cat "$tmp/ci.json")"
+# vLLM's /tokenize (a prompt; chat messages) and /detokenize: moejit tokenize's ids, and back
+chat_ids=$($MOEJIT tokenize -m "$MOEJIT_DATA_DIR/$model" --chat --no-think "hello world" | paste -sd, -)
+st1=$(post /tokenize '{"prompt":"hello world"}' "$tmp/t1.json")
+st2=$(post /tokenize '{"messages":[{"role":"user","content":"hello world"}]}' "$tmp/t2.json")
+st3=$(post /detokenize "{\"tokens\":[$ids]}" "$tmp/t3.json")
+st4=$(post /detokenize '{"tokens":[1,99999999]}' "$tmp/t4.json")
+st5=$(curl -s -o /dev/null -w '%{http_code}' --data-binary '{"prompt":"x"}' "http://127.0.0.1:$port/tokenize")
+[ "$st1$st2$st3$st4$st5" = 200200200400401 ] && [ "$($probe field "$tmp/t1.json" tokens)" = "[$(echo "$ids" | sed 's/,/, /g')]" ] &&
+  [ "$($probe field "$tmp/t1.json" count)" = "$(echo "$ids" | tr , '\n' | wc -l)" ] &&
+  [ "$($probe field "$tmp/t2.json" tokens)" = "[$(echo "$chat_ids" | sed 's/,/, /g')]" ] &&
+  [ "$($probe field "$tmp/t3.json" prompt)" = '"hello world"' ] && [ "$($probe field "$tmp/t4.json" error.param)" = '"tokens"' ] &&
+  ok "/tokenize (prompt, messages) = moejit tokenize, /detokenize its inverse; an id outside 400; no key 401" ||
+  bad "/tokenize: $st1 $st2 $st3 $st4 $st5 $(cat "$tmp/t1.json" "$tmp/t2.json" "$tmp/t3.json" "$tmp/t4.json")"
 # echo: the prompt's text first; the ids' decoded (a stream's first chunk)
 echo_ref=$(python3 -c 'import json, sys; print(json.dumps("hello world" + json.loads(sys.argv[1])))' "$ref_text")
 st=$(post /v1/completions "{\"prompt\":\"hello world\",\"echo\":true,\"max_tokens\":12,\"seed\":7,$REQ_S}" "$tmp/ce.json")

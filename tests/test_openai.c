@@ -65,6 +65,26 @@ static void test_completion_fields(void) {
            0);
   T_CHECK(r.prompt && r.prompt_len == 2 && !strcmp(r.prompt, "ab") && !r.prompt_ids && !r.echo);
   oai_request_free(&r);
+  /* /tokenize and /detokenize */
+  T_EQ_INT(parse(OAI_TOKENIZE, "{\"model\":\"m\",\"prompt\":\"a b\",\"add_special_tokens\":false}", &r, &e), 0);
+  T_CHECK(r.prompt && r.prompt_len == 3 && !r.add_special && !r.messages && r.model && !strcmp(r.model, "m"));
+  oai_request_free(&r);
+  T_EQ_INT(parse(OAI_TOKENIZE, "{\"prompt\":\"\"}", &r, &e), 0);
+  T_CHECK(r.prompt && r.prompt_len == 0 && r.add_special && r.add_generation_prompt);
+  oai_request_free(&r);
+  T_EQ_INT(parse(OAI_TOKENIZE,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"add_generation_prompt\":false,"
+                 "\"chat_template_kwargs\":{\"enable_thinking\":true}}",
+                 &r, &e),
+           0);
+  T_CHECK(r.n_messages == 1 && r.messages[0].role == OAI_USER && !r.add_generation_prompt && r.thinking && !r.prompt);
+  oai_request_free(&r);
+  T_EQ_INT(parse(OAI_DETOKENIZE, "{\"tokens\":[3,0,7]}", &r, &e), 0);
+  T_CHECK(r.n_prompt_ids == 3 && r.prompt_ids[0] == 3 && r.prompt_ids[2] == 7);
+  oai_request_free(&r);
+  T_EQ_INT(parse(OAI_DETOKENIZE, "{\"tokens\":[]}", &r, &e), 0);
+  T_CHECK(r.n_prompt_ids == 0 && r.prompt_ids);
+  oai_request_free(&r);
 }
 
 static void test_chat_fields(void) {
@@ -166,6 +186,15 @@ static void test_errors(void) {
   bad(OAI_COMPLETION, "{\"prompt\":[1,[2]]}", "prompt", "'prompt' token 1 must be a token id (an integer, 0 or more), not array");
   bad(OAI_COMPLETION, "{\"prompt\":[{}]}", "prompt", "'prompt' token 0 must be a token id (an integer, 0 or more), not object");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"echo\":1}", "echo", "'echo' must be a boolean, not number");
+  bad(OAI_TOKENIZE, "{}", "prompt", "'prompt' (a string) or 'messages' is required");
+  bad(OAI_TOKENIZE, "{\"prompt\":[1]}", "prompt", "'prompt' must be a string, not array");
+  bad(OAI_TOKENIZE, "{\"prompt\":\"x\",\"add_special_tokens\":1}", "add_special_tokens", "'add_special_tokens' must be a boolean");
+  bad(OAI_TOKENIZE, "{\"messages\":[]}", "messages", "'messages' must not be empty");
+  bad(OAI_TOKENIZE, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"add_generation_prompt\":\"no\"}",
+      "add_generation_prompt", "'add_generation_prompt' must be a boolean");
+  bad(OAI_DETOKENIZE, "{}", "tokens", "'tokens' is required");
+  bad(OAI_DETOKENIZE, "{\"tokens\":\"5\"}", "tokens", "'tokens' must be an array of token ids, not string");
+  bad(OAI_DETOKENIZE, "{\"tokens\":[1,-1]}", "tokens", "'tokens' token 1 must be a token id");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"echo\":true,\"logprobs\":1}", "echo", "'echo' with 'logprobs' is not supported");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"logit_bias\":{\"5\":-100}}", "logit_bias", "'logit_bias' is not supported by moejit");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"best_of\":2}", "best_of", "'best_of' must be 1");
@@ -319,6 +348,16 @@ static void test_writers_exact(void) {
     T_EQ_STR(b.data, t[i].want);
     mj_buf_free(&b);
   }
+  /* /tokenize's and /detokenize's answers */
+  mj_buf b = {0};
+  const int32_t ids[] = {5, 0, 2147483647};
+  oai_write_tokens(&b, ids, 3, 4096);
+  oai_write_tokens(&b, ids, 0, 1);
+  oai_write_detokenized(&b, "a\"\0b", 4);
+  mj_buf_putc(&b, 0);
+  T_EQ_STR(b.data, "{\"count\":3,\"max_model_len\":4096,\"tokens\":[5,0,2147483647]}"
+                   "{\"count\":0,\"max_model_len\":1,\"tokens\":[]}{\"prompt\":\"a\\\"\\u0000b\"}");
+  mj_buf_free(&b);
 }
 
 /* Log probabilities byte for byte: chat's content list and completions'
