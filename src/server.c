@@ -390,20 +390,26 @@ static void echo_prompt(srv_req *q) {
   sse(q);
 }
 
+/* q's body as a request of route kind into q->q (the body freed), and its
+ * model checked: 0, else the status with e filled. */
+static int parse_body(srv_req *q, oai_kind kind, oai_error *e) {
+  srv *s = q->s;
+  pthread_mutex_lock(&s->parse_mu);
+  int st = oai_parse(kind, q->body.data ? q->body.data : "", q->body.len, &q->q, e);
+  pthread_mutex_unlock(&s->parse_mu);
+  mj_buf_free(&q->body);
+  if (st) return st;
+  q->parsed = true;
+  if (q->q.model && strcmp(q->q.model, s->model_name) != 0)
+    return oai_fail(e, 404, "invalid_request_error", "model", "model_not_found",
+                    "the model '%s' does not exist; this server serves '%s'", q->q.model, s->model_name);
+  return 0;
+}
+
 static enum MHD_Result completion(srv_req *q) {
   srv *s = q->s;
   oai_error e;
-  pthread_mutex_lock(&s->parse_mu);
-  int st = oai_parse(q->rt == R_CHAT ? OAI_CHAT : OAI_COMPLETION, q->body.data ? q->body.data : "", q->body.len, &q->q, &e);
-  pthread_mutex_unlock(&s->parse_mu);
-  mj_buf_free(&q->body);
-  if (st) return send_error(s, q->c, &e, NULL, NULL);
-  q->parsed = true;
-  if (q->q.model && strcmp(q->q.model, s->model_name) != 0) {
-    oai_fail(&e, 404, "invalid_request_error", "model", "model_not_found", "the model '%s' does not exist; this server serves '%s'",
-             q->q.model, s->model_name);
-    return send_error(s, q->c, &e, NULL, NULL);
-  }
+  if (parse_body(q, q->rt == R_CHAT ? OAI_CHAT : OAI_COMPLETION, &e)) return send_error(s, q->c, &e, NULL, NULL);
   /* The API reads a prompt_len of 0 as "up to the NUL"; an empty prompt
    * would be refused there anyway, but here it names its field. */
   if (q->q.kind == OAI_COMPLETION && !q->q.prompt_ids && q->q.prompt_len == 0)
@@ -501,18 +507,7 @@ static enum MHD_Result completion(srv_req *q) {
 static enum MHD_Result tokens(srv_req *q) {
   srv *s = q->s;
   oai_error e;
-  pthread_mutex_lock(&s->parse_mu);
-  int st = oai_parse(q->rt == R_TOKENIZE ? OAI_TOKENIZE : OAI_DETOKENIZE, q->body.data ? q->body.data : "", q->body.len,
-                     &q->q, &e);
-  pthread_mutex_unlock(&s->parse_mu);
-  mj_buf_free(&q->body);
-  if (st) return send_error(s, q->c, &e, NULL, NULL);
-  q->parsed = true;
-  if (q->q.model && strcmp(q->q.model, s->model_name) != 0) {
-    oai_fail(&e, 404, "invalid_request_error", "model", "model_not_found", "the model '%s' does not exist; this server serves '%s'",
-             q->q.model, s->model_name);
-    return send_error(s, q->c, &e, NULL, NULL);
-  }
+  if (parse_body(q, q->rt == R_TOKENIZE ? OAI_TOKENIZE : OAI_DETOKENIZE, &e)) return send_error(s, q->c, &e, NULL, NULL);
   mj_buf b = {0};
   moejit_status ms;
   if (q->rt == R_DETOKENIZE) {
