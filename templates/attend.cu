@@ -76,8 +76,8 @@ __device__ __forceinline__ int mla_row_len(int pos, const int *sel, int topk, in
 }
 
 // The tokens a split takes for a row of n: n spread over nsplit splits in
-// whole tiles, capped at the launcher's chunk (ceil(max_ctx / nsplit) in
-// tiles, so the cap only binds where n is near max_ctx).  The part kernels
+// whole tiles.  The launcher's chunk (ceil(max_ctx / want) in tiles) is at
+// least that for every n <= max_ctx, so the cap is only a guard.  The part kernels
 // and the combine compute it alike, so they agree on the splits used:
 // ceil(n / rc) <= nsplit, since rc >= n / nsplit.
 __device__ __forceinline__ int mla_chunk(int n, int nsplit, int chunk) {
