@@ -13,7 +13,9 @@
  */
 #include <assert.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "gpu_ops.h"
 
@@ -80,6 +82,23 @@ static size_t att_tc_smem(const gop_dims *d, int ht) {
   return 2 * (size_t)ht * (D / 16) * 32 * 16 + 32 * (D + 8) * 2 + (size_t)ht * 16 * 40 * 2 + 2 * 4 * (size_t)ht * 16 * 4;
 }
 
+/* MOEJIT_ATTEND_BLOCKS (a count of blocks, 1..1024) and MOEJIT_ATTEND_HT
+ * (1..ATT_TC_HT) replace ATT_TC_TARGET_BLOCKS and the choice of HT in the
+ * tensor-core plan, for `gputest perf mla_attend` sweeps; read once a
+ * process, so the scratch and every launch agree.  Out of range: ignored. */
+static int att_env_blocks, att_env_ht;
+static pthread_once_t att_env_once = PTHREAD_ONCE_INIT;
+static int env_int(const char *name, int lo, int hi) {
+  const char *v = getenv(name);
+  char *end;
+  long n = v && *v ? strtol(v, &end, 10) : 0;
+  return v && *v && !*end && n >= lo && n <= hi ? (int)n : 0;
+}
+static void att_env_read(void) {
+  att_env_blocks = env_int("MOEJIT_ATTEND_BLOCKS", 1, ATT_MAX_SPLIT);
+  att_env_ht = env_int("MOEJIT_ATTEND_HT", 1, ATT_TC_HT);
+}
+
 /* The tensor-core kernel's plan: all heads a block in tiles of up to
  * ATT_TC_HT m16 tiles, the context split so that about
  * ATT_TC_TARGET_BLOCKS blocks run. */
@@ -89,14 +108,17 @@ static int att_tc_plan(const gop_dims *d, int B, att_plan *p, mj_err *err) {
   if (!att_tc_fits(d))
     return mj_fail(err, MJ_EINPUT, "gop_mla_attend: the tensor-core kernel takes kv_rank %% 64 == 0 and (kv_rank + "
                                    "rope) %% 16 == 0, not %d and %d", d->kv_rank, d->rope);
+  pthread_once(&att_env_once, att_env_read);
+  long target = att_env_blocks ? att_env_blocks : ATT_TC_TARGET_BLOCKS;
   long most = (d->max_ctx + ATT_TILE - 1) / ATT_TILE;
   int tiles = (d->heads + 15) / 16;
   p->ht = tiles < ATT_TC_HT ? tiles : ATT_TC_HT;
-  if ((long)B * ((tiles + p->ht - 1) / p->ht) * most < ATT_TC_TARGET_BLOCKS) p->ht = 1;
+  if ((long)B * ((tiles + p->ht - 1) / p->ht) * most < target) p->ht = 1;
+  if (att_env_ht) p->ht = att_env_ht < tiles ? att_env_ht : tiles;
   p->tc = p->spec = true;
   p->hg = 16 * p->ht;
   p->hgroups = (tiles + p->ht - 1) / p->ht;
-  att_split(d, B, ATT_TC_TARGET_BLOCKS, p);
+  att_split(d, B, target, p);
   p->smem = att_tc_smem(d, p->ht);
   if (p->smem > GOP_MAX_SMEM)
     return mj_fail(err, MJ_EINPUT, "gop_mla_attend: the tensor-core kernel needs %zu bytes of shared memory", p->smem);

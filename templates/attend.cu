@@ -13,9 +13,15 @@
 //   mla_attend_part<KV, ROPE, HG, BLOCK>: grid (nsplit, ceil(heads / HG), B),
 //     HG 16, or 8 when 16 would leave the GPU short of blocks even with one
 //     tile per block (B = 1 at ctx 1024; the launcher's att_plan decides).
-//     Block (s, g, b) takes the row's tokens [s * chunk, (s + 1) * chunk)
+//     Block (s, g, b) takes the row's tokens [s * rc, (s + 1) * rc)
 //     (positions in 0..pos, or entries of sel), for the HG heads of group g,
-//     and returns at once when the chunk starts past the row's length.  It
+//     and returns at once when the chunk starts past the row's length.  The
+//     chunk rc is the row's own (mla_chunk): its n tokens spread over the
+//     nsplit splits in whole tiles, never more than the launcher's chunk
+//     (which is sized for max_ctx).  So a row far shorter than max_ctx (a
+//     server's context of 32k, a prompt of 1k; or the topk tokens of a DSA
+//     selection) still spreads over the grid instead of leaving it to the
+//     first few splits.  It
 //     walks its chunk in tiles of 32 tokens: the tile's cache records are
 //     read once (16-byte loads) into shared memory and serve all HG heads;
 //     each warp scores 32 tokens (one per lane) for its heads and keeps an
@@ -69,6 +75,18 @@ __device__ __forceinline__ int mla_row_len(int pos, const int *sel, int topk, in
   return *use_sel ? topk : n;
 }
 
+// The tokens a split takes for a row of n: n spread over nsplit splits in
+// whole tiles.  The launcher's chunk (ceil(max_ctx / want) in tiles) is at
+// least that for every n <= max_ctx, so the cap is only a guard.  The part kernels
+// and the combine compute it alike, so they agree on the splits used:
+// ceil(n / rc) <= nsplit, since rc >= n / nsplit.
+__device__ __forceinline__ int mla_chunk(int n, int nsplit, int chunk) {
+  int c = (n + nsplit - 1) / nsplit;
+  c = (c + MLA_TILE - 1) / MLA_TILE * MLA_TILE;
+  if (c < MLA_TILE) c = MLA_TILE;  // n = 0: no split used, and no division by 0
+  return c < chunk ? c : chunk;
+}
+
 // Where the accumulators start in scratch, in floats: after the [..][2]
 // pairs of m and l, rounded up to 4 so that every row (kv_rank floats, a
 // multiple of 8 in the specialised kernels) is 16-byte aligned.
@@ -98,9 +116,10 @@ mla_attend_part(const float *__restrict__ qlat, const __nv_bfloat16 *__restrict_
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   bool use_sel;
   const int n = mla_row_len(poss[b], sel, topk, max_ctx, &use_sel);
-  const int i0 = split * chunk;
+  const int rc = mla_chunk(n, gridDim.x, chunk);
+  const int i0 = split * rc;
   if (i0 >= n) return;  // the whole block: nothing of this row here
-  const int i1 = min(n, i0 + chunk);
+  const int i1 = min(n, i0 + rc);
   const size_t slot_base = (size_t)slots[b] * (size_t)max_ctx;
   const int *row_sel = use_sel ? sel + (size_t)b * topk : nullptr;
 
@@ -286,7 +305,8 @@ mla_attend_combine(const float *__restrict__ part, const int *__restrict__ poss,
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   bool use_sel;
   const int n = mla_row_len(poss[b], sel, topk, max_ctx, &use_sel);
-  const int used = min((n + chunk - 1) / chunk, MLA_MAX_SPLIT);  // the launcher keeps nsplit <= MLA_MAX_SPLIT
+  const int rc = mla_chunk(n, nsplit, chunk);
+  const int used = min((n + rc - 1) / rc, MLA_MAX_SPLIT);  // the launcher keeps nsplit <= MLA_MAX_SPLIT
   const float *ml = part + ((size_t)b * heads + h) * nsplit * 2;
   const float *accs = part + mla_acc_offset((size_t)B * heads * nsplit) + ((size_t)b * heads + h) * nsplit * (size_t)V;
 
@@ -409,9 +429,10 @@ mla_attend_part_tc(const float *__restrict__ qlat, const __nv_bfloat16 *__restri
   const int h0 = blockIdx.y * 16 * HT;  // the block's first head
   bool use_sel;
   const int n = mla_row_len(poss[b], sel, topk, max_ctx, &use_sel);
-  const int i0 = split * chunk;
+  const int rc = mla_chunk(n, gridDim.x, chunk);
+  const int i0 = split * rc;
   if (i0 >= n) return;
-  const int i1 = min(n, i0 + chunk);
+  const int i1 = min(n, i0 + rc);
   const size_t slot_base = (size_t)slots[b] * (size_t)max_ctx;
   const int *row_sel = use_sel ? sel + (size_t)b * topk : nullptr;
 
