@@ -265,6 +265,9 @@ int gop_mla_attend_on(gop_attend_kind kind, const gop_dims *d, CUdeviceptr qlat,
 #define DSA_SCORE_BLOCK 128 /* tokens (threads) per scoring block */
 #define DSA_TOPK_BLOCK 1024
 #define DSA_MAX_SPEC_HEADS 64 /* the specialised kernel keeps one dot product per head in registers */
+#define DSA_HS 4                /* batch 1: threads a token in dsa_score_hs (where the heads divide) */
+#define DSA_MAX_HS 8            /* the template's largest HS: its skew of 4 floats a head group */
+#define DSA_TOPK_STATIC_SMEM 2048 /* dsa_topk_smem's own shared memory (1.2 KB), rounded up */
 
 static int dsa_check(const gop_dims *d, int B, mj_err *err) {
   if (B < 1 || d->idx_heads < 1 || d->idx_dim < 1 || d->idx_topk < 1 || d->max_ctx < 1)
@@ -282,15 +285,28 @@ int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache 
                    CUdeviceptr scratch, int B, const gop_ctx *cx, mj_err *err) {
   int rc = dsa_check(d, B, err);
   if (rc) return rc;
-  size_t smem = (round4((size_t)d->idx_heads * (size_t)d->idx_dim) + (size_t)d->idx_heads) * sizeof(float);
+  /* One row: dsa.cu's batch-1 pair (HS threads a token; the row's keys
+   * kept in shared memory), faster there and slower from batch 8 on
+   * (bench/results/2026-12-05-h100.md); more rows: the first pair. */
+  bool one = B == 1;
+  /* the queries (the batch-1 scorer skews them by 4 floats a head group) and the weights */
+  size_t smem = (round4((size_t)d->idx_heads * (size_t)d->idx_dim) + (one ? 4 * DSA_MAX_HS : 0) + (size_t)d->idx_heads) *
+                sizeof(float);
   if (smem > GOP_MAX_SMEM)
     return mj_fail(err, MJ_EINPUT, "gop_dsa_select: idx_heads %d x idx_dim %d needs %zu bytes of shared memory",
                    d->idx_heads, d->idx_dim, smem);
   bool spec = d->idx_dim % 4 == 0 && d->idx_heads <= DSA_MAX_SPEC_HEADS;
+  int hs = one && spec && d->idx_heads % DSA_HS == 0 ? DSA_HS : 1;
   char e1[64], g1[64], e2[64];
-  snprintf(g1, sizeof g1, "dsa_score<0, 0, %d>", DSA_SCORE_BLOCK);
-  snprintf(e1, sizeof e1, "dsa_score<%d, %d, %d>", d->idx_dim, d->idx_heads, DSA_SCORE_BLOCK);
-  snprintf(e2, sizeof e2, "dsa_topk<%d>", DSA_TOPK_BLOCK);
+  if (one) {
+    snprintf(g1, sizeof g1, "dsa_score_hs<0, 0, %d, 1>", DSA_SCORE_BLOCK);
+    snprintf(e1, sizeof e1, "dsa_score_hs<%d, %d, %d, %d>", d->idx_dim, d->idx_heads, DSA_SCORE_BLOCK, hs);
+    snprintf(e2, sizeof e2, "dsa_topk_smem<%d>", DSA_TOPK_BLOCK);
+  } else {
+    snprintf(g1, sizeof g1, "dsa_score<0, 0, %d>", DSA_SCORE_BLOCK);
+    snprintf(e1, sizeof e1, "dsa_score<%d, %d, %d>", d->idx_dim, d->idx_heads, DSA_SCORE_BLOCK);
+    snprintf(e2, sizeof e2, "dsa_topk<%d>", DSA_TOPK_BLOCK);
+  }
   jit_spec gen1 = {g1, NULL, 0};
   const jit_fn *score = NULL, *topk = NULL;
   bool launch = false;
@@ -299,14 +315,28 @@ int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache 
   rc = gop_get(cx, KT_dsa_select, e2, NULL, 0, NULL, &topk, &launch, err);
   if (rc) return rc;
   if (!launch) return 0;
+  if (score->generic) hs = 1; /* the generic variant stands in: one thread a token */
 
   int idim = d->idx_dim, ih = d->idx_heads, max_ctx = d->max_ctx, k = d->idx_topk;
   float sscale = 1.0f / sqrtf((float)idim); /* as cpu_forward's indexer computes it */
   rc = set_smem(score->fn, smem, err);
   if (rc) return rc;
   void *a1[] = {&iq, &iw, &c.ikey, &rows.slot, &rows.pos, &scratch, &idim, &ih, &max_ctx, &k, &sscale};
-  unsigned nblk = (unsigned)((max_ctx + DSA_SCORE_BLOCK - 1) / DSA_SCORE_BLOCK);
+  int kpb = DSA_SCORE_BLOCK / hs; /* tokens a block */
+  unsigned nblk = (unsigned)((max_ctx + kpb - 1) / kpb);
   if ((rc = cu_launch_tpl(score->fn, nblk, (unsigned)B, 1, DSA_SCORE_BLOCK, (unsigned)smem, cx->s, a1, err))) return rc;
-  void *a2[] = {&scratch, &rows.pos, &sel, &max_ctx, &k};
-  return cu_launch_tpl(topk->fn, (unsigned)B, 1, 1, DSA_TOPK_BLOCK, 0, cx->s, a2, err);
+  if (!one) {
+    void *a2[] = {&scratch, &rows.pos, &sel, &max_ctx, &k};
+    return cu_launch_tpl(topk->fn, (unsigned)B, 1, 1, DSA_TOPK_BLOCK, 0, cx->s, a2, err);
+  }
+  /* dsa_topk_smem keeps the row's keys in shared memory when they fit: as
+   * many as the device lets a block have beside the kernel's own 2 KB, up
+   * to max_ctx. */
+  const cu_device *dv = cu_dev();
+  long fit = dv ? ((long)dv->max_smem_per_block_optin - DSA_TOPK_STATIC_SMEM) / 4 : 0;
+  int cap = fit <= 0 ? 0 : fit < max_ctx ? (int)fit : max_ctx;
+  size_t tsmem = (size_t)cap * 4;
+  if ((rc = set_smem(topk->fn, tsmem, err))) return rc;
+  void *a2[] = {&scratch, &rows.pos, &sel, &max_ctx, &k, &cap};
+  return cu_launch_tpl(topk->fn, (unsigned)B, 1, 1, DSA_TOPK_BLOCK, (unsigned)tsmem, cx->s, a2, err);
 }

@@ -28,6 +28,21 @@
 //     8 loads a thread in flight and ballots over warp ranges was correct on
 //     the H200 but slower: 73.8 against 55.7 us at batch 1, ctx 32k;
 //     bench/results/2026-12-05-dsa.md.  This is the kernel before it.)
+// The batch-1 pair (the launcher takes it at B = 1, the pair above at more):
+//   dsa_score_hs<IDIM, IH, BLOCK, HS>: dsa_score with HS threads per token
+//     (each HS-th of the heads, IH % HS == 0; HS 1 in the generic variant),
+//     grid (ceil(max_ctx / (BLOCK / HS)), B); the queries in shared memory
+//     skewed by 4 floats a head group, so the HS lanes of a token hit
+//     different bank groups; the heads still summed in ascending order (a
+//     token's lanes hand the sum on by shuffles).  At batch 1, ctx 32768
+//     one thread a token gave the GPU 8 warps a SM.
+//   dsa_topk_smem<BLOCK>: dsa_topk that keeps a row of at most `cap` tokens
+//     (the launch's dynamic shared memory, 4 bytes a key: ~57k on the H200)
+//     in shared memory after its first pass over global memory.
+//   Together, at batch 1 on an H100, dsa.select took 19.2 us for 27.6 at
+//   ctx 8192 and 46.4 for 55.9 at 32768; at batch 8 and 32 they were 28-55%
+//   slower than the pair above (bench/results/2026-12-05-h100.md), hence the
+//   split by batch.
 // Scratch: score f32 [B][max_ctx].
 //
 // Why NVRTC (docs/dsl.md, "DSL or NVRTC"): dsa_score's shared memory is
@@ -39,6 +54,48 @@ __device__ __forceinline__ unsigned dsa_key(float f) {
   unsigned u = __float_as_uint(f);
   if (u == 0x80000000u) u = 0u;  // -0 == +0, as the CPU's comparison says
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// dot[j] = q[j] . k for NH query rows of IDIM floats (16-byte loads of
+// the key, read once; the queries from shared memory).
+template <int IDIM, int NH>
+__device__ __forceinline__ void dsa_dots(const float *q, const float *k, float *dot) {
+#pragma unroll
+  for (int j = 0; j < NH; j++) dot[j] = 0.0f;
+  for (int d = 0; d < IDIM; d += 4) {
+    const float4 kv = __ldg(reinterpret_cast<const float4 *>(k + d));
+#pragma unroll
+    for (int j = 0; j < NH; j++) {
+      const float4 qv = *reinterpret_cast<const float4 *>(q + j * IDIM + d);
+      dot[j] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+    }
+  }
+}
+
+// One thread's score of a token (key k): its dot product with each head's
+// query, scaled, relu'd and weighted, the heads summed in ascending order
+// as the CPU does.
+template <int IDIM, int IH>
+__device__ __forceinline__ float dsa_token_score(const float *qs, const float *ws, const float *k, int idim, int ih,
+                                                 float sscale) {
+  float acc = 0.0f;
+  if constexpr (IDIM > 0 && IH > 0) {
+    float dot[IH];
+    dsa_dots<IDIM, IH>(qs, k, dot);
+#pragma unroll
+    for (int h = 0; h < IH; h++) {
+      const float s = __fmul_rn(dot[h], sscale);
+      if (s > 0.0f) acc = acc + __fmul_rn(ws[h], s);
+    }
+  } else {
+    for (int h = 0; h < ih; h++) {
+      float dot = 0.0f;
+      for (int d = 0; d < idim; d++) dot += qs[h * idim + d] * k[d];
+      const float s = __fmul_rn(dot, sscale);
+      if (s > 0.0f) acc = acc + __fmul_rn(ws[h], s);
+    }
+  }
+  return acc;
 }
 
 template <int IDIM, int IH, int BLOCK>
@@ -65,38 +122,53 @@ dsa_score(const float *__restrict__ iq, const float *__restrict__ iw, const floa
   const int t = t0 + threadIdx.x;
   if (t >= n) return;  // no barrier follows
   const float *k = ikey + ((size_t)slots[b] * max_ctx + t) * idim;
-  float acc = 0.0f;
-  if constexpr (IDIM > 0 && IH > 0) {
-    float dot[IH];
-#pragma unroll
-    for (int h = 0; h < IH; h++) dot[h] = 0.0f;
-    for (int d = 0; d < IDIM; d += 4) {
-      const float4 kv = __ldg(reinterpret_cast<const float4 *>(k + d));
-#pragma unroll
-      for (int h = 0; h < IH; h++) {
-        const float4 q = *reinterpret_cast<const float4 *>(qs + h * IDIM + d);
-        dot[h] += q.x * kv.x + q.y * kv.y + q.z * kv.z + q.w * kv.w;
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < IH; h++) {
-      const float s = __fmul_rn(dot[h], sscale);
-      if (s > 0.0f) acc = acc + __fmul_rn(ws[h], s);
-    }
-  } else {
-    for (int h = 0; h < ih; h++) {
-      float dot = 0.0f;
-      for (int d = 0; d < idim; d++) dot += qs[h * idim + d] * k[d];
-      const float s = __fmul_rn(dot, sscale);
-      if (s > 0.0f) acc = acc + __fmul_rn(ws[h], s);
-    }
-  }
-  score[(size_t)b * max_ctx + t] = acc;
+  score[(size_t)b * max_ctx + t] = dsa_token_score<IDIM, IH>(qs, ws, k, idim, ih, sscale);
 }
 
 // Exclusive prefix sum of v over the block (in thread order) and the
 // block's total.  Starts and ends with a barrier-safe state: the caller
 // may call it again at once.
+// The end of a radix pass over the digit at shift, its histogram counted:
+// warp 0 finds the bin of hist holding the rank-th largest key (1 =
+// largest) and that key's rank within its bin (lane l holds bins
+// 255 - 8l .. 248 - 8l, from the top down; exactly one lane writes), and
+// every thread takes them into prefix, mask and rank.
+__device__ __forceinline__ void dsa_pick_bin(const int *hist, int lane, int rank, int *found_bin, int *found_rank) {
+  int c[8], sum = 0;
+#pragma unroll
+  for (int j = 0; j < 8; j++) sum += (c[j] = hist[DSA_BINS - 1 - 8 * lane - j]);
+  int incl = sum;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  const int excl = incl - sum;
+  if (excl < rank && incl >= rank) {
+    int cum = excl;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      if (cum + c[j] >= rank) {
+        *found_bin = DSA_BINS - 1 - 8 * lane - j;
+        *found_rank = rank - cum;
+        return;
+      }
+      cum += c[j];
+    }
+  }
+}
+
+__device__ __forceinline__ void dsa_pass_end(const int *hist, int warp, int lane, int shift, int *found_bin,
+                                             int *found_rank, unsigned &prefix, unsigned &mask, int &rank) {
+  __syncthreads();
+  if (warp == 0) dsa_pick_bin(hist, lane, rank, found_bin, found_rank);
+  __syncthreads();
+  prefix |= (unsigned)*found_bin << shift;
+  mask |= 0xffu << shift;
+  rank = *found_rank;
+  __syncthreads();  // found_* are rewritten by the next pass
+}
+
 template <int BLOCK>
 __device__ __forceinline__ int block_excl_scan(int v, int *warp_tot, int *total) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -152,37 +224,7 @@ dsa_topk(const float *__restrict__ score, const int *__restrict__ poss, int *__r
       const unsigned u = dsa_key(sc[t]);
       if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 0xffu], 1);
     }
-    __syncthreads();
-    if (warp == 0) {
-      // Lane l holds bins 255 - 8l .. 248 - 8l (from the top down).
-      int c[8], sum = 0;
-#pragma unroll
-      for (int j = 0; j < 8; j++) sum += (c[j] = hist[DSA_BINS - 1 - 8 * lane - j]);
-      int incl = sum;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += y;
-      }
-      const int excl = incl - sum;
-      if (excl < rank && incl >= rank) {  // exactly one lane
-        int cum = excl;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-          if (cum + c[j] >= rank) {
-            found_bin = DSA_BINS - 1 - 8 * lane - j;
-            found_rank = rank - cum;
-            break;
-          }
-          cum += c[j];
-        }
-      }
-    }
-    __syncthreads();
-    prefix |= (unsigned)found_bin << shift;
-    mask |= 0xffu << shift;
-    rank = found_rank;
-    __syncthreads();  // found_* are rewritten by the next pass
+    dsa_pass_end(hist, warp, lane, shift, &found_bin, &found_rank, prefix, mask, rank);
   }
   // prefix is now the topk-th largest key; `rank` of its ties are kept.
   const unsigned kth = prefix;
@@ -200,6 +242,162 @@ dsa_topk(const float *__restrict__ score, const int *__restrict__ poss, int *__r
     if (eq) {
       const int r = base_eq + (ex >> 16);
       if (r < ties) out[above + r] = t;
+    }
+    base_gt += tot & 0xffff;
+    base_eq += tot >> 16;
+  }
+}
+
+template <int IDIM, int IH, int BLOCK, int HS>
+__global__ void __launch_bounds__(BLOCK)
+dsa_score_hs(const float *__restrict__ iq, const float *__restrict__ iw, const float *__restrict__ ikey,
+          const int *__restrict__ slots, const int *__restrict__ poss, float *__restrict__ score,
+          int idim_rt, int ih_rt, int max_ctx, int topk, float sscale) {
+  MJ_GRIDDEP_WAIT();
+  MJ_GRIDDEP_LAUNCH();
+  static_assert(IDIM % 4 == 0, "IDIM must be a multiple of 4 (16-byte loads); 0 is the generic variant");
+  static_assert(HS == 1 || HS == 2 || HS == 4 || HS == 8, "HS (threads a token) is 1, 2, 4 or 8");
+  static_assert(HS == 1 || (IDIM > 0 && IH % HS == 0), "HS > 1 needs the specialised widths and IH % HS == 0");
+  static_assert(BLOCK % 32 == 0, "BLOCK must be whole warps");
+  constexpr int KPB = BLOCK / HS;  // tokens a block
+  const int idim = IDIM > 0 ? IDIM : idim_rt, ih = IH > 0 ? IH : ih_rt;
+  const int b = blockIdx.y;
+  int n = poss[b] + 1;
+  if (n > max_ctx) n = max_ctx;
+  const int t0 = blockIdx.x * KPB;
+  if (n <= topk || t0 >= n) return;  // the whole block
+
+  // Queries [ih][idim]: head h at h * idim + (h / (ih / HS)) * 4, so the HS
+  // lanes of a token, reading the same d of heads ih / HS apart, hit four
+  // different 16-byte bank groups; then the weights [ih].
+  extern __shared__ float4 smem4[];
+  float *qs = reinterpret_cast<float *>(smem4);
+  float *ws = qs + ((ih * idim + 3) & ~3) + 4 * HS;
+  for (int i = threadIdx.x; i < ih * idim; i += BLOCK) qs[i + (HS > 1 ? i / idim / (ih / HS) * 4 : 0)] = iq[(size_t)b * ih * idim + i];
+  for (int i = threadIdx.x; i < ih; i += BLOCK) ws[i] = iw[(size_t)b * ih + i];
+  __syncthreads();
+  const int t = t0 + threadIdx.x / HS;
+  if constexpr (HS == 1) {
+    if (t >= n) return;  // no barrier follows
+    const float *k = ikey + ((size_t)slots[b] * max_ctx + t) * idim;
+    score[(size_t)b * max_ctx + t] = dsa_token_score<IDIM, IH>(qs, ws, k, idim, ih, sscale);
+  } else {
+    // HS lanes a token (adjacent lanes), lane hs the heads hs * HPT ..
+    // (hs + 1) * HPT - 1: HS times the threads of one a token, for the
+    // latency of the key stream.  Every lane takes part in the shuffles
+    // below, so a lane past n reads token t0's key and writes nothing.
+    constexpr int HPT = IH / HS;
+    const int hs = threadIdx.x % HS, lane = threadIdx.x % 32;
+    const bool valid = t < n;
+    const float *k = ikey + ((size_t)slots[b] * max_ctx + (valid ? t : t0)) * IDIM;
+    const float *qh = qs + hs * (HPT * IDIM + 4);
+    float dot[HPT];
+    dsa_dots<IDIM, HPT>(qh, k, dot);
+    // The heads summed in ascending order, as the CPU does: lane 0 of the
+    // token adds its heads to 0, hands the sum to lane 1, which adds its
+    // heads, and so on (each step a broadcast from lane j of the group).
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < HS; j++) {
+      if (hs == j) {
+#pragma unroll
+        for (int i = 0; i < HPT; i++) {
+          const float s = __fmul_rn(dot[i], sscale);
+          if (s > 0.0f) acc = acc + __fmul_rn(ws[hs * HPT + i], s);
+        }
+      }
+      acc = __shfl_sync(0xffffffffu, acc, (lane & ~(HS - 1)) | j);
+    }
+    if (valid && hs == 0) score[(size_t)b * max_ctx + t] = acc;
+  }
+}
+
+template <int BLOCK>
+__global__ void __launch_bounds__(BLOCK)
+dsa_topk_smem(const float *__restrict__ score, const int *__restrict__ poss, int *__restrict__ sel, int max_ctx,
+         int topk, int cap) {
+  MJ_GRIDDEP_WAIT();
+  MJ_GRIDDEP_LAUNCH();
+  static_assert(BLOCK % 32 == 0 && BLOCK >= 64 && BLOCK <= 1024, "BLOCK: a multiple of 32 in [64, 1024]");
+  __shared__ int hist[DSA_BINS];
+  __shared__ int warp_tot[32];
+  __shared__ int found_bin, found_rank, total;
+  extern __shared__ uint4 skeys4[];  // [cap]: the row's keys, when it has at most cap (16-byte aligned)
+  unsigned *skeys = reinterpret_cast<unsigned *>(skeys4);
+  const int b = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  int n = poss[b] + 1;
+  if (n > max_ctx) n = max_ctx;
+  if (n <= topk) return;  // the whole block: this row attends to everything
+  const float *sc = score + (size_t)b * max_ctx;
+  // A row of at most cap keys is read from global memory once, in the
+  // first pass (four loads a thread in flight), and kept in shared memory
+  // for the other three passes and the placement; a longer row reads its
+  // scores again each time.
+  const bool cached = n <= cap;
+
+  // Radix select: prefix/mask are the key digits found so far, rank the
+  // position (1 = largest) of the wanted key among keys with that prefix.
+  unsigned prefix = 0u, mask = 0u;
+  int rank = topk;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = tid; i < DSA_BINS; i += BLOCK) hist[i] = 0;
+    __syncthreads();
+    if (shift == 24) {
+      for (int t0 = tid; t0 < n; t0 += 4 * BLOCK) {
+        unsigned u[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) u[j] = t0 + j * BLOCK < n ? dsa_key(sc[t0 + j * BLOCK]) : 0u;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+          if (t0 + j * BLOCK < n) {
+            if (cached) skeys[t0 + j * BLOCK] = u[j];
+            atomicAdd(&hist[u[j] >> 24], 1);
+          }
+      }
+    } else {
+      for (int t = tid; t < n; t += BLOCK) {
+        const unsigned u = cached ? skeys[t] : dsa_key(sc[t]);
+        if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 0xffu], 1);
+      }
+    }
+    dsa_pass_end(hist, warp, lane, shift, &found_bin, &found_rank, prefix, mask, rank);
+  }
+  // prefix is now the topk-th largest key; `rank` of its ties are kept.
+  const unsigned kth = prefix;
+  const int ties = rank, above = topk - ties;
+  int *out = sel + (size_t)b * topk;
+  // Four consecutive tokens a thread, so a block-wide scan places 4 BLOCK
+  // tokens, in ascending t (thread order is token order).
+  int base_gt = 0, base_eq = 0;
+  for (int t0 = 0; t0 < n; t0 += 4 * BLOCK) {
+    const int tb = t0 + 4 * tid;
+    unsigned u[4];
+    int gt = 0, eq = 0;
+    if (cached && tb + 3 < n) {  // one 16-byte load (tb is a multiple of 4): no bank conflict
+      const uint4 v = skeys4[tb / 4];
+      u[0] = v.x, u[1] = v.y, u[2] = v.z, u[3] = v.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; j++) u[j] = tb + j < n ? (cached ? skeys[tb + j] : dsa_key(sc[tb + j])) : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      gt += tb + j < n && u[j] > kth;
+      eq += tb + j < n && u[j] == kth;
+    }
+    // Both counts in one scan: greater in the low 16 bits, equal in the
+    // high (at most 4 BLOCK <= 4096 each).
+    const int ex = block_excl_scan<BLOCK>(gt | (eq << 16), warp_tot, &total);
+    const int tot = total;
+    int pg = base_gt + (ex & 0xffff), pe = base_eq + (ex >> 16);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int t = tb + j;
+      if (t < n && u[j] > kth) out[pg++] = t;
+      else if (t < n && u[j] == kth) {
+        if (pe < ties) out[above + pe] = t;
+        pe++;
+      }
     }
     base_gt += tot & 0xffff;
     base_eq += tot >> 16;

@@ -114,6 +114,11 @@ static void test_compile(void) {
   show(KT_dsa_select, "dsa_score<16, 2, 128>");
   show(KT_dsa_select, "dsa_score<0, 0, 128>");
   show(KT_dsa_select, "dsa_topk<1024>");
+  show(KT_dsa_select, "dsa_score_hs<128, 32, 128, 4>"); /* batch 1: 4 threads a token */
+  show(KT_dsa_select, "dsa_score_hs<16, 4, 128, 4>");   /* gputest attn's small batch-1 shape */
+  show(KT_dsa_select, "dsa_score_hs<16, 2, 128, 1>");   /* 2 heads: HS 4 does not divide */
+  show(KT_dsa_select, "dsa_score_hs<0, 0, 128, 1>");
+  show(KT_dsa_select, "dsa_topk_smem<1024>");
   DRY.arch = NULL;
 }
 

@@ -54,6 +54,15 @@ static const shape shapes[] = {
     {"small odd", 3, 48, 8, 2, 16, 5, 40, 7, {6, 0, 1, 2, 3, 4, 5}, {0, 3, 4, 5, 22, 38, 39},
      {39, 4, 5, 0, 30, 6, 1}},
     {"generic", 5, 50, 6, 3, 10, 7, 33, 5, {4, 3, 2, 1, 0}, {0, 6, 7, 20, 32}},
+    /* Batch 1 takes dsa.cu's batch-1 pair: 4 threads a token where the
+     * indexer heads divide (GLM-5's 32, the 4 below), 1 where not (2); the
+     * top-k keeps a row's keys in shared memory up to the device's limit
+     * (~57k keys on the H100 and H200): the 40001-token row there, the
+     * 65536-token one in global memory. */
+    {"glm5 b1 ctx 32768", 64, 512, 64, 32, 128, 2048, 32768, 1, {0}, {32767}, {20000}},
+    {"glm5 b1 ctx 65536", 64, 512, 64, 32, 128, 2048, 65536, 1, {0}, {40000}, {65535}},
+    {"small b1 hs 4", 3, 48, 8, 4, 16, 5, 40, 1, {0}, {39}, {22}},
+    {"small b1 hs 1", 3, 48, 8, 2, 16, 5, 40, 1, {0}, {38}},
     /* The smallest widths the tensor-core kernel takes, a partial head tile. */
     {"small tc", 20, 64, 16, 2, 16, 24, 72, 5, {4, 0, 2, 3, 1}, {0, 31, 32, 50, 71}, {71, 23, 24, 5, 40}},
 };
