@@ -85,14 +85,19 @@ static size_t att_tc_smem(const gop_dims *d, int ht) {
 /* MOEJIT_ATTEND_BLOCKS (a count of blocks, 1..1024) and MOEJIT_ATTEND_HT
  * (1..ATT_TC_HT) replace ATT_TC_TARGET_BLOCKS and the choice of HT in the
  * tensor-core plan, for `gputest perf mla_attend` sweeps; read once a
- * process, so the scratch and every launch agree.  Out of range: ignored. */
+ * process, so the scratch and every launch agree.  A value that is not a
+ * number in range is ignored with a warning (a sweep would otherwise time
+ * the default under another name). */
 static int att_env_blocks, att_env_ht;
 static pthread_once_t att_env_once = PTHREAD_ONCE_INIT;
 static int env_int(const char *name, int lo, int hi) {
   const char *v = getenv(name);
   char *end;
-  long n = v && *v ? strtol(v, &end, 10) : 0;
-  return v && *v && !*end && n >= lo && n <= hi ? (int)n : 0;
+  if (!v || !*v) return 0;
+  long n = strtol(v, &end, 10);
+  if (!*end && n >= lo && n <= hi) return (int)n;
+  mj_warn("%s=%s ignored: it takes %d to %d", name, v, lo, hi);
+  return 0;
 }
 static void att_env_read(void) {
   att_env_blocks = env_int("MOEJIT_ATTEND_BLOCKS", 1, ATT_MAX_SPLIT);

@@ -61,6 +61,19 @@ static int get_bool(const json *o, const char *key, bool *out, oai_error *e) {
   return 0;
 }
 
+/* The boolean field key of the object field obj ("stream_options":
+ * {"include_usage": true}); either may be absent or null. */
+static int get_sub_bool(const json *o, const char *obj, const char *key, bool *out, oai_error *e) {
+  const json *v = json_get(o, obj);
+  if (!v || v->type == JSON_NULL) return 0;
+  if (v->type != JSON_OBJ) return BAD(e, obj, "'%s' must be an object, not %s", obj, json_type_name(v->type));
+  const json *b = json_get(v, key);
+  if (!b || b->type == JSON_NULL) return 0;
+  if (b->type != JSON_BOOL) return BAD(e, obj, "'%s.%s' must be a boolean, not %s", obj, key, json_type_name(b->type));
+  *out = b->b;
+  return 0;
+}
+
 static int add_stop(oai_request *r, const json *s, oai_error *e) {
   if (s->type != JSON_STR) return BAD(e, "stop", "'stop' must be a string or an array of strings, not %s", json_type_name(s->type));
   if (s->len == 0) return BAD(e, "stop", "'stop' strings must not be empty");
@@ -226,15 +239,7 @@ static int parse_token_fields(oai_request *r, const json *o, oai_error *e) {
   r->add_special = r->add_generation_prompt = true;
   if (json_get(o, "messages")) {
     if (get_messages(r, o, e) || get_bool(o, "add_generation_prompt", &r->add_generation_prompt, e)) return e->status;
-    v = json_get(o, "chat_template_kwargs");
-    const json *t = v && v->type == JSON_OBJ ? json_get(v, "enable_thinking") : NULL;
-    if (t && t->type != JSON_NULL) {
-      if (t->type != JSON_BOOL)
-        return BAD(e, "chat_template_kwargs", "'chat_template_kwargs.enable_thinking' must be a boolean, not %s",
-                   json_type_name(t->type));
-      r->thinking = t->b;
-    }
-    return 0;
+    return get_sub_bool(o, "chat_template_kwargs", "enable_thinking", &r->thinking, e);
   }
   v = json_get(o, "prompt");
   if (!v) return BAD(e, "prompt", "'prompt' (a string) or 'messages' is required");
@@ -292,30 +297,8 @@ static int parse_fields(oai_request *r, const json *o, oai_error *e) {
       get_num(o, "repetition_penalty", 0, true, INFINITY, true, &r->repetition_penalty, e))
     return e->status;
   if (get_logprobs(r, o, e) || refuse_unsupported(r, o, e)) return e->status;
-  v = json_get(o, "chat_template_kwargs");
-  if (r->kind == OAI_CHAT && v && v->type != JSON_NULL) {
-    if (v->type != JSON_OBJ)
-      return BAD(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object, not %s", json_type_name(v->type));
-    const json *t = json_get(v, "enable_thinking");
-    if (t && t->type != JSON_NULL) {
-      if (t->type != JSON_BOOL)
-        return BAD(e, "chat_template_kwargs", "'chat_template_kwargs.enable_thinking' must be a boolean, not %s",
-                   json_type_name(t->type));
-      r->thinking = t->b;
-    }
-  }
-  v = json_get(o, "stream_options");
-  if (v && v->type != JSON_NULL) {
-    if (v->type != JSON_OBJ)
-      return BAD(e, "stream_options", "'stream_options' must be an object, not %s", json_type_name(v->type));
-    const json *u = json_get(v, "include_usage");
-    if (u && u->type != JSON_NULL) {
-      if (u->type != JSON_BOOL)
-        return BAD(e, "stream_options", "'stream_options.include_usage' must be a boolean, not %s", json_type_name(u->type));
-      r->include_usage = u->b;
-    }
-  }
-  return 0;
+  if (r->kind == OAI_CHAT && get_sub_bool(o, "chat_template_kwargs", "enable_thinking", &r->thinking, e)) return e->status;
+  return get_sub_bool(o, "stream_options", "include_usage", &r->include_usage, e);
 }
 
 int oai_parse(oai_kind kind, const char *body, size_t len, oai_request *out, oai_error *e) {

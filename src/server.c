@@ -370,24 +370,31 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 /* ---- completions ---------------------------------------------------------------------------- */
 static const char *role_name(oai_role r) { return r == OAI_SYSTEM ? "system" : r == OAI_USER ? "user" : "assistant"; }
 
-/* echo: the prompt's text ahead of the completion's: the whole response's
- * text starts with it, a stream's first chunk is it (its reader hands out
- * q->out before it asks for an event).  A text prompt is echoed as given;
- * token ids are decoded (before the request is submitted: an id the model
- * takes may have no text in the tokenizer, a 400) as the completion's
- * tokens are, special tokens left out, into q->text. */
-static void echo_prompt(srv_req *q) {
-  const char *p = q->q.prompt_ids ? q->text.data : q->q.prompt;
-  size_t n = q->q.prompt_ids ? q->text.len : q->q.prompt_len;
-  if (!q->q.stream) {
-    if (!q->q.prompt_ids) mj_buf_put(&q->text, p, n);
-    return;
+/* q's chat messages as the API takes them (the caller frees the array;
+ * the texts stay q's). */
+static moejit_message *messages_of(const srv_req *q) {
+  moejit_message *m = mj_xcalloc(q->q.n_messages ? q->q.n_messages : 1, sizeof *m);
+  for (size_t i = 0; i < q->q.n_messages; i++)
+    m[i] = (moejit_message){role_name(q->q.messages[i].role), q->q.messages[i].content, q->q.messages[i].len};
+  return m;
+}
+
+/* echo: the prompt's text into q->text, where a whole response's text
+ * begins (a stream sends it as its first chunk).  A text prompt as given;
+ * token ids decoded as the completion's tokens are, special tokens left
+ * out, before the request is submitted: an id the model takes may have no
+ * text in the tokenizer, which is the client's error. */
+static moejit_status echo_text(srv_req *q) {
+  if (!q->q.prompt_ids) {
+    mj_buf_put(&q->text, q->q.prompt, q->q.prompt_len);
+    return MOEJIT_OK;
   }
-  oai_result r;
-  result_of(q, &r, p ? p : "", n);
-  q->json.len = 0;
-  oai_write_chunk(&q->json, q->q.kind, &r, false);
-  sse(q);
+  char *dec = NULL;
+  size_t n = 0;
+  moejit_status st = moejit_detokenize(q->s->engine, q->q.prompt_ids, q->q.n_prompt_ids, true, &dec, &n);
+  if (st == MOEJIT_OK) mj_buf_put(&q->text, dec, n);
+  moejit_free(dec);
+  return st;
 }
 
 /* q's body as a request of route kind into q->q (the body freed), and its
@@ -427,9 +434,7 @@ static enum MHD_Result completion(srv_req *q) {
   moejit_request_init(&rq);
   moejit_message *msgs = NULL; /* chat: the messages as the API takes them, until submitted */
   if (q->q.kind == OAI_CHAT) {
-    msgs = mj_xcalloc(q->q.n_messages, sizeof *msgs);
-    for (size_t i = 0; i < q->q.n_messages; i++)
-      msgs[i] = (moejit_message){role_name(q->q.messages[i].role), q->q.messages[i].content, q->q.messages[i].len};
+    msgs = messages_of(q);
     rq.messages = msgs, rq.n_messages = q->q.n_messages, rq.thinking = q->q.thinking;
   } else if (q->q.prompt_ids) {
     rq.prompt_ids = q->q.prompt_ids, rq.n_prompt_ids = q->q.n_prompt_ids;
@@ -444,15 +449,9 @@ static enum MHD_Result completion(srv_req *q) {
   /* A whole response wakes its thread once, at the end, not once a token. */
   rq.hold_events = !q->q.stream;
   rq.logprobs = q->q.logprobs, rq.top_logprobs = (int32_t)q->q.top_logprobs;
-  if (q->q.echo && q->q.prompt_ids) {
-    char *dec = NULL;
-    size_t n = 0;
-    if (moejit_detokenize(s->engine, q->q.prompt_ids, q->q.n_prompt_ids, true, &dec, &n) != MOEJIT_OK) {
-      free(msgs);
-      return fail(s, q->c, 400, "invalid_request_error", "prompt", NULL, moejit_last_error());
-    }
-    mj_buf_put(&q->text, dec, n); /* a stream's echo chunk is written from it, then it is emptied */
-    moejit_free(dec);
+  if (q->q.echo && echo_text(q) != MOEJIT_OK) {
+    free(msgs);
+    return fail(s, q->c, 400, "invalid_request_error", "prompt", NULL, moejit_last_error());
   }
   uint64_t id = 0;
   /* The body may have finished arriving after the drain began. */
@@ -469,10 +468,15 @@ static enum MHD_Result completion(srv_req *q) {
   snprintf(q->rid, sizeof q->rid, "%s-%016llx", q->q.kind == OAI_CHAT ? "chatcmpl" : "cmpl",
            (unsigned long long)(s->next_id++ * 0x9E3779B97F4A7C15ull ^ (uint64_t)s->created));
   q->created = (int64_t)time(NULL);
-  if (q->q.echo) echo_prompt(q);
-  if (q->q.stream) q->text.len = 0;
 
   if (q->q.stream) {
+    if (q->q.echo) { /* the stream's first chunk, which its reader hands out before asking for an event */
+      oai_result r;
+      result_of(q, &r, q->text.data ? q->text.data : "", q->text.len);
+      oai_write_chunk(&q->json, q->q.kind, &r, false);
+      sse(q);
+      mj_buf_free(&q->text);
+    }
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, q, NULL);
     if (!r) return MHD_NO; /* srv_completed releases the request */
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
@@ -520,9 +524,7 @@ static enum MHD_Result tokens(srv_req *q) {
     int32_t *ids = NULL;
     size_t n = 0;
     if (q->q.messages) {
-      moejit_message *msgs = mj_xcalloc(q->q.n_messages, sizeof *msgs);
-      for (size_t i = 0; i < q->q.n_messages; i++)
-        msgs[i] = (moejit_message){role_name(q->q.messages[i].role), q->q.messages[i].content, q->q.messages[i].len};
+      moejit_message *msgs = messages_of(q);
       ms = moejit_chat_template(s->engine, msgs, q->q.n_messages, q->q.add_generation_prompt, q->q.thinking, &ids, &n);
       free(msgs);
     } else {
@@ -658,7 +660,8 @@ static enum MHD_Result first_call(srv *s, srv_req *q, const char *method) {
              "a missing or wrong API key: send the header Authorization: Bearer KEY");
     return send_error(s, q->c, &e, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
   }
-  if (s->draining && (q->rt == R_COMPLETIONS || q->rt == R_CHAT)) return fail(s, q->c, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+  if (s->draining && (q->rt == R_COMPLETIONS || q->rt == R_CHAT))
+    return fail(s, q->c, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
   const char *cl = MHD_lookup_connection_value(q->c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
   if (cl) {
     char *end;

@@ -192,6 +192,8 @@ static void test_errors(void) {
   bad(OAI_TOKENIZE, "{\"messages\":[]}", "messages", "'messages' must not be empty");
   bad(OAI_TOKENIZE, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"add_generation_prompt\":\"no\"}",
       "add_generation_prompt", "'add_generation_prompt' must be a boolean");
+  bad(OAI_TOKENIZE, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":5}",
+      "chat_template_kwargs", "'chat_template_kwargs' must be an object, not number");
   bad(OAI_DETOKENIZE, "{}", "tokens", "'tokens' is required");
   bad(OAI_DETOKENIZE, "{\"tokens\":\"5\"}", "tokens", "'tokens' must be an array of token ids, not string");
   bad(OAI_DETOKENIZE, "{\"tokens\":[1,-1]}", "tokens", "'tokens' token 1 must be a token id");
