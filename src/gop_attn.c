@@ -82,26 +82,30 @@ static size_t att_tc_smem(const gop_dims *d, int ht) {
   return 2 * (size_t)ht * (D / 16) * 32 * 16 + 32 * (D + 8) * 2 + (size_t)ht * 16 * 40 * 2 + 2 * 4 * (size_t)ht * 16 * 4;
 }
 
+#define DSA_MAX_TPT 4 /* dsa_score_hs's largest TPT (tokens a thread) */
+
 /* MOEJIT_ATTEND_BLOCKS (a count of blocks, 1..1024) and MOEJIT_ATTEND_HT
  * (1..ATT_TC_HT) replace ATT_TC_TARGET_BLOCKS and the choice of HT in the
  * tensor-core plan, for `gputest perf mla_attend` sweeps; read once a
  * process, so the scratch and every launch agree.  A value that is not a
  * number in range is ignored with a warning (a sweep would otherwise time
  * the default under another name). */
-static int att_env_blocks, att_env_ht;
+static int att_env_blocks, att_env_ht, dsa_env_tpt;
 static pthread_once_t att_env_once = PTHREAD_ONCE_INIT;
-static int env_int(const char *name, int lo, int hi) {
+static int env_int(const char *name, int lo, int hi, int dflt) {
   const char *v = getenv(name);
   char *end;
-  if (!v || !*v) return 0;
+  if (!v || !*v) return dflt;
   long n = strtol(v, &end, 10);
   if (!*end && n >= lo && n <= hi) return (int)n;
   mj_warn("%s=%s ignored: it takes %d to %d", name, v, lo, hi);
-  return 0;
+  return dflt;
 }
 static void att_env_read(void) {
-  att_env_blocks = env_int("MOEJIT_ATTEND_BLOCKS", 1, ATT_MAX_SPLIT);
-  att_env_ht = env_int("MOEJIT_ATTEND_HT", 1, ATT_TC_HT);
+  att_env_blocks = env_int("MOEJIT_ATTEND_BLOCKS", 1, ATT_MAX_SPLIT, 0);
+  att_env_ht = env_int("MOEJIT_ATTEND_HT", 1, ATT_TC_HT, 0);
+  /* the DSA selection's batch-1 scorer, the same way: tokens a thread */
+  dsa_env_tpt = env_int("MOEJIT_DSA_TPT", 1, DSA_MAX_TPT, 0);
 }
 
 /* The tensor-core kernel's plan: all heads a block in tiles of up to
@@ -281,6 +285,22 @@ static int dsa_check(const gop_dims *d, int B, mj_err *err) {
   return 0;
 }
 
+/* Tokens a thread of the batch-1 scorer: the largest of 4, 2 and 1 whose
+ * grid keeps two blocks a SM (on an H100, at ctx 32768, 2 tokens a thread
+ * took dsa.select from 47.3 to 39.3 us and 4 to 38.6; at ctx 8192, where 2
+ * would leave one block a SM, 2 was 13% slower than 1:
+ * bench/results/2026-12-05-h100-dsa.md).  MOEJIT_DSA_TPT replaces it.
+ * Without a device (warmup --arch), 132 SMs. */
+int gop_dsa_score_tpt(int max_ctx, int hs, int sm_count) {
+  pthread_once(&att_env_once, att_env_read);
+  if (dsa_env_tpt) return dsa_env_tpt;
+  const cu_device *dv = sm_count > 0 ? NULL : cu_dev();
+  long want = 2L * (sm_count > 0 ? sm_count : dv && dv->sm_count > 0 ? dv->sm_count : 132);
+  for (int tpt = DSA_MAX_TPT; tpt > 1; tpt /= 2)
+    if (((long)max_ctx + DSA_SCORE_BLOCK / hs * tpt - 1) / (DSA_SCORE_BLOCK / hs * tpt) >= want) return tpt;
+  return 1;
+}
+
 size_t gop_dsa_select_scratch(const gop_dims *d, int B) {
   if (B < 1 || d->max_ctx < 1) return 0;
   return (size_t)B * (size_t)d->max_ctx * sizeof(float);
@@ -301,11 +321,13 @@ int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache 
     return mj_fail(err, MJ_EINPUT, "gop_dsa_select: idx_heads %d x idx_dim %d needs %zu bytes of shared memory",
                    d->idx_heads, d->idx_dim, smem);
   bool spec = d->idx_dim % 4 == 0 && d->idx_heads <= DSA_MAX_SPEC_HEADS;
+  pthread_once(&att_env_once, att_env_read);
   int hs = one && spec && d->idx_heads % DSA_HS == 0 ? DSA_HS : 1;
+  int tpt = hs > 1 ? gop_dsa_score_tpt(d->max_ctx, hs, 0) : 1;
   char e1[64], g1[64], e2[64];
   if (one) {
-    snprintf(g1, sizeof g1, "dsa_score_hs<0, 0, %d, 1>", DSA_SCORE_BLOCK);
-    snprintf(e1, sizeof e1, "dsa_score_hs<%d, %d, %d, %d>", d->idx_dim, d->idx_heads, DSA_SCORE_BLOCK, hs);
+    snprintf(g1, sizeof g1, "dsa_score_hs<0, 0, %d, 1, 1>", DSA_SCORE_BLOCK);
+    snprintf(e1, sizeof e1, "dsa_score_hs<%d, %d, %d, %d, %d>", d->idx_dim, d->idx_heads, DSA_SCORE_BLOCK, hs, tpt);
     snprintf(e2, sizeof e2, "dsa_topk_smem<%d>", DSA_TOPK_BLOCK);
   } else {
     snprintf(g1, sizeof g1, "dsa_score<0, 0, %d>", DSA_SCORE_BLOCK);
@@ -320,14 +342,14 @@ int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache 
   rc = gop_get(cx, KT_dsa_select, e2, NULL, 0, NULL, &topk, &launch, err);
   if (rc) return rc;
   if (!launch) return 0;
-  if (score->generic) hs = 1; /* the generic variant stands in: one thread a token */
+  if (score->generic) hs = tpt = 1; /* the generic variant stands in: one thread a token */
 
   int idim = d->idx_dim, ih = d->idx_heads, max_ctx = d->max_ctx, k = d->idx_topk;
   float sscale = 1.0f / sqrtf((float)idim); /* as cpu_forward's indexer computes it */
   rc = set_smem(score->fn, smem, err);
   if (rc) return rc;
   void *a1[] = {&iq, &iw, &c.ikey, &rows.slot, &rows.pos, &scratch, &idim, &ih, &max_ctx, &k, &sscale};
-  int kpb = DSA_SCORE_BLOCK / hs; /* tokens a block */
+  int kpb = DSA_SCORE_BLOCK / hs * tpt; /* tokens a block */
   unsigned nblk = (unsigned)((max_ctx + kpb - 1) / kpb);
   if ((rc = cu_launch_tpl(score->fn, nblk, (unsigned)B, 1, DSA_SCORE_BLOCK, (unsigned)smem, cx->s, a1, err))) return rc;
   if (!one) {

@@ -261,6 +261,9 @@ int gop_mla_vout(const gop_dims *d, CUdeviceptr olat, CUdeviceptr kv_b, CUdevice
  * ref_topk).  Rows with pos + 1 <= idx_topk are left alone (they attend to
  * everything).  scratch: at least gop_dsa_select_scratch bytes. */
 size_t gop_dsa_select_scratch(const gop_dims *d, int B);
+/* Tokens a thread of the batch-1 scorer (dsa_score_hs's TPT) for max_ctx
+ * and HS threads a token on sm_count SMs (0: the device's, or 132). */
+int gop_dsa_score_tpt(int max_ctx, int hs, int sm_count);
 int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache c, gop_rows rows, CUdeviceptr sel,
                    CUdeviceptr scratch, int B, const gop_ctx *cx, mj_err *err);
 

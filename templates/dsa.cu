@@ -27,15 +27,24 @@
 //     (A rewrite with one atomic per distinct bin of a warp (__match_any_sync),
 //     8 loads a thread in flight and ballots over warp ranges was correct on
 //     the H200 but slower: 73.8 against 55.7 us at batch 1, ctx 32k;
-//     bench/results/2026-12-05-dsa.md.  This is the kernel before it.)
+//     bench/results/2026-12-05-dsa.md.  This is the kernel before it.  A
+//     first pass with one atomic for the lanes sharing the first counting
+//     lane's bin (a shuffle and two ballots) was also correct and slower on
+//     an H100, in both top-k kernels: 47.3 against 53.0 us at batch 1, ctx
+//     32k, 1-4% at batch 8 and 32; bench/results/2026-12-05-h100-dsa.md.)
 // The batch-1 pair (the launcher takes it at B = 1, the pair above at more):
-//   dsa_score_hs<IDIM, IH, BLOCK, HS>: dsa_score with HS threads per token
-//     (each HS-th of the heads, IH % HS == 0; HS 1 in the generic variant),
-//     grid (ceil(max_ctx / (BLOCK / HS)), B); the queries in shared memory
+//   dsa_score_hs<IDIM, IH, BLOCK, HS, TPT>: dsa_score with HS threads per
+//     token (each HS-th of the heads, IH % HS == 0; HS 1 in the generic
+//     variant) and TPT tokens a thread (BLOCK / HS apart), grid
+//     (ceil(max_ctx / (BLOCK / HS * TPT)), B); the queries in shared memory
 //     skewed by 4 floats a head group, so the HS lanes of a token hit
 //     different bank groups; the heads still summed in ascending order (a
 //     token's lanes hand the sum on by shuffles).  At batch 1, ctx 32768
-//     one thread a token gave the GPU 8 warps a SM.
+//     one thread a token gave the GPU 8 warps a SM.  Its bound is the
+//     shared-memory reads of the queries (an LDS.128 for 4 FMAs; Nsight
+//     on an H100: memory throughput 75%, DRAM 17%), which TPT divides; more
+//     tokens a thread means fewer blocks, so the launcher takes TPT > 1 only
+//     where the grid keeps two blocks a SM.
 //   dsa_topk_smem<BLOCK>: dsa_topk that keeps a row of at most `cap` tokens
 //     (the launch's dynamic shared memory, 4 bytes a key: ~57k on the H200)
 //     in shared memory after its first pass over global memory.
@@ -56,18 +65,24 @@ __device__ __forceinline__ unsigned dsa_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// dot[j] = q[j] . k for NH query rows of IDIM floats (16-byte loads of
-// the key, read once; the queries from shared memory).
-template <int IDIM, int NH>
-__device__ __forceinline__ void dsa_dots(const float *q, const float *k, float *dot) {
+// dot[i][j] = q[j] . k[i] for NH query rows of IDIM floats and NT keys
+// (16-byte loads of each key, read once; the queries from shared memory,
+// each float4 of them used for NT keys).
+template <int IDIM, int NH, int NT>
+__device__ __forceinline__ void dsa_dots_n(const float *q, const float *const *k, float (*dot)[NH]) {
 #pragma unroll
-  for (int j = 0; j < NH; j++) dot[j] = 0.0f;
+  for (int i = 0; i < NT; i++)
+#pragma unroll
+    for (int j = 0; j < NH; j++) dot[i][j] = 0.0f;
   for (int d = 0; d < IDIM; d += 4) {
-    const float4 kv = __ldg(reinterpret_cast<const float4 *>(k + d));
+    float4 kv[NT];
+#pragma unroll
+    for (int i = 0; i < NT; i++) kv[i] = __ldg(reinterpret_cast<const float4 *>(k[i] + d));
 #pragma unroll
     for (int j = 0; j < NH; j++) {
       const float4 qv = *reinterpret_cast<const float4 *>(q + j * IDIM + d);
-      dot[j] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+#pragma unroll
+      for (int i = 0; i < NT; i++) dot[i][j] += qv.x * kv[i].x + qv.y * kv[i].y + qv.z * kv[i].z + qv.w * kv[i].w;
     }
   }
 }
@@ -80,11 +95,11 @@ __device__ __forceinline__ float dsa_token_score(const float *qs, const float *w
                                                  float sscale) {
   float acc = 0.0f;
   if constexpr (IDIM > 0 && IH > 0) {
-    float dot[IH];
-    dsa_dots<IDIM, IH>(qs, k, dot);
+    float dot[1][IH];
+    dsa_dots_n<IDIM, IH, 1>(qs, &k, dot);
 #pragma unroll
     for (int h = 0; h < IH; h++) {
-      const float s = __fmul_rn(dot[h], sscale);
+      const float s = __fmul_rn(dot[0][h], sscale);
       if (s > 0.0f) acc = acc + __fmul_rn(ws[h], s);
     }
   } else {
@@ -248,7 +263,7 @@ dsa_topk(const float *__restrict__ score, const int *__restrict__ poss, int *__r
   }
 }
 
-template <int IDIM, int IH, int BLOCK, int HS>
+template <int IDIM, int IH, int BLOCK, int HS, int TPT>
 __global__ void __launch_bounds__(BLOCK)
 dsa_score_hs(const float *__restrict__ iq, const float *__restrict__ iw, const float *__restrict__ ikey,
           const int *__restrict__ slots, const int *__restrict__ poss, float *__restrict__ score,
@@ -258,8 +273,10 @@ dsa_score_hs(const float *__restrict__ iq, const float *__restrict__ iw, const f
   static_assert(IDIM % 4 == 0, "IDIM must be a multiple of 4 (16-byte loads); 0 is the generic variant");
   static_assert(HS == 1 || HS == 2 || HS == 4 || HS == 8, "HS (threads a token) is 1, 2, 4 or 8");
   static_assert(HS == 1 || (IDIM > 0 && IH % HS == 0), "HS > 1 needs the specialised widths and IH % HS == 0");
+  static_assert(TPT >= 1 && TPT <= 4 && (TPT == 1 || HS > 1), "TPT (tokens a thread) is 1..4, more than 1 with HS > 1");
   static_assert(BLOCK % 32 == 0, "BLOCK must be whole warps");
-  constexpr int KPB = BLOCK / HS;  // tokens a block
+  constexpr int KPR = BLOCK / HS;  // tokens a round of the block
+  constexpr int KPB = KPR * TPT;   // tokens a block
   const int idim = IDIM > 0 ? IDIM : idim_rt, ih = IH > 0 ? IH : ih_rt;
   const int b = blockIdx.y;
   int n = poss[b] + 1;
@@ -283,32 +300,39 @@ dsa_score_hs(const float *__restrict__ iq, const float *__restrict__ iw, const f
     score[(size_t)b * max_ctx + t] = dsa_token_score<IDIM, IH>(qs, ws, k, idim, ih, sscale);
   } else {
     // HS lanes a token (adjacent lanes), lane hs the heads hs * HPT ..
-    // (hs + 1) * HPT - 1: HS times the threads of one a token, for the
-    // latency of the key stream.  Every lane takes part in the shuffles
+    // (hs + 1) * HPT - 1, and TPT tokens a thread, KPR apart (so a warp's
+    // loads stay as with one): HS times the threads of one a token, for the
+    // latency of the key stream, and each query float4 read from shared
+    // memory used for TPT keys.  Every lane takes part in the shuffles
     // below, so a lane past n reads token t0's key and writes nothing.
     constexpr int HPT = IH / HS;
     const int hs = threadIdx.x % HS, lane = threadIdx.x % 32;
-    const bool valid = t < n;
-    const float *k = ikey + ((size_t)slots[b] * max_ctx + (valid ? t : t0)) * IDIM;
+    const float *k[TPT];
+#pragma unroll
+    for (int i = 0; i < TPT; i++)
+      k[i] = ikey + ((size_t)slots[b] * max_ctx + (t + i * KPR < n ? t + i * KPR : t0)) * IDIM;
     const float *qh = qs + hs * (HPT * IDIM + 4);
-    float dot[HPT];
-    dsa_dots<IDIM, HPT>(qh, k, dot);
+    float dot[TPT][HPT];
+    dsa_dots_n<IDIM, HPT, TPT>(qh, k, dot);
     // The heads summed in ascending order, as the CPU does: lane 0 of the
     // token adds its heads to 0, hands the sum to lane 1, which adds its
     // heads, and so on (each step a broadcast from lane j of the group).
-    float acc = 0.0f;
 #pragma unroll
-    for (int j = 0; j < HS; j++) {
-      if (hs == j) {
+    for (int i = 0; i < TPT; i++) {
+      float acc = 0.0f;
 #pragma unroll
-        for (int i = 0; i < HPT; i++) {
-          const float s = __fmul_rn(dot[i], sscale);
-          if (s > 0.0f) acc = acc + __fmul_rn(ws[hs * HPT + i], s);
+      for (int j = 0; j < HS; j++) {
+        if (hs == j) {
+#pragma unroll
+          for (int h = 0; h < HPT; h++) {
+            const float s = __fmul_rn(dot[i][h], sscale);
+            if (s > 0.0f) acc = acc + __fmul_rn(ws[hs * HPT + h], s);
+          }
         }
+        acc = __shfl_sync(0xffffffffu, acc, (lane & ~(HS - 1)) | j);
       }
-      acc = __shfl_sync(0xffffffffu, acc, (lane & ~(HS - 1)) | j);
+      if (t + i * KPR < n && hs == 0) score[(size_t)b * max_ctx + t + i * KPR] = acc;
     }
-    if (valid && hs == 0) score[(size_t)b * max_ctx + t] = acc;
   }
 }
 

@@ -71,6 +71,20 @@ static void dry(const gop_dims *d, int B) {
   T_EQ_INT(gop_dsa_select_scratch(d, B), (size_t)B * d->max_ctx * 4);
 }
 
+/* The batch-1 scorer's tokens a thread: the largest of 4, 2, 1 whose grid
+ * (32 tokens a round of a 128-thread block at 4 threads a token) keeps
+ * two blocks a SM; MOEJIT_DSA_TPT is not set under make check. */
+static void test_dsa_tpt(void) {
+  T_EQ_INT(gop_dsa_score_tpt(8192, 4, 132), 1);   /* 2 would give 128 blocks */
+  T_EQ_INT(gop_dsa_score_tpt(16833, 4, 132), 2);  /* 264 blocks of 64 tokens, the last of one */
+  T_EQ_INT(gop_dsa_score_tpt(16832, 4, 132), 1);  /* 263 */
+  T_EQ_INT(gop_dsa_score_tpt(32768, 4, 132), 2);  /* 4 would give 256 */
+  T_EQ_INT(gop_dsa_score_tpt(33792, 4, 132), 4);
+  T_EQ_INT(gop_dsa_score_tpt(32768, 4, 64), 4);   /* fewer SMs: fewer blocks suffice */
+  T_EQ_INT(gop_dsa_score_tpt(1 << 20, 4, 132), 4);
+  T_EQ_INT(gop_dsa_score_tpt(1024, 2, 132), 1);
+}
+
 static void test_compile(void) {
   /* On an sm_90a GPU the launchers would launch for real: compile for a
    * target the GPU is not, so the run stays dry there too. */
@@ -84,6 +98,9 @@ static void test_compile(void) {
     glm.max_ctx = m ? 4096 : 1024;
     for (size_t i = 0; i < MJ_ARRAY_LEN(Bs); i++) dry(&glm, Bs[i]);
   }
+  /* Batch 1 at long contexts: the scorer's 2 and 4 tokens a thread. */
+  glm.max_ctx = 32768, dry(&glm, 1);
+  glm.max_ctx = 131072, dry(&glm, 1);
   /* The GPU test's small odd shapes, and one only the generic kernels take. */
   gop_dims small_tc = {.heads = 20, .nope = 16, .rope = 16, .v = 16, .kv_rank = 64, .idx_heads = 2, .idx_dim = 16,
                        .idx_topk = 24, .max_ctx = 72};
@@ -114,10 +131,13 @@ static void test_compile(void) {
   show(KT_dsa_select, "dsa_score<16, 2, 128>");
   show(KT_dsa_select, "dsa_score<0, 0, 128>");
   show(KT_dsa_select, "dsa_topk<1024>");
-  show(KT_dsa_select, "dsa_score_hs<128, 32, 128, 4>"); /* batch 1: 4 threads a token */
-  show(KT_dsa_select, "dsa_score_hs<16, 4, 128, 4>");   /* gputest attn's small batch-1 shape */
-  show(KT_dsa_select, "dsa_score_hs<16, 2, 128, 1>");   /* 2 heads: HS 4 does not divide */
-  show(KT_dsa_select, "dsa_score_hs<0, 0, 128, 1>");
+  show(KT_dsa_select, "dsa_score_hs<128, 32, 128, 4, 1>"); /* batch 1: 4 threads a token */
+  show(KT_dsa_select, "dsa_score_hs<128, 32, 128, 4, 2>"); /* and 2 or 4 tokens a thread */
+  show(KT_dsa_select, "dsa_score_hs<128, 32, 128, 4, 4>");
+  show(KT_dsa_select, "dsa_score_hs<16, 4, 128, 4, 1>");   /* gputest attn's small batch-1 shape */
+  show(KT_dsa_select, "dsa_score_hs<16, 4, 128, 4, 2>");
+  show(KT_dsa_select, "dsa_score_hs<16, 2, 128, 1, 1>");   /* 2 heads: HS 4 does not divide */
+  show(KT_dsa_select, "dsa_score_hs<0, 0, 128, 1, 1>");
   show(KT_dsa_select, "dsa_topk_smem<1024>");
   DRY.arch = NULL;
 }
@@ -281,6 +301,7 @@ static void test_ref_select(void) {
 
 int main(void) {
   setenv("MOEJIT_CACHE", "off", 1);
+  T_RUN(test_dsa_tpt);
   T_RUN(test_compile);
   T_RUN(test_tc_fallback);
   T_RUN(test_ref_attend);
