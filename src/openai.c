@@ -158,39 +158,61 @@ static int get_logprobs(oai_request *r, const json *o, oai_error *e) {
   return 0;
 }
 
-/* The array v of token ids (integers 0 to INT32_MAX) as r's prompt_ids. */
-static int get_ids(oai_request *r, const json *v, const char *key, oai_error *e) {
+/* The array v of token ids (integers 0 to INT32_MAX), named key (its
+ * prompt's place in a batch when at >= 0). */
+static int get_ids(oai_request *r, const json *v, const char *key, long at, const int32_t **out, size_t *n,
+                   oai_error *e) {
   int32_t *ids = mj_arena_alloc(&r->mem, (v->len ? v->len : 1) * sizeof *ids);
   for (size_t i = 0; i < v->len; i++) {
     const json *t = v->items[i];
-    if (t->type != JSON_NUM || !t->is_int || t->i < 0 || t->i > INT32_MAX)
+    if (t->type != JSON_NUM || !t->is_int || t->i < 0 || t->i > INT32_MAX) {
+      if (at >= 0)
+        return BAD(e, key, "'%s' %ld token %zu must be a token id (an integer, 0 or more), not %s", key, at, i,
+                   t->type == JSON_NUM ? "that number" : json_type_name(t->type));
       return BAD(e, key, "'%s' token %zu must be a token id (an integer, 0 or more), not %s", key, i,
                  t->type == JSON_NUM ? "that number" : json_type_name(t->type));
+    }
     ids[i] = (int32_t)t->i;
   }
-  r->prompt_ids = ids, r->n_prompt_ids = v->len;
+  *out = ids, *n = v->len;
   return 0;
 }
 
-/* Completions' prompt: a string, or token ids (an array of integers), or a
- * batch of one of either ([STRING] or [[IDS]]); a batch of more is refused,
- * as is an empty prompt of ids (an empty string is the server's to refuse). */
-static int get_prompt(oai_request *r, const json *v, oai_error *e) {
-  if (!v) return BAD(e, "prompt", "'prompt' is required");
-  if (v->type == JSON_ARR && v->len >= 1 && (v->items[0]->type == JSON_STR || v->items[0]->type == JSON_ARR)) {
-    if (v->len > 1)
-      return BAD(e, "prompt", "'prompt' is a batch of %zu prompts; moejit takes one a request (send them as requests of "
-                              "their own: they are batched on the engine)", v->len);
-    v = v->items[0];
-  }
+/* One prompt: a string or token ids (at: its place in a batch, or -1). */
+static int get_one_prompt(oai_request *r, const json *v, long at, oai_prompt *p, oai_error *e) {
   if (v->type == JSON_STR) {
-    r->prompt = mj_arena_strndup(&r->mem, v->str, v->len), r->prompt_len = v->len;
+    p->text = mj_arena_strndup(&r->mem, v->str, v->len), p->len = v->len;
     return 0;
   }
+  if (at >= 0 && v->type != JSON_ARR)
+    return BAD(e, "prompt", "'prompt' %ld must be a string or an array of token ids, not %s", at, json_type_name(v->type));
   if (v->type != JSON_ARR)
     return BAD(e, "prompt", "'prompt' must be a string or an array of token ids, not %s", json_type_name(v->type));
-  if (v->len == 0) return BAD(e, "prompt", "'prompt' is an empty array of token ids");
-  return get_ids(r, v, "prompt", e);
+  if (v->len == 0) {
+    if (at >= 0) return BAD(e, "prompt", "'prompt' %ld is an empty array of token ids", at);
+    return BAD(e, "prompt", "'prompt' is an empty array of token ids");
+  }
+  return get_ids(r, v, "prompt", at, &p->ids, &p->n_ids, e);
+}
+
+/* Completions' prompt: a string, or token ids (an array of integers), or a
+ * batch of either ([STRING, ...] or [[IDS], ...], or the two mixed), each
+ * drawn n times (the caller checks the product).  An empty prompt of ids
+ * is refused here, an empty string by the server. */
+static int get_prompt(oai_request *r, const json *v, oai_error *e) {
+  if (!v) return BAD(e, "prompt", "'prompt' is required");
+  bool batch = v->type == JSON_ARR && v->len >= 1 && (v->items[0]->type == JSON_STR || v->items[0]->type == JSON_ARR);
+  if (batch && v->len > OAI_MAX_CHOICES)
+    return BAD(e, "prompt", "'prompt' is a batch of %zu prompts; at most %d a request", v->len, OAI_MAX_CHOICES);
+  r->n_prompts = batch ? v->len : 1;
+  r->prompts = mj_arena_alloc(&r->mem, r->n_prompts * sizeof *r->prompts);
+  memset(r->prompts, 0, r->n_prompts * sizeof *r->prompts);
+  for (size_t i = 0; i < r->n_prompts; i++)
+    if (get_one_prompt(r, batch ? v->items[i] : v, batch && v->len > 1 ? (long)i : -1, &r->prompts[i], e))
+      return e->status;
+  r->prompt = r->prompts[0].text, r->prompt_len = r->prompts[0].len;
+  r->prompt_ids = r->prompts[0].ids, r->n_prompt_ids = r->prompts[0].n_ids;
+  return 0;
 }
 
 /* Fields whose meaning moejit does not give are refused, not ignored: an
@@ -234,7 +256,7 @@ static int parse_token_fields(oai_request *r, const json *o, oai_error *e) {
     v = json_get(o, "tokens");
     if (!v) return BAD(e, "tokens", "'tokens' is required");
     if (v->type != JSON_ARR) return BAD(e, "tokens", "'tokens' must be an array of token ids, not %s", json_type_name(v->type));
-    return get_ids(r, v, "tokens", e);
+    return get_ids(r, v, "tokens", -1, &r->prompt_ids, &r->n_prompt_ids, e);
   }
   r->add_special = r->add_generation_prompt = true;
   if (json_get(o, "messages")) {
@@ -279,9 +301,13 @@ static int parse_fields(oai_request *r, const json *o, oai_error *e) {
       return BAD(e, "max_completion_tokens", "'max_completion_tokens' must be 1 or more, not %lld", (long long)mct);
     if (given) r->max_tokens = mct;
   }
-  int64_t n = 1, seed = 0;
-  if (get_int(o, "n", &n, NULL, e)) return e->status;
-  if (n != 1) return BAD(e, "n", "'n' must be 1 (moejit returns one choice a request), not %lld", (long long)n);
+  int64_t seed = 0;
+  r->n = 1;
+  if (get_int(o, "n", &r->n, NULL, e)) return e->status;
+  size_t np = r->kind == OAI_COMPLETION ? r->n_prompts : 1;
+  if (r->n < 1 || r->n > OAI_MAX_CHOICES / (int64_t)np)
+    return BAD(e, "n", "'n' must be 1 to %lld%s, not %lld", (long long)(OAI_MAX_CHOICES / np),
+               np > 1 ? " for this batch of prompts (at most 64 choices a request)" : "", (long long)r->n);
   if (get_int(o, "seed", &seed, &r->has_seed, e)) return e->status;
   r->seed = seed;
   if (get_bool(o, "stream", &r->stream, e) || get_bool(o, "ignore_eos", &r->ignore_eos, e)) return e->status;
@@ -401,7 +427,7 @@ static void completion_top(mj_buf *b, const oai_logprob *l) {
   mj_buf_putc(b, '}');
 }
 
-/* choices[0].logprobs in the route's shape, or null. */
+/* A choice's logprobs in the route's shape, or null. */
 static void write_logprobs(mj_buf *b, oai_kind kind, const oai_result *r) {
   if (!r->with_logprobs) {
     mj_buf_puts(b, "null");
@@ -436,12 +462,11 @@ static void write_logprobs(mj_buf *b, oai_kind kind, const oai_result *r) {
   mj_buf_puts(b, "]}");
 }
 
-/* "choices" with the one choice of a response or a chunk.  Its text is
- * completions' "text"; a chat's "message" (a response) or "delta" (a
- * chunk), with the role when with_role (a response always, a stream's
- * first chunk). */
+/* One choice of a response or a chunk.  Its text is completions' "text";
+ * a chat's "message" (a response) or "delta" (a chunk), with the role when
+ * with_role (a response always, a stream's first chunk of the choice). */
 static void write_choice(mj_buf *b, oai_kind kind, const oai_result *r, const char *chat_field, bool with_role) {
-  mj_buf_puts(b, ",\"choices\":[{\"index\":0,");
+  mj_buf_printf(b, "{\"index\":%d,", r->index);
   if (kind == OAI_CHAT) mj_buf_printf(b, "\"%s\":{%s\"content\":", chat_field, with_role ? "\"role\":\"assistant\"," : "");
   else mj_buf_puts(b, "\"text\":");
   json_write_str(b, r->text ? r->text : "", r->text_len);
@@ -450,21 +475,28 @@ static void write_choice(mj_buf *b, oai_kind kind, const oai_result *r, const ch
   write_logprobs(b, kind, r);
   mj_buf_puts(b, ",\"finish_reason\":");
   put_str(b, r->finish_reason);
-  mj_buf_puts(b, "}]");
+  mj_buf_puts(b, "}");
 }
 
-void oai_write_response(mj_buf *b, oai_kind kind, const oai_result *r) {
+void oai_write_response(mj_buf *b, oai_kind kind, const oai_result *r, size_t nr, int64_t prompt_tokens,
+                        int64_t completion_tokens) {
   head(b, kind == OAI_CHAT ? "chat.completion" : "text_completion", r);
-  write_choice(b, kind, r, "message", true);
-  mj_buf_puts(b, ",");
-  usage(b, r);
+  mj_buf_puts(b, ",\"choices\":[");
+  for (size_t i = 0; i < nr; i++) {
+    if (i) mj_buf_putc(b, ',');
+    write_choice(b, kind, &r[i], "message", true);
+  }
+  mj_buf_puts(b, "],");
+  oai_result u = {.prompt_tokens = prompt_tokens, .completion_tokens = completion_tokens};
+  usage(b, &u);
   mj_buf_puts(b, "}");
 }
 
 void oai_write_chunk(mj_buf *b, oai_kind kind, const oai_result *r, bool role_first) {
   head(b, kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion", r);
+  mj_buf_puts(b, ",\"choices\":[");
   write_choice(b, kind, r, "delta", role_first);
-  mj_buf_puts(b, "}");
+  mj_buf_puts(b, "]}");
 }
 
 void oai_write_usage_chunk(mj_buf *b, oai_kind kind, const oai_result *r) {

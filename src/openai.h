@@ -40,6 +40,17 @@ typedef struct oai_message {
   size_t len;
 } oai_message;
 
+/* The most choices a completion request may ask for: prompts x n. */
+#define OAI_MAX_CHOICES 64
+
+/* One prompt of a completion request: a text, or token ids (n_ids > 0). */
+typedef struct oai_prompt {
+  const char *text;
+  size_t len;
+  const int32_t *ids;
+  size_t n_ids;
+} oai_prompt;
+
 /* A parsed request.  Absent fields hold the defaults oai_parse states. */
 typedef struct oai_request {
   oai_kind kind;
@@ -49,6 +60,10 @@ typedef struct oai_request {
   const int32_t *prompt_ids; /* token ids (an array of integers), n_prompt_ids > 0 of them;
                                 detokenize: its tokens (n_prompt_ids may be 0) */
   size_t n_prompt_ids;
+  oai_prompt *prompts;     /* OAI_COMPLETION: the batch (a prompt alone is a batch of one), n_prompts >= 1;
+                              the first is also prompt / prompt_ids above */
+  size_t n_prompts;
+  int64_t n;               /* choices a prompt, >= 1 (default 1); n_prompts x n <= OAI_MAX_CHOICES */
   bool echo;               /* completions: the prompt's text before the completion's */
   bool add_special;        /* tokenize a prompt: add_special_tokens (default true) */
   bool add_generation_prompt; /* tokenize messages: end with the assistant's turn (default true) */
@@ -121,14 +136,15 @@ typedef struct oai_logprob {
 
 /* What a finished (or streaming) request reports. */
 typedef struct oai_result {
+  int index;             /* the choice's: prompt x n + draw */
   const char *id;        /* "cmpl-..." / "chatcmpl-..." */
   int64_t created;       /* Unix seconds */
   const char *model;
   const char *text;
   size_t text_len;
   const char *finish_reason; /* "stop", "length", or NULL (a chunk mid-stream) */
-  int64_t prompt_tokens, completion_tokens;
-  /* The request asked for log probabilities: choices[0].logprobs holds
+  int64_t prompt_tokens, completion_tokens; /* the choice's (a usage chunk's: the request's) */
+  /* The request asked for log probabilities: the choice's logprobs hold
    * these n_logprobs tokens' (a response's: every token's; a chunk's: its
    * token's, and null when it has none); else it is null. */
   bool with_logprobs;
@@ -136,11 +152,15 @@ typedef struct oai_result {
   size_t n_logprobs;
 } oai_result;
 
-/* The whole response of a request with stream false. */
-void oai_write_response(mj_buf *b, oai_kind kind, const oai_result *r);
-/* One streamed chunk: text (r->text, maybe empty) and, on the last one,
- * finish_reason; chat chunks carry choices[0].delta (with the role on the
- * first chunk, role_first); completion chunks choices[0].text. */
+/* The whole response of a request with stream false: its nr choices, in
+ * index order (the head from r[0]), and usage: the prompts' tokens (each
+ * prompt once) and every choice's completion tokens. */
+void oai_write_response(mj_buf *b, oai_kind kind, const oai_result *r, size_t nr, int64_t prompt_tokens,
+                        int64_t completion_tokens);
+/* One streamed chunk of choice r->index: text (r->text, maybe empty) and,
+ * on the choice's last one, finish_reason; chat chunks carry the choice's
+ * delta (with the role on its first chunk, role_first); completion chunks
+ * its text. */
 void oai_write_chunk(mj_buf *b, oai_kind kind, const oai_result *r, bool role_first);
 /* The usage chunk of stream_options.include_usage: empty choices, usage. */
 void oai_write_usage_chunk(mj_buf *b, oai_kind kind, const oai_result *r);

@@ -70,6 +70,25 @@ typedef struct srv_conn {
   struct srv_conn *prev, *next;
 } srv_conn;
 
+/* One choice of a completion: an engine request of its own (a prompt of
+ * the batch, drawn n times: index prompt x n + draw). */
+typedef struct srv_choice {
+  uint64_t id;          /* the engine's request; 0 once it ended or was let go (set under s->mu) */
+  int index;
+  int64_t prompt_tokens, completion_tokens;
+  moejit_finish fin;    /* how it ended; MOEJIT_FINISH_NONE while it runs */
+  char error[512];      /* FINISH_ERROR's message */
+  mj_buf text;          /* stream false: the whole text (echo: the prompt's first) */
+  /* logprobs asked: the tokens' (stream false: every one; true: the chunk's),
+   * their texts in lpmem; the characters of their texts so far */
+  oai_logprob *lps;
+  size_t nlp, caplp;
+  mj_arena lpmem;
+  bool lpmem_on;
+  int64_t lp_chars;
+  bool sent_first;      /* stream: its first chunk is out (chat's role goes with it) */
+} srv_choice;
+
 /* One HTTP request (libmicrohttpd's per-request pointer). */
 typedef struct srv_req {
   srv *s;
@@ -78,29 +97,21 @@ typedef struct srv_req {
   route rt;
   mj_buf body;
   bool too_large;
-  /* the engine's request, while it runs */
   oai_request q;
   bool parsed;
-  uint64_t id;          /* 0: none live */
+  /* its choices; live (in s->live) while any runs, nrun of them */
+  srv_choice *ch;
+  int nch, nrun, cursor; /* cursor: the choice polled first next (the streams' turn) */
+  bool live;
   struct srv_req *prev, *next; /* s->live */
   /* what is answered */
   char rid[40];
   int64_t created;
-  int64_t prompt_tokens, completion_tokens;
-  moejit_finish fin;    /* how it ended; MOEJIT_FINISH_NONE while it runs */
-  char error[512];      /* FINISH_ERROR's message */
-  mj_buf text;          /* stream false: the whole text */
-  /* logprobs asked: the tokens' (stream false: every one; true: the chunk's),
-   * their texts in lpmem; the characters of their texts so far */
-  oai_logprob *lps;
-  size_t nlp, caplp;
-  mj_arena lpmem;
-  bool lpmem_on;
-  int64_t lp_chars;
+  bool failed;          /* a choice ended badly: the request answers with its error */
   /* stream true: the bytes the reader hands out next, and a chunk's JSON (both reused) */
   mj_buf out, json;
   size_t out_off;
-  bool sent_first, stream_done;
+  bool stream_done;
 } srv_req;
 
 struct srv {
@@ -171,38 +182,58 @@ static enum MHD_Result fail(srv *s, struct MHD_Connection *c, int status, const 
 }
 
 /* ---- the live requests ------------------------------------------------------------------- */
-static void live_add(srv_req *q, uint64_t id) {
+/* q's choices are submitted: q goes on the live list (in flight). */
+static void live_add(srv_req *q) {
   srv *s = q->s;
   pthread_mutex_lock(&s->mu);
-  q->id = id;
+  q->live = true;
   q->next = s->live, q->prev = NULL;
   if (s->live) s->live->prev = q;
   s->live = q;
   s->in_flight++;
-  /* Submitted while srv_cancel_all walked the list: cancel it here. */
-  if (s->cancelling) moejit_cancel(s->engine, id);
+  /* Submitted while srv_cancel_all walked the list: cancel them here. */
+  for (int i = 0; i < q->nch && s->cancelling; i++)
+    if (q->ch[i].id) moejit_cancel(s->engine, q->ch[i].id);
   pthread_mutex_unlock(&s->mu);
 }
 
-static void live_remove(srv_req *q) {
+/* Under s->mu: choice c no longer runs; q leaves the live list with its last. */
+static void choice_gone(srv_req *q, srv_choice *c) {
   srv *s = q->s;
-  pthread_mutex_lock(&s->mu);
-  if (q->id) {
-    if (q->prev) q->prev->next = q->next;
-    else s->live = q->next;
-    if (q->next) q->next->prev = q->prev;
-    q->id = 0;
-    s->in_flight--;
-  }
-  pthread_mutex_unlock(&s->mu);
+  if (!c->id) return;
+  c->id = 0;
+  if (--q->nrun > 0 || !q->live) return;
+  if (q->prev) q->prev->next = q->next;
+  else s->live = q->next;
+  if (q->next) q->next->prev = q->prev;
+  q->live = false;
+  s->in_flight--;
 }
 
-/* The client went away: cancel its request and drop its events. */
+static void choice_ended(srv_req *q, srv_choice *c) {
+  pthread_mutex_lock(&q->s->mu);
+  choice_gone(q, c);
+  pthread_mutex_unlock(&q->s->mu);
+}
+
+/* Let the running choices go (each cancelled, its slot freed, its events
+ * dropped): the client went away, or one choice failed the request.  The
+ * ids are taken under the lock, so srv_cancel_all never cancels one after. */
+static void let_go(srv_req *q) {
+  srv *s = q->s;
+  uint64_t ids[OAI_MAX_CHOICES];
+  int n = 0;
+  pthread_mutex_lock(&s->mu);
+  for (int i = 0; i < q->nch; i++)
+    if (q->ch[i].id) ids[n++] = q->ch[i].id, choice_gone(q, &q->ch[i]);
+  pthread_mutex_unlock(&s->mu);
+  for (int i = 0; i < n; i++) moejit_release(s->engine, ids[i]);
+}
+
+/* The client went away: let its choices go. */
 static void release(srv_req *q) {
-  if (!q->id) return;
-  uint64_t id = q->id;
-  live_remove(q);
-  moejit_release(q->s->engine, id);
+  if (!q->nrun) return;
+  let_go(q);
   q->s->disconnects++;
 }
 
@@ -216,95 +247,133 @@ static bool peer_gone(srv_req *q) {
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
-/* The next event of q's request into ev, waiting up to wait_ms: 1 with an
- * event (text copied where it goes: q->text or the caller), 0 when none came,
- * -1 when the client went away (released).  The last event removes q from
- * the live list. */
-static int next_event(srv_req *q, moejit_event *ev, int wait_ms) {
-  for (int waited = 0;; waited += POLL_MS) {
-    moejit_status st = moejit_poll(q->s->engine, q->id, ev, POLL_MS);
-    if (st == MOEJIT_OK) break;
-    if (st != MOEJIT_ETIMEDOUT) { /* cannot happen while q->id is live; end it as an error */
-      snprintf(q->error, sizeof q->error, "the engine lost the request: %s", moejit_last_error());
-      live_remove(q);
-      q->fin = MOEJIT_FINISH_ERROR;
+/* Take an event of choice c (polled with timeout_ms) into ev: OK, or
+ * ETIMEDOUT; an engine that lost the request ends c as an error. */
+static moejit_status poll_choice(srv_req *q, srv_choice *c, moejit_event *ev, int timeout_ms) {
+  moejit_status st = moejit_poll(q->s->engine, c->id, ev, timeout_ms);
+  if (st == MOEJIT_OK || st == MOEJIT_ETIMEDOUT) return st;
+  /* cannot happen while c->id is live; end it as an error */
+  *ev = (moejit_event){.id = c->id, .token = -1, .text = "", .finish = MOEJIT_FINISH_ERROR,
+                       .prompt_tokens = (int32_t)c->prompt_tokens, .completion_tokens = (int32_t)c->completion_tokens,
+                       .status = st, .error = moejit_last_error()};
+  return MOEJIT_OK;
+}
+
+/* The next event of q's running choices into ev (its choice in *out),
+ * waiting up to wait_ms: 1 with an event, 0 when none came, -1 when the
+ * client went away (released).  One choice is waited on in slices of
+ * POLL_MS; several are first swept without waiting from the cursor on, and
+ * then the cursor's is waited on for a short slice, so none waits behind
+ * another.  A choice's last event takes it off the running ones. */
+static int next_event(srv_req *q, srv_choice **out, moejit_event *ev, int wait_ms) {
+  const int slice = q->nrun > 1 ? 5 : POLL_MS;
+  for (int waited = 0, peeked = 0;;) {
+    srv_choice *c = NULL;
+    moejit_status st = MOEJIT_ETIMEDOUT;
+    for (int k = 0; k < q->nch && q->nrun > 1 && st == MOEJIT_ETIMEDOUT; k++) {
+      c = &q->ch[(q->cursor + k) % q->nch];
+      if (c->id) st = poll_choice(q, c, ev, 0);
+    }
+    if (st == MOEJIT_ETIMEDOUT) {
+      while (!q->ch[q->cursor].id) q->cursor = (q->cursor + 1) % q->nch;
+      c = &q->ch[q->cursor];
+      st = poll_choice(q, c, ev, slice);
+    }
+    if (st == MOEJIT_OK) {
+      q->cursor = (int)(c - q->ch + 1) % q->nch;
+      c->prompt_tokens = ev->prompt_tokens;
+      c->completion_tokens = ev->completion_tokens;
+      if (ev->finish != MOEJIT_FINISH_NONE) {
+        c->fin = ev->finish;
+        if (ev->finish == MOEJIT_FINISH_ERROR) snprintf(c->error, sizeof c->error, "%s", ev->error ? ev->error : "");
+        q->failed |= ev->finish == MOEJIT_FINISH_CANCELLED || ev->finish == MOEJIT_FINISH_ERROR;
+        choice_ended(q, c);
+      }
+      *out = c;
       return 1;
     }
-    if (peer_gone(q)) {
-      release(q);
-      return -1;
+    q->cursor = (q->cursor + 1) % q->nch;
+    waited += slice;
+    if (waited - peeked >= POLL_MS) {
+      peeked = waited;
+      if (peer_gone(q)) {
+        release(q);
+        return -1;
+      }
     }
-    if (waited + POLL_MS >= wait_ms) return 0;
+    if (waited >= wait_ms) return 0;
   }
-  q->prompt_tokens = ev->prompt_tokens;
-  q->completion_tokens = ev->completion_tokens;
-  if (ev->finish != MOEJIT_FINISH_NONE) {
-    q->fin = ev->finish;
-    if (ev->finish == MOEJIT_FINISH_ERROR) snprintf(q->error, sizeof q->error, "%s", ev->error ? ev->error : "");
-    live_remove(q);
-  }
-  return 1;
 }
 
-/* Ended without its answer: cancelled (the server is shutting down) or
- * failed. */
-static bool ended_badly(const srv_req *q) { return q->fin == MOEJIT_FINISH_CANCELLED || q->fin == MOEJIT_FINISH_ERROR; }
-
-/* The error a request that ended badly answers with. */
+/* The error a request with a choice that ended badly answers with: that
+ * choice's (cancelled: the server is shutting down; or failed). */
 static void end_error(const srv_req *q, oai_error *e) {
-  if (q->fin == MOEJIT_FINISH_CANCELLED)
-    oai_fail(e, 503, "server_error", NULL, "shutting_down", "the server is shutting down; the request was cancelled");
-  else
-    oai_fail(e, 500, "server_error", NULL, "engine_error", "the engine failed: %s", q->error);
+  for (int i = 0; i < q->nch; i++)
+    if (q->ch[i].fin == MOEJIT_FINISH_ERROR) {
+      oai_fail(e, 500, "server_error", NULL, "engine_error", "the engine failed: %s", q->ch[i].error);
+      return;
+    }
+  oai_fail(e, 503, "server_error", NULL, "shutting_down", "the server is shutting down; the request was cancelled");
 }
 
-/* What q reports, text aside; finish_reason is "stop" or "length" once it
- * ended well, NULL while it runs.  The log probabilities taken so far go
- * with it when the request asked (a chunk of no token: none). */
-static void result_of(const srv_req *q, oai_result *r, const char *text, size_t len) {
-  *r = (oai_result){.id = q->rid, .created = q->created, .model = q->s->model_name, .text = text, .text_len = len,
-                    .finish_reason = q->fin == MOEJIT_FINISH_NONE ? NULL : moejit_finish_name(q->fin),
-                    .prompt_tokens = q->prompt_tokens, .completion_tokens = q->completion_tokens,
-                    .with_logprobs = q->q.logprobs && (!q->q.stream || q->nlp > 0), .logprobs = q->lps,
-                    .n_logprobs = q->nlp};
+/* What choice c reports, text aside; finish_reason is "stop" or "length"
+ * once it ended well, NULL while it runs.  The log probabilities taken so
+ * far go with it when the request asked (a chunk of no token: none). */
+static void result_of(const srv_req *q, const srv_choice *c, oai_result *r, const char *text, size_t len) {
+  *r = (oai_result){.index = c->index, .id = q->rid, .created = q->created, .model = q->s->model_name, .text = text,
+                    .text_len = len, .finish_reason = c->fin == MOEJIT_FINISH_NONE ? NULL : moejit_finish_name(c->fin),
+                    .prompt_tokens = c->prompt_tokens, .completion_tokens = c->completion_tokens,
+                    .with_logprobs = q->q.logprobs && (!q->q.stream || c->nlp > 0), .logprobs = c->lps,
+                    .n_logprobs = c->nlp};
+}
+
+/* usage: each prompt's tokens once (its first draw's), every choice's
+ * completion tokens. */
+static void usage_of(const srv_req *q, int64_t *prompt, int64_t *completion) {
+  *prompt = *completion = 0;
+  for (int i = 0; i < q->nch; i++) {
+    if (q->ch[i].index % q->q.n == 0) *prompt += q->ch[i].prompt_tokens;
+    *completion += q->ch[i].completion_tokens;
+  }
 }
 
 /* ---- log probabilities --------------------------------------------------------------------- */
 /* Token id as OpenAI's logprobs show it: the text its single id decodes to
  * as the response's text is decoded (a special token, which the text leaves
- * out, is ""; a piece of a character is U+FFFD), in q->lpmem. */
-static oai_token token_of(srv_req *q, int32_t id, float lp) {
+ * out, is ""; a piece of a character is U+FFFD), in c->lpmem. */
+static oai_token token_of(srv_req *q, srv_choice *c, int32_t id, float lp) {
   oai_token t = {.text = "", .len = 0, .logprob = lp};
   char *text = NULL;
   size_t n = 0;
   if (moejit_detokenize(q->s->engine, &id, 1, true, &text, &n) == MOEJIT_OK)
-    t.text = mj_arena_strndup(&q->lpmem, text, n), t.len = n;
+    t.text = mj_arena_strndup(&c->lpmem, text, n), t.len = n;
   moejit_free(text);
   return t;
 }
 
 /* Drop the log probabilities taken (a stream's chunk is written). */
-static void lp_reset(srv_req *q) {
-  if (q->lpmem_on) mj_arena_free(&q->lpmem);
-  q->lpmem_on = false, q->nlp = 0;
+static void lp_reset(srv_choice *c) {
+  if (c->lpmem_on) mj_arena_free(&c->lpmem);
+  c->lpmem_on = false, c->nlp = 0;
 }
 
 /* Append ev's log probabilities (an event with a token, of a request that
- * asked) to q's; its text_offset is the characters of the tokens before. */
-static void take_logprobs(srv_req *q, const moejit_event *ev) {
+ * asked) to c's; its text_offset is the characters of the tokens before. */
+static void take_logprobs(srv_req *q, srv_choice *c, const moejit_event *ev) {
   if (!ev->has_logprob) return;
-  if (!q->lpmem_on) mj_arena_init(&q->lpmem, 16384), q->lpmem_on = true;
-  if (q->nlp == q->caplp) {
-    q->caplp = q->caplp ? 2 * q->caplp : 16;
-    q->lps = mj_xrealloc(q->lps, q->caplp * sizeof *q->lps);
+  if (!c->lpmem_on) mj_arena_init(&c->lpmem, 16384), c->lpmem_on = true;
+  if (c->nlp == c->caplp) {
+    c->caplp = c->caplp ? 2 * c->caplp : 16;
+    c->lps = mj_xrealloc(c->lps, c->caplp * sizeof *c->lps);
   }
-  oai_logprob *l = &q->lps[q->nlp++];
-  l->tok = token_of(q, ev->token, ev->logprob);
-  oai_token *top = ev->n_top_logprobs ? mj_arena_alloc(&q->lpmem, (size_t)ev->n_top_logprobs * sizeof *top) : NULL;
-  for (int i = 0; i < ev->n_top_logprobs; i++) top[i] = token_of(q, ev->top_logprobs[i].token, ev->top_logprobs[i].logprob);
+  oai_logprob *l = &c->lps[c->nlp++];
+  l->tok = token_of(q, c, ev->token, ev->logprob);
+  oai_token *top = ev->n_top_logprobs ? mj_arena_alloc(&c->lpmem, (size_t)ev->n_top_logprobs * sizeof *top) : NULL;
+  for (int i = 0; i < ev->n_top_logprobs; i++)
+    top[i] = token_of(q, c, ev->top_logprobs[i].token, ev->top_logprobs[i].logprob);
   l->top = top, l->n_top = ev->n_top_logprobs;
-  l->text_offset = q->lp_chars;
-  for (size_t i = 0; i < l->tok.len; i++) q->lp_chars += ((unsigned char)l->tok.text[i] & 0xC0) != 0x80;
+  l->text_offset = c->lp_chars;
+  for (size_t i = 0; i < l->tok.len; i++) c->lp_chars += ((unsigned char)l->tok.text[i] & 0xC0) != 0x80;
 }
 
 /* ---- streaming ----------------------------------------------------------------------------- */
@@ -316,12 +385,15 @@ static void sse(srv_req *q) {
 }
 
 /* Fill q->out with what comes next: the next event's chunk (and after the
- * last, the usage chunk and [DONE]), or a keep-alive comment when none came
- * in time.  false when the client went away. */
+ * last choice's last, the usage chunk and [DONE]), or a keep-alive comment
+ * when none came in time.  A choice that ends badly sends the error as an
+ * event of its own (OpenAI's streams carry one so) and ends the stream,
+ * its other choices let go.  false when the client went away. */
 static bool stream_more(srv_req *q) {
   q->out.len = q->out_off = 0;
   moejit_event ev;
-  int got = next_event(q, &ev, KEEPALIVE_MS);
+  srv_choice *c;
+  int got = next_event(q, &c, &ev, KEEPALIVE_MS);
   if (got < 0) return false;
   if (got == 0) {
     mj_buf_puts(&q->out, ": keep-alive\n\n");
@@ -329,22 +401,24 @@ static bool stream_more(srv_req *q) {
   }
   oai_result r;
   q->json.len = 0;
-  if (ended_badly(q)) { /* OpenAI's streams carry an error as an event of its own */
+  if (q->failed) {
+    let_go(q);
     oai_error e;
     end_error(q, &e);
     oai_write_error(&q->json, &e);
   } else { /* a token's chunk even when its text is held back (""): OpenAI's streams send one a token */
-    lp_reset(q);
-    take_logprobs(q, &ev);
-    result_of(q, &r, ev.text, ev.text_len);
-    oai_write_chunk(&q->json, q->q.kind, &r, q->q.kind == OAI_CHAT && !q->sent_first);
-    q->sent_first = true;
+    lp_reset(c);
+    take_logprobs(q, c, &ev);
+    result_of(q, c, &r, ev.text, ev.text_len);
+    oai_write_chunk(&q->json, q->q.kind, &r, q->q.kind == OAI_CHAT && !c->sent_first);
+    c->sent_first = true;
   }
   sse(q);
-  if (q->fin != MOEJIT_FINISH_NONE) {
+  if (!q->nrun) {
     if (q->q.include_usage) {
       q->json.len = 0;
-      result_of(q, &r, "", 0);
+      r = (oai_result){.id = q->rid, .created = q->created, .model = q->s->model_name};
+      usage_of(q, &r.prompt_tokens, &r.completion_tokens);
       oai_write_usage_chunk(&q->json, q->q.kind, &r);
       sse(q);
     }
@@ -379,20 +453,20 @@ static moejit_message *messages_of(const srv_req *q) {
   return m;
 }
 
-/* echo: the prompt's text into q->text, where a whole response's text
- * begins (a stream sends it as its first chunk).  A text prompt as given;
+/* echo: prompt p's text into out, where a whole response's text begins (a
+ * stream sends it as its choice's first chunk).  A text prompt as given;
  * token ids decoded as the completion's tokens are, special tokens left
  * out, before the request is submitted: an id the model takes may have no
  * text in the tokenizer, which is the client's error. */
-static moejit_status echo_text(srv_req *q) {
-  if (!q->q.prompt_ids) {
-    mj_buf_put(&q->text, q->q.prompt, q->q.prompt_len);
+static moejit_status echo_text(srv_req *q, const oai_prompt *p, mj_buf *out) {
+  if (!p->ids) {
+    mj_buf_put(out, p->text, p->len);
     return MOEJIT_OK;
   }
   char *dec = NULL;
   size_t n = 0;
-  moejit_status st = moejit_detokenize(q->s->engine, q->q.prompt_ids, q->q.n_prompt_ids, true, &dec, &n);
-  if (st == MOEJIT_OK) mj_buf_put(&q->text, dec, n);
+  moejit_status st = moejit_detokenize(q->s->engine, p->ids, p->n_ids, true, &dec, &n);
+  if (st == MOEJIT_OK) mj_buf_put(out, dec, n);
   moejit_free(dec);
   return st;
 }
@@ -413,19 +487,53 @@ static int parse_body(srv_req *q, oai_kind kind, oai_error *e) {
   return 0;
 }
 
+/* Submit every choice of q: each prompt of its batch (chat: the messages)
+ * n times, draw j seeded seed + j when a seed is given (so n = 1 is the
+ * request alone, and its draws differ).  On a refusal the choices already
+ * submitted are let go; the engine's status is returned, with the
+ * message in moejit_last_error. */
+static moejit_status submit_all(srv_req *q, moejit_request *rq, moejit_sampling *sp, bool *echo_failed) {
+  srv *s = q->s;
+  size_t np = q->q.kind == OAI_COMPLETION ? q->q.n_prompts : 1;
+  q->nch = (int)(np * (size_t)q->q.n);
+  q->ch = mj_xcalloc((size_t)q->nch, sizeof *q->ch);
+  moejit_status ms = MOEJIT_OK;
+  for (int i = 0; i < q->nch && ms == MOEJIT_OK; i++) {
+    srv_choice *c = &q->ch[i];
+    int64_t draw = i % q->q.n;
+    c->index = i;
+    if (q->q.kind == OAI_COMPLETION) {
+      const oai_prompt *p = &q->q.prompts[i / q->q.n];
+      rq->prompt = p->text, rq->prompt_len = p->len, rq->prompt_ids = p->ids, rq->n_prompt_ids = p->n_ids;
+      if (q->q.echo && echo_text(q, p, &c->text) != MOEJIT_OK) ms = MOEJIT_EINVAL, *echo_failed = true;
+    }
+    sp->seed = q->q.has_seed ? (int64_t)(((uint64_t)q->q.seed + (uint64_t)draw) & INT64_MAX) : -1;
+    if (ms == MOEJIT_OK) ms = s->draining ? MOEJIT_ECLOSED : moejit_submit(s->engine, rq, &c->id);
+    pthread_mutex_lock(&s->mu);
+    q->nrun += ms == MOEJIT_OK;
+    pthread_mutex_unlock(&s->mu);
+  }
+  if (q->nrun) live_add(q);
+  if (ms != MOEJIT_OK) let_go(q);
+  return ms;
+}
+
 static enum MHD_Result completion(srv_req *q) {
   srv *s = q->s;
   oai_error e;
   if (parse_body(q, q->rt == R_CHAT ? OAI_CHAT : OAI_COMPLETION, &e)) return send_error(s, q->c, &e, NULL, NULL);
   /* The API reads a prompt_len of 0 as "up to the NUL"; an empty prompt
    * would be refused there anyway, but here it names its field. */
-  if (q->q.kind == OAI_COMPLETION && !q->q.prompt_ids && q->q.prompt_len == 0)
-    return fail(s, q->c, 400, "invalid_request_error", "prompt", NULL, "'prompt' must not be empty");
+  for (size_t i = 0; q->q.kind == OAI_COMPLETION && i < q->q.n_prompts; i++)
+    if (!q->q.prompts[i].ids && q->q.prompts[i].len == 0) {
+      if (q->q.n_prompts == 1) oai_fail(&e, 400, "invalid_request_error", "prompt", NULL, "'prompt' must not be empty");
+      else oai_fail(&e, 400, "invalid_request_error", "prompt", NULL, "'prompt' %zu must not be empty", i);
+      return send_error(s, q->c, &e, NULL, NULL);
+    }
   moejit_sampling sp;
   moejit_sampling_init(&sp);
   sp.temperature = (float)q->q.temperature, sp.top_p = (float)q->q.top_p, sp.min_p = (float)q->q.min_p;
   sp.top_k = q->q.top_k > INT32_MAX ? INT32_MAX : (int32_t)q->q.top_k;
-  sp.seed = q->q.has_seed ? q->q.seed & INT64_MAX : -1;
   sp.presence_penalty = (float)q->q.presence_penalty, sp.frequency_penalty = (float)q->q.frequency_penalty;
   /* vLLM's repetition_penalty is the engine's repeat penalty over every
    * token of the sequence, prompt included */
@@ -436,46 +544,38 @@ static enum MHD_Result completion(srv_req *q) {
   if (q->q.kind == OAI_CHAT) {
     msgs = messages_of(q);
     rq.messages = msgs, rq.n_messages = q->q.n_messages, rq.thinking = q->q.thinking;
-  } else if (q->q.prompt_ids) {
-    rq.prompt_ids = q->q.prompt_ids, rq.n_prompt_ids = q->q.n_prompt_ids;
-  } else {
-    rq.prompt = q->q.prompt, rq.prompt_len = q->q.prompt_len;
   }
   rq.sampling = &sp;
   int64_t mt = q->q.max_tokens > 0 ? q->q.max_tokens : q->q.kind == OAI_COMPLETION ? s->o.default_max_tokens : 0;
   rq.max_tokens = mt > INT32_MAX ? INT32_MAX : (int32_t)mt;
   rq.stop = q->q.n_stop ? q->q.stop : NULL, rq.n_stop = (size_t)q->q.n_stop, rq.stop_lens = q->q.stop_len;
   rq.ignore_eos = q->q.ignore_eos;
-  /* A whole response wakes its thread once, at the end, not once a token. */
+  /* A whole response wakes its thread once a choice, at its end, not once a token. */
   rq.hold_events = !q->q.stream;
   rq.logprobs = q->q.logprobs, rq.top_logprobs = (int32_t)q->q.top_logprobs;
-  if (q->q.echo && echo_text(q) != MOEJIT_OK) {
-    free(msgs);
-    return fail(s, q->c, 400, "invalid_request_error", "prompt", NULL, moejit_last_error());
-  }
-  uint64_t id = 0;
-  /* The body may have finished arriving after the drain began. */
-  moejit_status ms = s->draining ? MOEJIT_ECLOSED : moejit_submit(s->engine, &rq, &id);
+  bool echo_failed = false;
+  moejit_status ms = submit_all(q, &rq, &sp, &echo_failed);
   free(msgs);
   if (ms == MOEJIT_EQUEUE_FULL) {
     oai_fail(&e, 503, "server_error", NULL, "queue_full", "the server is busy (its wait queue is full); retry later");
     return send_error(s, q->c, &e, MHD_HTTP_HEADER_RETRY_AFTER, "1");
   }
   if (ms == MOEJIT_ECLOSED) return fail(s, q->c, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
-  if (ms == MOEJIT_EINVAL) return fail(s, q->c, 400, "invalid_request_error", NULL, NULL, moejit_last_error());
+  if (ms == MOEJIT_EINVAL) return fail(s, q->c, 400, "invalid_request_error", echo_failed ? "prompt" : NULL, NULL, moejit_last_error());
   if (ms != MOEJIT_OK) return fail(s, q->c, 500, "server_error", NULL, "engine_error", moejit_last_error());
-  live_add(q, id);
   snprintf(q->rid, sizeof q->rid, "%s-%016llx", q->q.kind == OAI_CHAT ? "chatcmpl" : "cmpl",
            (unsigned long long)(s->next_id++ * 0x9E3779B97F4A7C15ull ^ (uint64_t)s->created));
   q->created = (int64_t)time(NULL);
 
   if (q->q.stream) {
-    if (q->q.echo) { /* the stream's first chunk, which its reader hands out before asking for an event */
+    for (int i = 0; i < q->nch && q->q.echo; i++) { /* each choice's first chunk, handed out before any event */
+      srv_choice *c = &q->ch[i];
       oai_result r;
-      result_of(q, &r, q->text.data ? q->text.data : "", q->text.len);
+      result_of(q, c, &r, c->text.data ? c->text.data : "", c->text.len);
+      q->json.len = 0;
       oai_write_chunk(&q->json, q->q.kind, &r, false);
       sse(q);
-      mj_buf_free(&q->text);
+      mj_buf_free(&c->text);
     }
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, q, NULL);
     if (!r) return MHD_NO; /* srv_completed releases the request */
@@ -487,19 +587,25 @@ static enum MHD_Result completion(srv_req *q) {
     return ok;
   }
   moejit_event ev;
-  while (q->fin == MOEJIT_FINISH_NONE) {
-    int got = next_event(q, &ev, 1 << 30);
+  srv_choice *c;
+  while (q->nrun > 0 && !q->failed) {
+    int got = next_event(q, &c, &ev, 1 << 30);
     if (got < 0) return MHD_NO; /* the client is gone: close */
-    if (got > 0 && q->fin != MOEJIT_FINISH_ERROR) mj_buf_put(&q->text, ev.text, ev.text_len), take_logprobs(q, &ev);
+    if (got > 0 && !q->failed) mj_buf_put(&c->text, ev.text, ev.text_len), take_logprobs(q, c, &ev);
   }
-  if (ended_badly(q)) {
+  if (q->failed) {
+    let_go(q);
     end_error(q, &e);
     return send_error(s, q->c, &e, NULL, NULL);
   }
-  oai_result res;
-  result_of(q, &res, q->text.data ? q->text.data : "", q->text.len);
+  oai_result *res = mj_xcalloc((size_t)q->nch, sizeof *res);
+  for (int i = 0; i < q->nch; i++)
+    result_of(q, &q->ch[i], &res[i], q->ch[i].text.data ? q->ch[i].text.data : "", q->ch[i].text.len);
+  int64_t pt, ct;
+  usage_of(q, &pt, &ct);
   mj_buf b = {0};
-  oai_write_response(&b, q->q.kind, &res);
+  oai_write_response(&b, q->q.kind, res, (size_t)q->nch, pt, ct);
+  free(res);
   return send_json(s, q->c, 200, &b);
 }
 
@@ -735,10 +841,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum M
   srv_req *q = *ctx;
   if (!q) return;
   *ctx = NULL;
-  if (q->id) { /* still running: nobody will read it */
-    uint64_t id = q->id;
-    live_remove(q);
-    moejit_release(s->engine, id);
+  if (q->nrun) { /* still running: nobody will read it */
+    let_go(q);
     s->disconnects++;
   }
   if (q->conn) { /* the next request's line: within the idle timeout, then its own time */
@@ -747,9 +851,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum M
     pthread_mutex_unlock(&s->mu);
   }
   if (q->parsed) oai_request_free(&q->q);
-  mj_buf_free(&q->body), mj_buf_free(&q->text), mj_buf_free(&q->out), mj_buf_free(&q->json);
-  lp_reset(q);
-  free(q->lps);
+  mj_buf_free(&q->body), mj_buf_free(&q->out), mj_buf_free(&q->json);
+  for (int i = 0; i < q->nch; i++) mj_buf_free(&q->ch[i].text), lp_reset(&q->ch[i]), free(q->ch[i].lps);
+  free(q->ch);
   free(q);
 }
 
@@ -930,7 +1034,9 @@ int srv_in_flight(srv *s) {
 void srv_cancel_all(srv *s) {
   pthread_mutex_lock(&s->mu);
   s->cancelling = true;
-  for (srv_req *q = s->live; q; q = q->next) moejit_cancel(s->engine, q->id);
+  for (srv_req *q = s->live; q; q = q->next)
+    for (int i = 0; i < q->nch; i++)
+      if (q->ch[i].id) moejit_cancel(s->engine, q->ch[i].id);
   pthread_mutex_unlock(&s->mu);
 }
 

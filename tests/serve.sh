@@ -122,6 +122,38 @@ for p in "[$ids]" "[[$ids]]" '["hello world"]'; do
 done
 [ "$st" = 200 ] && [ "$($probe field "$tmp/ci.json" choices.0.text)" = "$ref_text" ] &&
   ok "prompt [$ids], as [[ids]] and [\"hello world\"]: generate's text" || bad "prompt $p: $st $(cat "$tmp/ci.json")"
+# n and a batch of prompts: choice p x n + j is prompt p drawn with seed + j, so each is generate's
+# text for that prompt and seed; whole and streamed (chunks of the choices interleaved, each with
+# its index); usage counts each prompt once and every choice's tokens.
+$MOEJIT generate -p "hello world" -n 12 --seed 8 $GEN_S --json --backend cpu > "$tmp/ref_c8.json" 2> /dev/null
+$MOEJIT generate -p "fox 0" -n 12 --seed 7 $GEN_S --json --backend cpu > "$tmp/ref_f7.json" 2> /dev/null
+$MOEJIT generate -p "fox 0" -n 12 --seed 8 $GEN_S --json --backend cpu > "$tmp/ref_f8.json" 2> /dev/null
+st=$(post /v1/completions "{\"prompt\":[\"hello world\",\"fox 0\"],\"n\":2,\"max_tokens\":12,\"seed\":7,$REQ_S}" "$tmp/cb.json")
+post /v1/completions "{\"prompt\":[\"hello world\",\"fox 0\"],\"n\":2,\"max_tokens\":12,\"seed\":7,\"stream\":true,\"stream_options\":{\"include_usage\":true},$REQ_S}" "$tmp/cb.sse" -N > /dev/null
+$probe sse "$tmp/cb.sse" > "$tmp/cb.sse.json"
+st2=$(post /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"hello world\"}],\"n\":3,\"max_tokens\":12,\"seed\":7,\"stream\":true,$REQ_S}" "$tmp/chn.sse" -N)
+$probe sse "$tmp/chn.sse" > "$tmp/chn.json"
+[ "$st$st2" = 200200 ] && python3 - "$tmp" << 'EOF' && ok "n 2 x 2 prompts: generate's text for each prompt and seed + draw, whole and streamed; usage; chat n 3" || bad "n / batch: $st $st2 $(cat "$tmp/cb.json" "$tmp/cb.sse.json" "$tmp/chn.json")"
+import json, sys
+t = sys.argv[1]
+refs = [json.load(open("%s/%s" % (t, f), encoding="utf-8")) for f in ("ref_c.json", "ref_c8.json", "ref_f7.json", "ref_f8.json")]
+whole = json.load(open(t + "/cb.json", encoding="utf-8"))
+assert [c["index"] for c in whole["choices"]] == [0, 1, 2, 3], whole["choices"]
+assert [c["text"] for c in whole["choices"]] == [r["text"] for r in refs]
+assert len(set(c["text"] for c in whole["choices"])) == 4  # seeds and prompts change the text
+assert [c["finish_reason"] for c in whole["choices"]] == ["length"] * 4
+u = whole["usage"]
+assert u["prompt_tokens"] == refs[0]["prompt_tokens"] + refs[2]["prompt_tokens"], u
+assert u["completion_tokens"] == sum(r["generated_tokens"] for r in refs), u
+s = json.load(open(t + "/cb.sse.json", encoding="utf-8"))
+assert s["done"] and s["indices"] == [0, 1, 2, 3] and s["error"] is None, s
+assert [c["text"] for c in s["choices"]] == [r["text"] for r in refs], s
+assert all(c["finish"] == "length" and c["chunks"] == 12 and "after_finish" not in c for c in s["choices"]), s
+assert s["usage"] == u, (s["usage"], u)
+ch = json.load(open(t + "/chn.json", encoding="utf-8"))
+assert ch["done"] and ch["indices"] == [0, 1, 2] and all(c["first_role"] for c in ch["choices"]), ch
+assert len(set(c["text"] for c in ch["choices"])) == 3, ch
+EOF
 # vLLM's /tokenize (a prompt; chat messages) and /detokenize: moejit tokenize's ids, and back
 chat_ids=$($MOEJIT tokenize -m "$MOEJIT_DATA_DIR/$model" --chat --no-think "hello world" | paste -sd, -)
 st1=$(post /tokenize '{"prompt":"hello world"}' "$tmp/t1.json")
@@ -307,8 +339,8 @@ expect400() {
 expect400 '{"prompt":"x","max_tokens":-5}' '"max_tokens"'
 expect400 '{"prompt":"x","temperature":"hot"}' '"temperature"'
 expect400 '{"prompt":{"a":1}}' '"prompt"'
-expect400 '{"prompt":["a","b"]}' '"prompt"'
-expect400 '{"prompt":"x","n":3}' '"n"'
+expect400 '{"prompt":["a",""]}' '"prompt"'
+expect400 '{"prompt":"x","n":65}' '"n"'
 expect400 '{"prompt":"x","stop":[1,2]}' '"stop"'
 expect400 '{"prompt":"x"' 'null'
 expect400 '{"prompt":""}' '"prompt"'

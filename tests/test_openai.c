@@ -65,6 +65,23 @@ static void test_completion_fields(void) {
            0);
   T_CHECK(r.prompt && r.prompt_len == 2 && !strcmp(r.prompt, "ab") && !r.prompt_ids && !r.echo);
   oai_request_free(&r);
+  /* a batch of prompts, texts and ids mixed, each drawn n times */
+  T_EQ_INT(parse(OAI_COMPLETION, "{\"prompt\":[\"ab\",[7,8],\"c\"],\"n\":2}", &r, &e), 0);
+  T_EQ_INT(r.n_prompts, 3);
+  T_EQ_INT(r.n, 2);
+  if (r.n_prompts == 3) {
+    T_CHECK(r.prompts[0].text && !strcmp(r.prompts[0].text, "ab") && !r.prompts[0].ids);
+    T_CHECK(!r.prompts[1].text && r.prompts[1].n_ids == 2 && r.prompts[1].ids[1] == 8);
+    T_CHECK(r.prompts[2].len == 1 && !strcmp(r.prompts[2].text, "c"));
+    T_CHECK(r.prompt == r.prompts[0].text && r.prompt_len == 2);
+  }
+  oai_request_free(&r);
+  /* 64 choices at most: 2 prompts x 32 */
+  T_EQ_INT(parse(OAI_COMPLETION, "{\"prompt\":[\"a\",\"b\"],\"n\":32}", &r, &e), 0);
+  oai_request_free(&r);
+  T_EQ_INT(parse(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":64}", &r, &e), 0);
+  T_EQ_INT(r.n, 64);
+  oai_request_free(&r);
   /* /tokenize and /detokenize */
   T_EQ_INT(parse(OAI_TOKENIZE, "{\"model\":\"m\",\"prompt\":\"a b\",\"add_special_tokens\":false}", &r, &e), 0);
   T_CHECK(r.prompt && r.prompt_len == 3 && !r.add_special && !r.messages && r.model && !strcmp(r.model, "m"));
@@ -175,8 +192,17 @@ static void test_errors(void) {
   bad(OAI_COMPLETION, "{\"prompt\":\"\\ud800\"}", NULL, "the body is not valid JSON");
   bad(OAI_COMPLETION, "[1]", NULL, "the body must be a JSON object, not array");
   bad(OAI_COMPLETION, "{}", "prompt", "'prompt' is required");
-  bad(OAI_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", "prompt", "'prompt' is a batch of 2 prompts; moejit takes one a request");
-  bad(OAI_COMPLETION, "{\"prompt\":[[1],[2],[3]]}", "prompt", "'prompt' is a batch of 3 prompts");
+  bad(OAI_COMPLETION, "{\"prompt\":[\"a\",5]}", "prompt", "'prompt' 1 must be a string or an array of token ids, not number");
+  bad(OAI_COMPLETION, "{\"prompt\":[\"a\",[]]}", "prompt", "'prompt' 1 is an empty array of token ids");
+  bad(OAI_COMPLETION, "{\"prompt\":[[1],[2,-3]]}", "prompt", "'prompt' 1 token 1 must be a token id");
+  bad(OAI_COMPLETION, "{\"prompt\":[\"a\",\"b\"],\"n\":33}", "n", "'n' must be 1 to 32 for this batch of prompts");
+  char many[512] = "{\"prompt\":[\"a\"";
+  for (int i = 1; i < 65; i++) strcat(many, ",\"a\"");
+  strcat(many, "]}");
+  bad(OAI_COMPLETION, many, "prompt", "'prompt' is a batch of 65 prompts; at most 64 a request");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"n\":0}", "n", "'n' must be 1 to 64, not 0");
+  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"n\":65}", "n", "'n' must be 1 to 64, not 65");
+  bad(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":-1}", "n", "'n' must be 1 to 64, not -1");
   bad(OAI_COMPLETION, "{\"prompt\":5}", "prompt", "'prompt' must be a string or an array of token ids, not number");
   bad(OAI_COMPLETION, "{\"prompt\":[]}", "prompt", "'prompt' is an empty array of token ids");
   bad(OAI_COMPLETION, "{\"prompt\":[[]]}", "prompt", "'prompt' is an empty array of token ids");
@@ -219,7 +245,6 @@ static void test_errors(void) {
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"temperature\":3}", "temperature", "'temperature' must be in [0, 2], not 3");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"top_p\":0}", "top_p", "'top_p' must be in (0, 1], not 0");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"top_k\":-2}", "top_k", "'top_k' must be 0 or -1 (off) or more");
-  bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"n\":2}", "n", "'n' must be 1");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stream\":1}", "stream", "'stream' must be a boolean, not number");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"ignore_eos\":\"yes\"}", "ignore_eos", "'ignore_eos' must be a boolean, not string");
   bad(OAI_COMPLETION, "{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", "'stop' holds at most 4 strings");
@@ -269,7 +294,7 @@ static void test_writers(void) {
   mj_buf b = {0};
   oai_result r = {.id = "chatcmpl-1", .created = 1700000000, .model = "m\"x", .text = "a\nb\x01\"", .text_len = 5,
                   .finish_reason = "length", .prompt_tokens = 4, .completion_tokens = 2};
-  oai_write_response(&b, OAI_CHAT, &r);
+  oai_write_response(&b, OAI_CHAT, &r, 1, r.prompt_tokens, r.completion_tokens);
   T_EQ_INT(json_parse(&a, b.data, b.len, "resp", &v, &err), 0);
   T_EQ_STR(json_get(v, "object")->str, "chat.completion");
   T_EQ_STR(json_get(v, "model")->str, "m\"x");
@@ -277,6 +302,29 @@ static void test_writers(void) {
   T_EQ_STR(json_get(json_get(c0, "message"), "content")->str, "a\nb\x01\"");
   T_EQ_STR(json_get(c0, "finish_reason")->str, "length");
   T_EQ_INT(json_get(json_get(v, "usage"), "total_tokens")->i, 6);
+  /* Three choices: in the order given, each its index; usage as given
+   * (the server counts each prompt once). */
+  b.len = 0;
+  oai_result three[3] = {r, r, r};
+  three[1].index = 1, three[1].text = "x", three[1].text_len = 1, three[1].finish_reason = "stop";
+  three[2].index = 2;
+  oai_write_response(&b, OAI_COMPLETION, three, 3, 4, 7);
+  T_EQ_INT(json_parse(&a, b.data, b.len, "resp3", &v, &err), 0);
+  json *ch = json_get(v, "choices");
+  T_EQ_INT(ch->len, 3);
+  for (int i = 0; i < 3 && ch->len == 3; i++) T_EQ_INT(json_get(json_at(ch, (size_t)i), "index")->i, i);
+  if (ch->len == 3) {
+    T_EQ_STR(json_get(json_at(ch, 1), "text")->str, "x");
+    T_EQ_STR(json_get(json_at(ch, 1), "finish_reason")->str, "stop");
+  }
+  T_EQ_INT(json_get(json_get(v, "usage"), "prompt_tokens")->i, 4);
+  T_EQ_INT(json_get(json_get(v, "usage"), "total_tokens")->i, 11);
+  b.len = 0;
+  r.index = 5;
+  oai_write_chunk(&b, OAI_COMPLETION, &r, false);
+  T_EQ_INT(json_parse(&a, b.data, b.len, "chunk5", &v, &err), 0);
+  T_EQ_INT(json_get(json_at(json_get(v, "choices"), 0), "index")->i, 5);
+  r.index = 0;
   b.len = 0;
   r.finish_reason = NULL;
   oai_write_chunk(&b, OAI_CHAT, &r, true);
@@ -344,7 +392,7 @@ static void test_writers_exact(void) {
   for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
     mj_buf b = {0};
     r.finish_reason = t[i].fin ? "stop" : NULL;
-    if (t[i].what == 0) oai_write_response(&b, t[i].kind, &r);
+    if (t[i].what == 0) oai_write_response(&b, t[i].kind, &r, 1, r.prompt_tokens, r.completion_tokens);
     else oai_write_chunk(&b, t[i].kind, &r, t[i].what == 2);
     mj_buf_putc(&b, 0);
     T_EQ_STR(b.data, t[i].want);
@@ -415,7 +463,7 @@ static void test_logprob_writers_exact(void) {
                     .logprobs = lps + t[i].first, .n_logprobs = (size_t)t[i].n};
     mj_buf b = {0};
     if (t[i].chunk) oai_write_chunk(&b, t[i].kind, &r, false);
-    else oai_write_response(&b, t[i].kind, &r);
+    else oai_write_response(&b, t[i].kind, &r, 1, r.prompt_tokens, r.completion_tokens);
     mj_buf_putc(&b, 0);
     T_EQ_STR(b.data, t[i].want);
     mj_buf_free(&b);

@@ -6,7 +6,8 @@ and the readers of what the clients got.
     probe.py keepalive PORT SECONDS    GET /health, silent SECONDS on the same connection, GET again
     probe.py slow_next PORT            GET /health, then the next request one byte a second
     probe.py disconnect PORT KEY       a stream read for one event, then closed
-    probe.py sse FILE                  a saved SSE body: {"text", "finish", "chunks", "done", "usage", "error"}
+    probe.py sse FILE                  a saved SSE body: {"text", "finish", "chunks", "done", "usage", "error",
+                                       "choices" (each index's text, finish, chunks), "indices"}
     probe.py logprobs FILE N GREEDY    a response's log probabilities well-formed (below); exit 1 when not
     probe.py field FILE PATH           a JSON file's value at a.b.0.c (JSON-encoded)
     probe.py metric PORT NAME          a /metrics sample's value
@@ -139,6 +140,7 @@ def disconnect(port, key):
 
 def sse(path):
     text, finish, chunks, done, usage, error = "", None, 0, False, None, None
+    by = {}  # index: {"text", "finish", "chunks", "first_role"}
     with open(path, encoding="utf-8") as f:
         for line in f:
             line = line.rstrip("\n")
@@ -156,9 +158,18 @@ def sse(path):
                 usage = d["usage"]
             for c in d["choices"]:
                 chunks += 1
-                text += c["delta"].get("content", "") if "delta" in c else c["text"]
+                piece = c["delta"].get("content", "") if "delta" in c else c["text"]
+                text += piece
                 finish = c["finish_reason"] or finish
-    print(json.dumps({"text": text, "finish": finish, "chunks": chunks, "done": done, "usage": usage, "error": error}))
+                one = by.setdefault(c["index"], {"text": "", "finish": None, "chunks": 0,
+                                                 "first_role": "delta" in c and "role" in c["delta"]})
+                one["text"] += piece
+                one["chunks"] += 1
+                if one["finish"] is not None:
+                    one["after_finish"] = True  # a chunk after the choice's last: wrong
+                one["finish"] = c["finish_reason"]
+    print(json.dumps({"text": text, "finish": finish, "chunks": chunks, "done": done, "usage": usage, "error": error,
+                      "choices": [by[i] for i in sorted(by)], "indices": sorted(by)}))
 
 
 def collect(path):
