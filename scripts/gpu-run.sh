@@ -31,6 +31,8 @@
 #                 assert-warm (a tuned deployment compiles nothing)
 #   serve         scripts/serve-bench.sh at 1, 8 and 32 streams, streamed and
 #                 whole, with the engine's step and gap times (serve's and generate's)
+#   serve-glm5    serve-bench on a 2-layer GLM-5-width model (mkmodel), SERVE_STREAMS
+#                 (default 32) streams of SERVE_REQUESTS (default 4) requests
 #   serve-ranks   moejit serve --tp SERVE_TP (several GPUs): a greedy completion
 #                 against generate --tp's text, then SIGTERM to the launcher
 #   tune-decode   after tune, on the same machine: bench decode with the records
@@ -212,6 +214,19 @@ for phase in "$@"; do
         MOEJIT_LOG=2 timeout 280 sh scripts/serve-bench.sh --streams "${SERVE_STREAMS:-1 8 32}" -n "${SERVE_TOKENS:-128}" $mode >> "$log" 2>&1
         echo "serve-bench $mode: rc=$?" >> "$log"
       done ;;
+    serve-glm5)
+      # the serving benchmark on a GLM-5-width model of 2 layers (1 dense, 1
+      # MoE with NVFP4 experts; ~10 GB written by mkmodel, ~70 s on 16
+      # cores), whose steps take milliseconds as a full model's do, where
+      # the built-in model's take a third of one; SERVE_STREAMS (default 32)
+      # and SERVE_REQUESTS (default 4) keep it inside one call: every
+      # concurrency is a generate run that loads the model again
+      timeout 150 moejit mkmodel --out /tmp/g5 --preset glm5 --layers 2 --dense-layers 1 --nvfp4 --threads 16 -q >> "$log" 2>&1 ||
+        echo "mkmodel: rc=$?" >> "$log"
+      moejit warmup -m /tmp/g5 --ctx 1024 -j 16 --no-graphs >> "$log" 2>&1 || echo "warmup: rc=$?" >> "$log"
+      MOEJIT_LOG=2 timeout 360 sh scripts/serve-bench.sh -m /tmp/g5 --streams "${SERVE_STREAMS:-32}" \
+        --requests "${SERVE_REQUESTS:-4}" -n "${SERVE_TOKENS:-128}" >> "$log" 2>&1
+      echo "serve-bench glm5: rc=$?" >> "$log" ;;
     serve-ranks)
       # moejit serve --tp N (SERVE_TP, default 2) on the built-in model: a
       # greedy completion equals generate --tp N's text, and SIGTERM to the

@@ -68,6 +68,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 command -v python3 > /dev/null || { echo "serve-bench.sh: python3 is needed (the client)" >&2; exit 1; }
+# say MSG: a progress line on stderr with the seconds since the start (a run
+# cut by a time limit shows where its time went: a large model's loads)
+t0=$(date +%s)
+say() { echo "serve-bench.sh: [$(($(date +%s) - t0)) s] $*" >&2; }
 [ -x "$moejit" ] || { echo "serve-bench.sh: no moejit at $moejit (--moejit PATH)" >&2; exit 1; }
 # reqs C: the requests a stream sends at concurrency C
 reqs() {
@@ -197,14 +201,15 @@ print(json.dumps({"streams": C, "requests": len(results), "errors": len(errors),
                   "total_p50_ms": 1000 * pct([r["total"] for r in results], 0.5)}))
 EOF
 
-echo "serve-bench.sh: moejit serve on port $port ($backend); warming up" >&2
+say "moejit serve on port $port ($backend); warming up"
 python3 "$tmp/client.py" "$port" 0 1 "$ntok" "$tmp/prompts.txt" "$stream"
 # The metrics after the warm-up and after each concurrency: their change over
 # a run is its engine's step and gap times.
 curl -s "http://127.0.0.1:$port/metrics" > "$tmp/metrics.warm" 2> /dev/null || true
 for c in $streams; do
-  echo "serve-bench.sh: $c streams x $(reqs "$c") requests of $ntok tokens" >&2
+  say "$c streams x $(reqs "$c") requests of $ntok tokens"
   $cpin python3 "$tmp/client.py" "$port" "$c" "$(reqs "$c")" "$ntok" "$tmp/prompts.txt" "$stream" > "$tmp/serve.$c.json"
+  say "serve, $c streams: $(cat "$tmp/serve.$c.json")" # kept should the run be cut before its table
   curl -s "http://127.0.0.1:$port/metrics" > "$tmp/metrics.$c" 2> /dev/null || true
 done
 curl -s "http://127.0.0.1:$port/metrics" > "$tmp/metrics" 2> /dev/null || true
@@ -216,7 +221,7 @@ grep 'jit: compiled' "$tmp/serve.err" | sed 's/^/serve-bench.sh: serve: /' >&2
 
 for c in $streams; do
   head -n $((c * $(reqs "$c"))) "$tmp/prompts.txt" > "$tmp/p.$c.txt"
-  echo "serve-bench.sh: moejit generate --prompts ($((c * $(reqs "$c"))) prompts) --parallel $c" >&2
+  say "moejit generate --prompts ($((c * $(reqs "$c"))) prompts) --parallel $c"
   # shellcheck disable=SC2086
   $spin "$moejit" generate $margs --backend "$backend" --prompts "$tmp/p.$c.txt" --parallel "$c" -n "$ntok" --ctx "$ctx" \
     --temp 1 --top-p 1 --top-k 0 --min-p 0 --ignore-eos --json > "$tmp/gen.$c.jsonl" 2> "$tmp/gen.$c.err" ||
