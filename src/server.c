@@ -260,17 +260,22 @@ static moejit_status poll_choice(srv_req *q, srv_choice *c, moejit_event *ev, in
 }
 
 /* The next event of q's running choices into ev (its choice in *out),
- * waiting up to wait_ms: 1 with an event, 0 when none came, -1 when the
- * client went away (released).  One choice is waited on in slices of
- * POLL_MS; several are first swept without waiting from the cursor on, and
- * then the cursor's is waited on for a short slice, so none waits behind
- * another.  A choice's last event takes it off the running ones. */
+ * waiting up to wait_ms: 1 with an event, 0 when none came (or none
+ * runs), -1 when the client went away (released).  One choice is waited
+ * on in slices of POLL_MS; a stream's several are first swept without
+ * waiting from the cursor on, and then the cursor's is waited on for a
+ * short slice.  A choice's last event takes it off the running ones. */
 static int next_event(srv_req *q, srv_choice **out, moejit_event *ev, int wait_ms) {
-  const int slice = q->nrun > 1 ? 5 : POLL_MS;
+  if (!q->nrun) return 0; /* nothing runs: no event will come */
+  /* A whole response's choices hold their events until their last: it
+   * waits on one at a time, in any order, and stays on it while it has
+   * events; a stream's take turns, so none waits behind another. */
+  const bool turns = q->q.stream && q->nrun > 1;
+  const int slice = turns ? 5 : POLL_MS;
   for (int waited = 0, peeked = 0;;) {
     srv_choice *c = NULL;
     moejit_status st = MOEJIT_ETIMEDOUT;
-    for (int k = 0; k < q->nch && q->nrun > 1 && st == MOEJIT_ETIMEDOUT; k++) {
+    for (int k = 0; k < q->nch && turns && st == MOEJIT_ETIMEDOUT; k++) {
       c = &q->ch[(q->cursor + k) % q->nch];
       if (c->id) st = poll_choice(q, c, ev, 0);
     }
@@ -280,7 +285,7 @@ static int next_event(srv_req *q, srv_choice **out, moejit_event *ev, int wait_m
       st = poll_choice(q, c, ev, slice);
     }
     if (st == MOEJIT_OK) {
-      q->cursor = (int)(c - q->ch + 1) % q->nch;
+      if (turns) q->cursor = (int)(c - q->ch + 1) % q->nch;
       c->prompt_tokens = ev->prompt_tokens;
       c->completion_tokens = ev->completion_tokens;
       if (ev->finish != MOEJIT_FINISH_NONE) {
@@ -492,7 +497,7 @@ static int parse_body(srv_req *q, oai_kind kind, oai_error *e) {
  * request alone, and its draws differ).  On a refusal the choices already
  * submitted are let go; the engine's status is returned, with the
  * message in moejit_last_error. */
-static moejit_status submit_all(srv_req *q, moejit_request *rq, moejit_sampling *sp, bool *echo_failed) {
+static moejit_status submit_all(srv_req *q, moejit_request *rq, moejit_sampling *sp, bool *echo_failed, int *failed_at) {
   srv *s = q->s;
   size_t np = q->q.kind == OAI_COMPLETION ? q->q.n_prompts : 1;
   q->nch = (int)(np * (size_t)q->q.n);
@@ -505,10 +510,12 @@ static moejit_status submit_all(srv_req *q, moejit_request *rq, moejit_sampling 
     if (q->q.kind == OAI_COMPLETION) {
       const oai_prompt *p = &q->q.prompts[i / q->q.n];
       rq->prompt = p->text, rq->prompt_len = p->len, rq->prompt_ids = p->ids, rq->n_prompt_ids = p->n_ids;
-      if (q->q.echo && echo_text(q, p, &c->text) != MOEJIT_OK) ms = MOEJIT_EINVAL, *echo_failed = true;
+      if (q->q.echo && draw > 0) mj_buf_put(&c->text, q->ch[i - 1].text.data, q->ch[i - 1].text.len); /* decoded once */
+      else if (q->q.echo && echo_text(q, p, &c->text) != MOEJIT_OK) ms = MOEJIT_EINVAL, *echo_failed = true;
     }
     sp->seed = q->q.has_seed ? (int64_t)(((uint64_t)q->q.seed + (uint64_t)draw) & INT64_MAX) : -1;
     if (ms == MOEJIT_OK) ms = s->draining ? MOEJIT_ECLOSED : moejit_submit(s->engine, rq, &c->id);
+    if (ms != MOEJIT_OK) *failed_at = i;
     pthread_mutex_lock(&s->mu);
     q->nrun += ms == MOEJIT_OK;
     pthread_mutex_unlock(&s->mu);
@@ -553,14 +560,31 @@ static enum MHD_Result completion(srv_req *q) {
   /* A whole response wakes its thread once a choice, at its end, not once a token. */
   rq.hold_events = !q->q.stream;
   rq.logprobs = q->q.logprobs, rq.top_logprobs = (int32_t)q->q.top_logprobs;
+  /* More choices than the wait queue holds could never all be taken: a
+   * 400 now, not a 503 that says to retry. */
+  moejit_info info;
+  int nch = (int)((q->q.kind == OAI_COMPLETION ? q->q.n_prompts : 1) * (size_t)q->q.n);
+  if (nch > 1 && moejit_get_info(s->engine, &info) == MOEJIT_OK && nch > info.max_queue) {
+    free(msgs);
+    oai_fail(&e, 400, "invalid_request_error", "n", NULL,
+             "the request's %d choices (prompts x n) exceed the server's wait queue of %d (--max-queue)", nch,
+             (int)info.max_queue);
+    return send_error(s, q->c, &e, NULL, NULL);
+  }
   bool echo_failed = false;
-  moejit_status ms = submit_all(q, &rq, &sp, &echo_failed);
+  int failed_at = 0;
+  moejit_status ms = submit_all(q, &rq, &sp, &echo_failed, &failed_at);
   free(msgs);
   if (ms == MOEJIT_EQUEUE_FULL) {
     oai_fail(&e, 503, "server_error", NULL, "queue_full", "the server is busy (its wait queue is full); retry later");
     return send_error(s, q->c, &e, MHD_HTTP_HEADER_RETRY_AFTER, "1");
   }
   if (ms == MOEJIT_ECLOSED) return fail(s, q->c, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+  if (ms == MOEJIT_EINVAL && q->q.kind == OAI_COMPLETION && q->q.n_prompts > 1) { /* name the prompt of the batch */
+    oai_fail(&e, 400, "invalid_request_error", "prompt", NULL, "'prompt' %d: %s", failed_at / (int)q->q.n,
+             moejit_last_error());
+    return send_error(s, q->c, &e, NULL, NULL);
+  }
   if (ms == MOEJIT_EINVAL) return fail(s, q->c, 400, "invalid_request_error", echo_failed ? "prompt" : NULL, NULL, moejit_last_error());
   if (ms != MOEJIT_OK) return fail(s, q->c, 500, "server_error", NULL, "engine_error", moejit_last_error());
   snprintf(q->rid, sizeof q->rid, "%s-%016llx", q->q.kind == OAI_CHAT ? "chatcmpl" : "cmpl",

@@ -133,7 +133,8 @@ post /v1/completions "{\"prompt\":[\"hello world\",\"fox 0\"],\"n\":2,\"max_toke
 $probe sse "$tmp/cb.sse" > "$tmp/cb.sse.json"
 st2=$(post /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"hello world\"}],\"n\":3,\"max_tokens\":12,\"seed\":7,\"stream\":true,$REQ_S}" "$tmp/chn.sse" -N)
 $probe sse "$tmp/chn.sse" > "$tmp/chn.json"
-[ "$st$st2" = 200200 ] && python3 - "$tmp" << 'EOF' && ok "n 2 x 2 prompts: generate's text for each prompt and seed + draw, whole and streamed; usage; chat n 3" || bad "n / batch: $st $st2 $(cat "$tmp/cb.json" "$tmp/cb.sse.json" "$tmp/chn.json")"
+st3=$(post /v1/completions "{\"prompt\":\"hello world\",\"echo\":true,\"n\":2,\"max_tokens\":12,\"seed\":7,$REQ_S}" "$tmp/cbe.json")
+[ "$st$st2$st3" = 200200200 ] && python3 - "$tmp" << 'EOF' && ok "n 2 x 2 prompts: generate's text for each prompt and seed + draw, whole and streamed; usage; chat n 3; echo n 2" || bad "n / batch: $st $st2 $st3 $(cat "$tmp/cb.json" "$tmp/cb.sse.json" "$tmp/chn.json")"
 import json, sys
 t = sys.argv[1]
 refs = [json.load(open("%s/%s" % (t, f), encoding="utf-8")) for f in ("ref_c.json", "ref_c8.json", "ref_f7.json", "ref_f8.json")]
@@ -153,6 +154,8 @@ assert s["usage"] == u, (s["usage"], u)
 ch = json.load(open(t + "/chn.json", encoding="utf-8"))
 assert ch["done"] and ch["indices"] == [0, 1, 2] and all(c["first_role"] for c in ch["choices"]), ch
 assert len(set(c["text"] for c in ch["choices"])) == 3, ch
+echo = json.load(open(t + "/cbe.json", encoding="utf-8"))
+assert [c["text"] for c in echo["choices"]] == ["hello world" + r["text"] for r in refs[:2]], echo
 EOF
 # vLLM's /tokenize (a prompt; chat messages) and /detokenize: moejit tokenize's ids, and back
 chat_ids=$($MOEJIT tokenize -m "$MOEJIT_DATA_DIR/$model" --chat --no-think "hello world" | paste -sd, -)
@@ -357,6 +360,19 @@ done
 [ "$running" = 0 ] && [ "$($probe metric "$port" moejit_http_client_disconnects_total)" -ge 1 ] &&
   [ "$($probe metric "$port" moejit_requests_cancelled_total)" -ge 1 ] &&
   ok "the dropped stream's slot is freed: running sequences 0, its request cancelled" || bad "after the disconnect: running $running"
+# The same with 3 choices, streamed and whole: every choice's slot comes back.
+d0=$($probe metric "$port" moejit_http_client_disconnects_total)
+for mode in 1 0; do
+  $probe disconnect "$port" $KEY 3 $mode > "$tmp/disc3" || bad "disconnect n 3: $(cat "$tmp/disc3")"
+  for _ in $(seq 50); do
+    running=$($probe metric "$port" moejit_running_sequences)
+    [ "$running" = 0 ] && break
+    sleep 0.1
+  done
+  [ "$running" = 0 ] || break
+done
+[ "$running" = 0 ] && [ "$($probe metric "$port" moejit_http_client_disconnects_total)" -ge $((d0 + 2)) ] &&
+  ok "a request of 3 choices dropped, streamed and whole: running sequences 0" || bad "after the n 3 disconnect ($mode): running $running"
 wait $slow
 grep -q "^closed after [3-6] s" "$tmp/slow" && [ "$($probe metric "$port" moejit_http_request_timeouts_total)" -ge 1 ] &&
   ok "one byte a second: $(cat "$tmp/slow") (--request-timeout 3)" || bad "slow client: $(cat "$tmp/slow")"
@@ -394,6 +410,9 @@ post /v1/completions "{\"prompt\":\"a\",\"max_tokens\":3000,\"stream\":true,\"ig
 for _ in $(seq 100); do [ "$($probe metric "$port" moejit_running_sequences)" = 1 ] && break; sleep 0.1; done
 post /v1/completions "{\"prompt\":\"b\",\"max_tokens\":3000,\"ignore_eos\":true}" "$tmp/q2" > "$tmp/q2.status" &
 for _ in $(seq 100); do [ "$($probe metric "$port" moejit_queue_depth)" = 1 ] && break; sleep 0.1; done
+st=$(post /v1/completions '{"prompt":"c","max_tokens":2,"n":2}' "$tmp/o")
+[ "$st" = 400 ] && [ "$($probe field "$tmp/o" error.param)" = '"n"' ] &&
+  ok "2 choices past a queue of 1: 400, $($probe field "$tmp/o" error.message)" || bad "n past the queue: $st $(cat "$tmp/o")"
 st=$(post /v1/completions '{"prompt":"c","max_tokens":2}' "$tmp/o" -D "$tmp/h")
 [ "$st" = 503 ] && grep -qi '^Retry-After: 1' "$tmp/h" && [ "$($probe field "$tmp/o" error.code)" = '"queue_full"' ] &&
   ok "queue full (--parallel 1 --max-queue 1): 503, Retry-After" || bad "queue full: $st $(cat "$tmp/o")"

@@ -5,7 +5,8 @@ and the readers of what the clients got.
     probe.py slow PORT                 one byte a second; says when the server closed
     probe.py keepalive PORT SECONDS    GET /health, silent SECONDS on the same connection, GET again
     probe.py slow_next PORT            GET /health, then the next request one byte a second
-    probe.py disconnect PORT KEY       a stream read for one event, then closed
+    probe.py disconnect PORT KEY [N [STREAM]]  a stream of N choices (default 1) read for one event, then
+                                       closed; STREAM 0: a whole request, closed after 0.5 s
     probe.py sse FILE                  a saved SSE body: {"text", "finish", "chunks", "done", "usage", "error",
                                        "choices" (each index's text, finish, chunks), "indices"}
     probe.py logprobs FILE N GREEDY    a response's log probabilities well-formed (below); exit 1 when not
@@ -123,12 +124,19 @@ def slow_next(port):
     trickle(s, time.time())
 
 
-def disconnect(port, key):
+def disconnect(port, key, n="1", stream="1"):
+    """A long request of n choices, dropped after its first event (streamed) or after 0.5 s (whole)."""
     s = connect(port)
-    body = json.dumps({"prompt": "a long answer", "max_tokens": 2000, "stream": True, "seed": 1, "ignore_eos": True}).encode()
+    body = json.dumps({"prompt": "a long answer", "max_tokens": 2000, "stream": stream == "1", "seed": 1,
+                       "ignore_eos": True, "n": int(n)}).encode()
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode() +
               b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     got = b""
+    if stream != "1":
+        time.sleep(0.5)
+        s.close()
+        print("sent a whole request of %s choices, closed after 0.5 s" % n)
+        return
     while b"data: " not in got:
         chunk = s.recv(4096)
         if not chunk:
