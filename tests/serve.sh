@@ -248,6 +248,13 @@ else
     $probe logprobs "$tmp/$f.json" $n 0 > "$tmp/lp.out" && ok "openai client logprobs, $*: $(cat "$tmp/lp.out")" ||
       bad "openai client logprobs, $*: $(cat "$tmp/lp.out") $(head -c 600 "$tmp/$f.json")"
   done
+  # n 2: choice 0 is the request alone (seed 7), choice 1 generate's text for seed 8; the chat's differ
+  [ "$($probe field "$tmp/js.json" n2.texts.0)" = "$ref_text" ] &&
+    [ "$($probe field "$tmp/js.json" n2.texts.1)" = "$($probe field "$tmp/ref_c8.json" text)" ] &&
+    [ "$($probe field "$tmp/js.json" n2.index)" = "[0, 1]" ] && [ "$($probe field "$tmp/js.json" n2.tokens)" = 24 ] &&
+    [ "$($probe field "$tmp/js.json" n2_chat_stream.texts.0)" = "$ref_chat" ] &&
+    [ "$($probe field "$tmp/js.json" n2_chat_stream.texts.0)" != "$($probe field "$tmp/js.json" n2_chat_stream.texts.1)" ] &&
+    ok "openai client: n 2, completion whole and chat streamed: seed + draw, generate's texts" || bad "openai client n 2: $(cat "$tmp/js.json")"
   [ "$($probe field "$tmp/js.json" bad_penalty.status)" = 400 ] && [ "$($probe field "$tmp/js.json" bad_penalty.param)" = '"presence_penalty"' ] &&
     ok "openai client: presence_penalty 3 is its BadRequestError, param presence_penalty" || bad "openai client bad penalty: $(cat "$tmp/js.json")"
 fi

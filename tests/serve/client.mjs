@@ -7,7 +7,7 @@
 // shell compares with `moejit generate` and with each other.  Then the four
 // ways again with log probabilities (completions' logprobs 2 and 1, chat's
 // top_logprobs 3 and 5), each recorded as {kind, text, parts: the choice's
-// logprobs objects, tokens} for probe.py logprobs.  The sampling
+// logprobs objects, tokens} for probe.py logprobs; then n 2.  The sampling
 // is fixed here and in serve.sh: temperature 0.8, top_p 0.9, top_k 40
 // (moejit's field beside OpenAI's), min_p 0.05.
 import OpenAI from "openai";
@@ -66,6 +66,16 @@ for await (const ch of await client.chat.completions.create({ model, messages, s
   if (ch.choices[0].logprobs) parts.push(ch.choices[0].logprobs);
 }
 out.lp_chat_stream = { kind: "chat", text, parts, tokens: null };
+
+// n 2 with a seed: choice j is drawn with seed + j (whole and streamed, the
+// stream's chunks gathered by index).
+const n2 = await client.completions.create({ model, prompt, n: 2, ...sampling });
+out.n2 = { texts: n2.choices.map((x) => x.text), index: n2.choices.map((x) => x.index), tokens: n2.usage.completion_tokens };
+const n2s = ["", ""];
+for await (const ch of await client.chat.completions.create({ model, messages, n: 2, stream: true, ...sampling })) {
+  for (const x of ch.choices) n2s[x.index] += x.delta.content ?? "";
+}
+out.n2_chat_stream = { texts: n2s };
 
 // A wrong request comes back as the client's typed error with the status.
 try {
