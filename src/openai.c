@@ -518,8 +518,14 @@ void oai_write_detokenized(mj_buf *b, const char *text, size_t len) {
   mj_buf_putc(b, '}');
 }
 
-void oai_write_models(mj_buf *b, const char *model, int64_t created) {
-  mj_buf_puts(b, "{\"object\":\"list\",\"data\":[{\"id\":");
+void oai_write_model(mj_buf *b, const char *model, int64_t created) {
+  mj_buf_puts(b, "{\"id\":");
   put_str(b, model);
-  mj_buf_printf(b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"moejit\"}]}", (long long)created);
+  mj_buf_printf(b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"moejit\"}", (long long)created);
+}
+
+void oai_write_models(mj_buf *b, const char *model, int64_t created) {
+  mj_buf_puts(b, "{\"object\":\"list\",\"data\":[");
+  oai_write_model(b, model, created);
+  mj_buf_puts(b, "]}");
 }

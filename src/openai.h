@@ -164,8 +164,9 @@ void oai_write_response(mj_buf *b, oai_kind kind, const oai_result *r, size_t nr
 void oai_write_chunk(mj_buf *b, oai_kind kind, const oai_result *r, bool role_first);
 /* The usage chunk of stream_options.include_usage: empty choices, usage. */
 void oai_write_usage_chunk(mj_buf *b, oai_kind kind, const oai_result *r);
-/* GET /v1/models: the one model. */
+/* GET /v1/models: the one model, in a list; GET /v1/models/ID: it alone. */
 void oai_write_models(mj_buf *b, const char *model, int64_t created);
+void oai_write_model(mj_buf *b, const char *model, int64_t created);
 /* POST /tokenize's answer, vLLM's shape: {"count", "max_model_len", "tokens"}. */
 void oai_write_tokens(mj_buf *b, const int32_t *ids, size_t n, int64_t max_model_len);
 /* POST /detokenize's answer: {"prompt": TEXT}. */

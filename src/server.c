@@ -61,7 +61,13 @@
 /* An SSE comment after this long without an event. */
 #define KEEPALIVE_MS 5000
 
-typedef enum { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE } route;
+typedef enum {
+  R_NONE, R_HEALTH, R_VERSION, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE
+} route;
+
+/* GET /v1/models/ID: the path's ID (after the prefix), up to this long. */
+#define SRV_MODEL_PREFIX "/v1/models/"
+#define SRV_MAX_MODEL_ID 512
 
 /* One connection of the registry (under the server's mu). */
 typedef struct srv_conn {
@@ -95,6 +101,7 @@ typedef struct srv_req {
   struct MHD_Connection *c;
   srv_conn *conn;
   route rt;
+  char model_id[SRV_MAX_MODEL_ID + 1]; /* R_MODEL's ID */
   mj_buf body;
   bool too_large;
   oai_request q;
@@ -739,13 +746,20 @@ static enum MHD_Result metrics(srv *s, struct MHD_Connection *c) {
 }
 
 /* ---- routing ------------------------------------------------------------------------------- */
-static route route_of(const char *url) {
+/* The route of url; /v1/models/ID's ID (which may hold '/': "org/name")
+ * into id. */
+static route route_of(const char *url, char *id) {
   static const struct { const char *path; route r; } t[] = {
-      {"/health", R_HEALTH}, {"/metrics", R_METRICS}, {"/v1/models", R_MODELS},
+      {"/health", R_HEALTH}, {"/version", R_VERSION}, {"/metrics", R_METRICS}, {"/v1/models", R_MODELS},
       {"/v1/completions", R_COMPLETIONS}, {"/v1/chat/completions", R_CHAT},
       {"/tokenize", R_TOKENIZE}, {"/detokenize", R_DETOKENIZE}};
   for (size_t i = 0; i < MJ_ARRAY_LEN(t); i++)
     if (strcmp(url, t[i].path) == 0) return t[i].r;
+  size_t pl = strlen(SRV_MODEL_PREFIX), n = strlen(url);
+  if (n > pl && n - pl <= SRV_MAX_MODEL_ID && strncmp(url, SRV_MODEL_PREFIX, pl) == 0) {
+    memcpy(id, url + pl, n - pl + 1);
+    return R_MODEL;
+  }
   return R_NONE;
 }
 
@@ -784,7 +798,7 @@ static enum MHD_Result first_call(srv *s, srv_req *q, const char *method) {
              want_post ? "POST" : "GET");
     return send_error(s, q->c, &e, MHD_HTTP_HEADER_ALLOW, want_post ? "POST" : "GET, HEAD");
   }
-  if (s->n_keys && q->rt != R_HEALTH && q->rt != R_METRICS && !key_ok(s, q->c)) {
+  if (s->n_keys && q->rt != R_HEALTH && q->rt != R_VERSION && q->rt != R_METRICS && !key_ok(s, q->c)) {
     oai_error e;
     oai_fail(&e, 401, "authentication_error", NULL, "invalid_api_key",
              "a missing or wrong API key: send the header Authorization: Bearer KEY");
@@ -813,7 +827,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   srv_req *q = *ctx;
   if (!q) {
     q = mj_xcalloc(1, sizeof *q);
-    q->s = s, q->c = c, q->rt = route_of(url), q->conn = conn_of(c);
+    q->s = s, q->c = c, q->rt = route_of(url, q->model_id), q->conn = conn_of(c);
     *ctx = q;
     return first_call(s, q, method);
   }
@@ -842,8 +856,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     mj_buf_puts(&b, s->draining ? "{\"status\":\"draining\"}" : broken ? "{\"status\":\"broken\"}" : "{\"status\":\"ok\"}");
     return send_json(s, c, s->draining || broken ? 503 : 200, &b);
   }
+  case R_VERSION: /* vLLM's */
+    mj_buf_printf(&b, "{\"version\":\"%s\"}", moejit_version());
+    return send_json(s, c, 200, &b);
   case R_MODELS:
     oai_write_models(&b, s->model_name, s->created);
+    return send_json(s, c, 200, &b);
+  case R_MODEL: /* OpenAI's retrieve: the one model, or 404 as a request naming another gets */
+    if (strcmp(q->model_id, s->model_name) != 0) {
+      oai_error e;
+      oai_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
+               "the model '%s' does not exist; this server serves '%s'", q->model_id, s->model_name);
+      return send_error(s, c, &e, NULL, NULL);
+    }
+    oai_write_model(&b, s->model_name, s->created);
     return send_json(s, c, 200, &b);
   case R_METRICS:
     return metrics(s, c);

@@ -80,6 +80,16 @@ main_pid=$pid
 [ "$(curl -s "http://127.0.0.1:$port/health")" = '{"status":"ok"}' ] && ok "GET /health" || bad "GET /health"
 st=$(curl -s -o "$tmp/models" -w '%{http_code}' -H "Authorization: Bearer $KEY" "http://127.0.0.1:$port/v1/models")
 [ "$st" = 200 ] && [ "$($probe field "$tmp/models" data.0.id)" = "\"$model\"" ] && ok "GET /v1/models: $model" || bad "models: $st $(cat "$tmp/models")"
+# OpenAI's retrieve (GET /v1/models/ID) and vLLM's /version (open, as /health)
+st1=$(curl -s -o "$tmp/m1" -w '%{http_code}' -H "Authorization: Bearer $KEY" "http://127.0.0.1:$port/v1/models/$model")
+st2=$(curl -s -o "$tmp/m2" -w '%{http_code}' -H "Authorization: Bearer $KEY" "http://127.0.0.1:$port/v1/models/org/other")
+st3=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/v1/models/$model")
+st4=$(curl -s -o "$tmp/ver" -w '%{http_code}' "http://127.0.0.1:$port/version")
+[ "$st1$st2$st3$st4" = 200404401200 ] && [ "$($probe field "$tmp/m1" id)" = "\"$model\"" ] &&
+  [ "$($probe field "$tmp/m1" object)" = '"model"' ] && [ "$($probe field "$tmp/m2" error.code)" = '"model_not_found"' ] &&
+  [ "$($probe field "$tmp/ver" version)" = "\"$($MOEJIT version | sed -n '1s/^moejit *\([^ ]*\).*/\1/p')\"" ] &&
+  ok "GET /v1/models/$model: the model; /v1/models/org/other: 404; no key: 401; /version: $(cat "$tmp/ver")" ||
+  bad "models/ID, version: $st1 $st2 $st3 $st4 $(cat "$tmp/m1" "$tmp/m2" "$tmp/ver")"
 st=$(curl -s -o "$tmp/o" -w '%{http_code}' "http://127.0.0.1:$port/v1/models")
 [ "$st" = 401 ] && [ "$($probe field "$tmp/o" error.code)" = '"invalid_api_key"' ] && ok "no key: 401" || bad "no key: $st $(cat "$tmp/o")"
 st=$(curl -s -o "$tmp/o" -w '%{http_code}' -H "Authorization: Bearer wrong" "http://127.0.0.1:$port/v1/models")
@@ -229,6 +239,8 @@ elif [ ! -f "$cdir/node_modules/.package-lock.json" ] && ! (cd "$cdir" && npm ci
 else
   node "$cdir/client.mjs" "http://127.0.0.1:$port/v1" $KEY "$model" "hello world" 12 7 > "$tmp/js.json" 2> "$tmp/js.err" ||
     bad "openai client: $(cat "$tmp/js.err")"
+  [ "$($probe field "$tmp/js.json" models)" = "[\"$model\"]" ] && [ "$($probe field "$tmp/js.json" model)" = "\"$model\"" ] &&
+    ok "openai client: models.list and models.retrieve: $model" || bad "openai client models: $(cat "$tmp/js.json")"
   for way in completion completion_stream; do
     [ "$($probe field "$tmp/js.json" $way.text)" = "$ref_text" ] && [ "$($probe field "$tmp/js.json" $way.finish)" = '"length"' ] &&
       ok "openai client: $way = generate" || bad "openai client $way: $(cat "$tmp/js.json")"

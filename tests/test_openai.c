@@ -356,6 +356,10 @@ static void test_writers(void) {
   oai_write_models(&b, "glm", 5);
   T_EQ_INT(json_parse(&a, b.data, b.len, "models", &v, &err), 0);
   T_EQ_STR(json_get(json_at(json_get(v, "data"), 0), "id")->str, "glm");
+  b.len = 0;
+  oai_write_model(&b, "org/glm", 5);
+  mj_buf_putc(&b, 0);
+  T_EQ_STR(b.data, "{\"id\":\"org/glm\",\"object\":\"model\",\"created\":5,\"owned_by\":\"moejit\"}");
   mj_buf_free(&b);
   mj_arena_free(&a);
 }

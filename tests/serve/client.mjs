@@ -19,6 +19,7 @@ const out = {};
 
 const models = await client.models.list();
 out.models = models.data.map((m) => m.id);
+out.model = (await client.models.retrieve(model)).id;
 
 const c = await client.completions.create({ model, prompt, ...sampling });
 out.completion = { text: c.choices[0].text, finish: c.choices[0].finish_reason, tokens: c.usage.completion_tokens, object: c.object };
