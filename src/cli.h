@@ -104,12 +104,13 @@
     "               (each 1 or that number; docs/multigpu.md; not yet run on several GPUs)\n")           \
   X(serve, "serve the model over HTTP: OpenAI's completion and chat API, metrics", \
     "moejit serve [-m DIR] [--host 127.0.0.1] [--port 8000] [--parallel P]\n" \
-    "             [--api-key KEY] [--api-key-file F]\n" \
+    "             [--api-key KEY] [--api-key-file F] [--served-model-name NAME]\n" \
     "             [--backend auto|cpu|cuda] [--max-queue N] [--max-body BYTES] [--ctx N]\n" \
     "             [--shutdown-timeout S] [--max-connections N] [--idle-timeout S]\n" \
     "             [--request-timeout S] [--threads T] [--tp N] [--ep M] [-q]\n" \
     "  routes: POST /v1/completions, POST /v1/chat/completions (stream true: server-sent\n" \
-    "  events), GET /v1/models, GET /health, GET /metrics (Prometheus); docs/serve.md\n" \
+    "  events), GET /v1/models[/ID], GET /health, GET /version, GET /metrics (Prometheus),\n" \
+    "  POST /tokenize, POST /detokenize; docs/serve.md\n" \
     "  -m DIR             a GLM-5 folder; without it, the built-in model (as moejit generate)\n" \
     "  --port 0           an ephemeral port; the stderr line 'listening on http://HOST:PORT'\n" \
     "                     names the one bound\n" \
@@ -117,6 +118,8 @@
     "  --api-key KEY      /v1/ routes want 'Authorization: Bearer KEY' (else 401); with\n" \
     "                     neither key flag, $MOEJIT_API_KEY\n" \
     "  --api-key-file F   more keys, one a line (# comments), kept out of the process list\n" \
+    "  --served-model-name NAME  the model's id in /v1/models and answers, and the one requests\n" \
+    "                     may name (default: the model folder's last component)\n" \
     "  --max-queue N      requests waiting for a slot (default 256); past it 503 + Retry-After\n" \
     "  --max-body BYTES   a request body's limit (default 1048576); past it 413\n" \
     "  --ctx N            tokens a sequence may hold (default: the model's, at most 4096)\n" \

@@ -211,7 +211,7 @@ static int keys_take(const char *flag, const char *file, mj_err *err) {
 }
 
 int cmd_serve(int argc, char **argv, mj_err *err) {
-  const char *dir = NULL, *host = "127.0.0.1", *api_key = NULL, *key_file = NULL, *backend = "auto";
+  const char *dir = NULL, *host = "127.0.0.1", *api_key = NULL, *key_file = NULL, *backend = "auto", *served = NULL;
   int64_t port = 8000, parallel = 4, max_queue = 256, max_body = 1 << 20, ctx = 0, shutdown_s = 10, threads = 0,
           max_conn = 128, idle_s = 60, request_s = 30, tp = 1, ep = 1;
   bool quiet = false;
@@ -225,7 +225,7 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
       {"threads", 't', CLI_INT, &threads},    {"max-connections", 0, CLI_INT, &max_conn},
       {"idle-timeout", 0, CLI_INT, &idle_s},  {"request-timeout", 0, CLI_INT, &request_s},
       {"tp", 0, CLI_INT, &tp},                {"ep", 0, CLI_INT, &ep},
-      {"quiet", 'q', CLI_FLAG, &quiet},
+      {"served-model-name", 0, CLI_STR, &served}, {"quiet", 'q', CLI_FLAG, &quiet},
   };
   int r = cli_parse("serve", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (r) return r < 0 ? 0 : r;
@@ -245,6 +245,9 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
     return mj_fail(err, MJ_EUSAGE, "moejit serve: --max-connections must be 1..65536, not %lld", (long long)max_conn);
   if (idle_s < 1 || idle_s > 86400 || request_s < 1 || request_s > 86400)
     return mj_fail(err, MJ_EUSAGE, "moejit serve: --idle-timeout and --request-timeout must be 1..86400 seconds");
+  if (served && !srv_model_name_valid(served))
+    return mj_fail(err, MJ_EUSAGE, "moejit serve: --served-model-name must be 1 to %d visible ASCII characters, no spaces",
+                   SRV_MAX_MODEL_NAME);
   int world;
   if ((r = nc_parallel_check("serve", tp, ep, &world, err))) return r;
   launcher_pid = getppid();
@@ -323,14 +326,14 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
   }
   moejit_info info;
   moejit_get_info(m, &info);
-  so.model_name = info.name;
+  so.model_name = served ? served : info.name;
   srv *s = NULL;
   if ((r = srv_start(m, &so, &s, err))) goto out;
   bool v6 = strchr(host, ':') != NULL;
   char ranks[64] = "";
   if (rank_coll) snprintf(ranks, sizeof ranks, ", %d ranks (--tp %lld --ep %lld)", world, (long long)tp, (long long)ep);
   fprintf(stderr, "moejit: listening on http://%s%s%s:%d (model %s, backend %s%s, %d sequences at once, context %d)\n",
-          v6 ? "[" : "", host, v6 ? "]" : "", srv_port(s), info.name, info.backend, ranks, info.max_parallel,
+          v6 ? "[" : "", host, v6 ? "]" : "", srv_port(s), so.model_name, info.backend, ranks, info.max_parallel,
           info.context_length);
   fflush(stderr);
 

@@ -998,13 +998,18 @@ static int resolve(const srv_opts *o, struct addrinfo **ai, mj_err *err) {
   return 0;
 }
 
-bool srv_key_valid(const char *k) {
-  size_t n = strlen(k);
-  if (n < 1 || n > SRV_MAX_KEY) return false;
+/* 1 to max visible ASCII characters (0x21-0x7e)? */
+static bool visible_ascii(const char *t, size_t max) {
+  size_t n = strlen(t);
+  if (n < 1 || n > max) return false;
   for (size_t i = 0; i < n; i++)
-    if ((unsigned char)k[i] < 0x21 || (unsigned char)k[i] > 0x7e) return false;
+    if ((unsigned char)t[i] < 0x21 || (unsigned char)t[i] > 0x7e) return false;
   return true;
 }
+
+bool srv_key_valid(const char *k) { return visible_ascii(k, SRV_MAX_KEY); }
+
+bool srv_model_name_valid(const char *name) { return visible_ascii(name, SRV_MAX_MODEL_NAME); }
 
 static int check_keys(const srv_opts *o, mj_err *err) {
   if (o->n_api_keys > SRV_MAX_KEYS) return mj_fail(err, MJ_EUSAGE, "moejit serve: more than %d API keys", SRV_MAX_KEYS);

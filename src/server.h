@@ -47,6 +47,12 @@ typedef struct srv srv;
  * characters (0x21-0x7e: no spaces, no control characters)? */
 bool srv_key_valid(const char *k);
 
+/* A served model name (`--served-model-name`, vLLM's flag): 1 to
+ * SRV_MAX_MODEL_NAME visible ASCII characters, as an id in a path
+ * (/v1/models/ID) and a request's "model" can carry it. */
+#define SRV_MAX_MODEL_NAME 256
+bool srv_model_name_valid(const char *name);
+
 /* Check o (ranges, the keys; the host resolves) without listening, so a command can
  * refuse a bad flag before it loads a model.  MJ_EUSAGE naming the flag. */
 int srv_check(const srv_opts *o, mj_err *err);

@@ -66,8 +66,8 @@ for c in $commands; do
     --json | --chat | --no-think | --nvfp4 | --force | --absorbed | --ids | --pieces | --pieces* ) ;;
     --model | --tokenizer | --out | --dir | --output | --prompt | --system | --preset | --arch | --emit | \
     --backend | --indexer-types | --tokens | --max | --configs | --config | --logits | --choices | --trace) ;;
-    # serve: any key is a key, and a host name is looked up (no DNS in tests)
-    --api-key | --host) ;;
+    # serve: any key is a key, any name a served model name, and a host name is looked up (no DNS in tests)
+    --api-key | --served-model-name | --host) ;;
     *)
       check "$c" $(base "$c") "$o=nan"
       check "$c" $(base "$c") "$o=-99999999999999999999"

@@ -469,12 +469,24 @@ expect 1 "moejit: moejit serve: --api-key-file $tmp/badkeys: line 2: a key is 1 
 expect 1 "moejit: moejit serve: MOEJIT_API_KEY: a key is 1 to 512 visible ASCII characters (no spaces)" env MOEJIT_API_KEY="x y" $MOEJIT serve
 # MOEJIT_API_KEY, when no flag names a key: the key is asked, and is the variable's
 export MOEJIT_API_KEY=env-key
-start envkey --parallel 1
+start envkey --parallel 1 --served-model-name zai-org/GLM-5
 unset MOEJIT_API_KEY
 st1=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/v1/models")
-st2=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer env-key" "http://127.0.0.1:$port/v1/models")
+st2=$(curl -s -o "$tmp/o" -w '%{http_code}' -H "Authorization: Bearer env-key" "http://127.0.0.1:$port/v1/models")
 [ "$st1" = 401 ] && [ "$st2" = 200 ] && ok "MOEJIT_API_KEY: no key 401, its key 200" || bad "MOEJIT_API_KEY: $st1 $st2"
+# --served-model-name (vLLM's): the id listed, retrieved, asked for and answered; the folder's no more
+st3=$(curl -s -o "$tmp/o3" -w '%{http_code}' -H "Authorization: Bearer env-key" "http://127.0.0.1:$port/v1/models/zai-org/GLM-5")
+st4=$(curl -s -o "$tmp/o4" -w '%{http_code}' -H "Authorization: Bearer env-key" -H 'Content-Type: application/json' \
+  --data-binary '{"model":"zai-org/GLM-5","prompt":"hi","max_tokens":2}' "http://127.0.0.1:$port/v1/completions")
+st5=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer env-key" -H 'Content-Type: application/json' \
+  --data-binary "{\"model\":\"$model\",\"prompt\":\"hi\",\"max_tokens\":2}" "http://127.0.0.1:$port/v1/completions")
+[ "$st3$st4$st5" = 200200404 ] && [ "$($probe field "$tmp/o" data.0.id)" = '"zai-org/GLM-5"' ] &&
+  [ "$($probe field "$tmp/o4" model)" = '"zai-org/GLM-5"' ] &&
+  ok "--served-model-name zai-org/GLM-5: listed, retrieved, asked for and answered; the folder's name 404" ||
+  bad "--served-model-name: $st3 $st4 $st5 $(cat "$tmp/o" "$tmp/o3" "$tmp/o4")"
 stop $pid
+expect 1 "moejit: moejit serve: --served-model-name must be 1 to 256 visible ASCII characters, no spaces" \
+  $MOEJIT serve --served-model-name "GLM 5"
 # a host that does not resolve is refused before the model loads (no data folder is written)
 MOEJIT_DATA_DIR="$tmp/none" $MOEJIT serve --host 300.1.1.1 2> "$tmp/err"
 st=$?
