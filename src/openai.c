@@ -158,20 +158,16 @@ static int get_logprobs(oai_request *r, const json *o, oai_error *e) {
   return 0;
 }
 
-/* The array v of token ids (integers 0 to INT32_MAX), named key (its
- * prompt's place in a batch when at >= 0). */
-static int get_ids(oai_request *r, const json *v, const char *key, long at, const int32_t **out, size_t *n,
+/* The array v of token ids (integers 0 to INT32_MAX) of field key, named
+ * what in errors ("'prompt'", or "'prompt' 2" for a batch's third). */
+static int get_ids(oai_request *r, const json *v, const char *key, const char *what, const int32_t **out, size_t *n,
                    oai_error *e) {
   int32_t *ids = mj_arena_alloc(&r->mem, (v->len ? v->len : 1) * sizeof *ids);
   for (size_t i = 0; i < v->len; i++) {
     const json *t = v->items[i];
-    if (t->type != JSON_NUM || !t->is_int || t->i < 0 || t->i > INT32_MAX) {
-      if (at >= 0)
-        return BAD(e, key, "'%s' %ld token %zu must be a token id (an integer, 0 or more), not %s", key, at, i,
-                   t->type == JSON_NUM ? "that number" : json_type_name(t->type));
-      return BAD(e, key, "'%s' token %zu must be a token id (an integer, 0 or more), not %s", key, i,
+    if (t->type != JSON_NUM || !t->is_int || t->i < 0 || t->i > INT32_MAX)
+      return BAD(e, key, "%s token %zu must be a token id (an integer, 0 or more), not %s", what, i,
                  t->type == JSON_NUM ? "that number" : json_type_name(t->type));
-    }
     ids[i] = (int32_t)t->i;
   }
   *out = ids, *n = v->len;
@@ -184,15 +180,12 @@ static int get_one_prompt(oai_request *r, const json *v, long at, oai_prompt *p,
     p->text = mj_arena_strndup(&r->mem, v->str, v->len), p->len = v->len;
     return 0;
   }
-  if (at >= 0 && v->type != JSON_ARR)
-    return BAD(e, "prompt", "'prompt' %ld must be a string or an array of token ids, not %s", at, json_type_name(v->type));
+  char what[32] = "'prompt'";
+  if (at >= 0) snprintf(what, sizeof what, "'prompt' %ld", at);
   if (v->type != JSON_ARR)
-    return BAD(e, "prompt", "'prompt' must be a string or an array of token ids, not %s", json_type_name(v->type));
-  if (v->len == 0) {
-    if (at >= 0) return BAD(e, "prompt", "'prompt' %ld is an empty array of token ids", at);
-    return BAD(e, "prompt", "'prompt' is an empty array of token ids");
-  }
-  return get_ids(r, v, "prompt", at, &p->ids, &p->n_ids, e);
+    return BAD(e, "prompt", "%s must be a string or an array of token ids, not %s", what, json_type_name(v->type));
+  if (v->len == 0) return BAD(e, "prompt", "%s is an empty array of token ids", what);
+  return get_ids(r, v, "prompt", what, &p->ids, &p->n_ids, e);
 }
 
 /* Completions' prompt: a string, or token ids (an array of integers), or a
@@ -256,7 +249,7 @@ static int parse_token_fields(oai_request *r, const json *o, oai_error *e) {
     v = json_get(o, "tokens");
     if (!v) return BAD(e, "tokens", "'tokens' is required");
     if (v->type != JSON_ARR) return BAD(e, "tokens", "'tokens' must be an array of token ids, not %s", json_type_name(v->type));
-    return get_ids(r, v, "tokens", -1, &r->prompt_ids, &r->n_prompt_ids, e);
+    return get_ids(r, v, "tokens", "'tokens'", &r->prompt_ids, &r->n_prompt_ids, e);
   }
   r->add_special = r->add_generation_prompt = true;
   if (json_get(o, "messages")) {
@@ -305,9 +298,10 @@ static int parse_fields(oai_request *r, const json *o, oai_error *e) {
   r->n = 1;
   if (get_int(o, "n", &r->n, NULL, e)) return e->status;
   size_t np = r->kind == OAI_COMPLETION ? r->n_prompts : 1;
-  if (r->n < 1 || r->n > OAI_MAX_CHOICES / (int64_t)np)
-    return BAD(e, "n", "'n' must be 1 to %lld%s, not %lld", (long long)(OAI_MAX_CHOICES / np),
-               np > 1 ? " for this batch of prompts (at most 64 choices a request)" : "", (long long)r->n);
+  if ((r->n < 1 || r->n > OAI_MAX_CHOICES / (int64_t)np) && np > 1)
+    return BAD(e, "n", "'n' must be 1 to %lld for this batch of prompts (at most %d choices a request), not %lld",
+               (long long)(OAI_MAX_CHOICES / np), OAI_MAX_CHOICES, (long long)r->n);
+  if (r->n < 1 || r->n > OAI_MAX_CHOICES) return BAD(e, "n", "'n' must be 1 to %d, not %lld", OAI_MAX_CHOICES, (long long)r->n);
   if (get_int(o, "seed", &seed, &r->has_seed, e)) return e->status;
   r->seed = seed;
   if (get_bool(o, "stream", &r->stream, e) || get_bool(o, "ignore_eos", &r->ignore_eos, e)) return e->status;

@@ -65,9 +65,9 @@ typedef enum {
   R_NONE, R_HEALTH, R_VERSION, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE
 } route;
 
-/* GET /v1/models/ID: the path's ID (after the prefix), up to this long. */
+/* GET /v1/models/ID: the path's ID (after the prefix), up to
+ * SRV_MAX_MODEL_NAME long (a longer one is no route). */
 #define SRV_MODEL_PREFIX "/v1/models/"
-#define SRV_MAX_MODEL_ID 512
 
 /* One connection of the registry (under the server's mu). */
 typedef struct srv_conn {
@@ -101,7 +101,7 @@ typedef struct srv_req {
   struct MHD_Connection *c;
   srv_conn *conn;
   route rt;
-  char model_id[SRV_MAX_MODEL_ID + 1]; /* R_MODEL's ID */
+  char model_id[SRV_MAX_MODEL_NAME + 1]; /* R_MODEL's ID */
   mj_buf body;
   bool too_large;
   oai_request q;
@@ -259,10 +259,11 @@ static bool peer_gone(srv_req *q) {
 static moejit_status poll_choice(srv_req *q, srv_choice *c, moejit_event *ev, int timeout_ms) {
   moejit_status st = moejit_poll(q->s->engine, c->id, ev, timeout_ms);
   if (st == MOEJIT_OK || st == MOEJIT_ETIMEDOUT) return st;
-  /* cannot happen while c->id is live; end it as an error */
+  /* cannot happen while c->id is live; end it as an error (its message in c->error, where next_event keeps it) */
+  snprintf(c->error, sizeof c->error, "the engine lost the request: %s", moejit_last_error());
   *ev = (moejit_event){.id = c->id, .token = -1, .text = "", .finish = MOEJIT_FINISH_ERROR,
                        .prompt_tokens = (int32_t)c->prompt_tokens, .completion_tokens = (int32_t)c->completion_tokens,
-                       .status = st, .error = moejit_last_error()};
+                       .status = st, .error = c->error};
   return MOEJIT_OK;
 }
 
@@ -297,7 +298,8 @@ static int next_event(srv_req *q, srv_choice **out, moejit_event *ev, int wait_m
       c->completion_tokens = ev->completion_tokens;
       if (ev->finish != MOEJIT_FINISH_NONE) {
         c->fin = ev->finish;
-        if (ev->finish == MOEJIT_FINISH_ERROR) snprintf(c->error, sizeof c->error, "%s", ev->error ? ev->error : "");
+        if (ev->finish == MOEJIT_FINISH_ERROR && ev->error != c->error)
+          snprintf(c->error, sizeof c->error, "%s", ev->error ? ev->error : "");
         q->failed |= ev->finish == MOEJIT_FINISH_CANCELLED || ev->finish == MOEJIT_FINISH_ERROR;
         choice_ended(q, c);
       }
@@ -483,6 +485,14 @@ static moejit_status echo_text(srv_req *q, const oai_prompt *p, mj_buf *out) {
   return st;
 }
 
+/* A model a request names: 0 when it is the served one, else 404
+ * model_not_found into e. */
+static int model_check(const srv *s, const char *name, oai_error *e) {
+  if (strcmp(name, s->model_name) == 0) return 0;
+  return oai_fail(e, 404, "invalid_request_error", "model", "model_not_found",
+                  "the model '%s' does not exist; this server serves '%s'", name, s->model_name);
+}
+
 /* q's body as a request of route kind into q->q (the body freed), and its
  * model checked: 0, else the status with e filled. */
 static int parse_body(srv_req *q, oai_kind kind, oai_error *e) {
@@ -493,22 +503,20 @@ static int parse_body(srv_req *q, oai_kind kind, oai_error *e) {
   mj_buf_free(&q->body);
   if (st) return st;
   q->parsed = true;
-  if (q->q.model && strcmp(q->q.model, s->model_name) != 0)
-    return oai_fail(e, 404, "invalid_request_error", "model", "model_not_found",
-                    "the model '%s' does not exist; this server serves '%s'", q->q.model, s->model_name);
+  return q->q.model ? model_check(s, q->q.model, e) : 0;
   return 0;
 }
 
-/* Submit every choice of q: each prompt of its batch (chat: the messages)
+/* Submit every choice of q (nch of them): each prompt of its batch (chat: the messages)
  * n times, draw j seeded seed + j when a seed is given (so n = 1 is the
  * request alone, and its draws differ).  On a refusal the choices already
  * submitted are let go; the engine's status is returned, with the
  * message in moejit_last_error. */
-static moejit_status submit_all(srv_req *q, moejit_request *rq, moejit_sampling *sp, bool *echo_failed, int *failed_at) {
+static moejit_status submit_all(srv_req *q, int nch, moejit_request *rq, moejit_sampling *sp, bool *echo_failed,
+                                int *failed_at) {
   srv *s = q->s;
-  size_t np = q->q.kind == OAI_COMPLETION ? q->q.n_prompts : 1;
-  q->nch = (int)(np * (size_t)q->q.n);
-  q->ch = mj_xcalloc((size_t)q->nch, sizeof *q->ch);
+  q->ch = mj_xcalloc((size_t)nch, sizeof *q->ch);
+  q->nch = nch; /* with ch: on_completed frees nch choices */
   moejit_status ms = MOEJIT_OK;
   for (int i = 0; i < q->nch && ms == MOEJIT_OK; i++) {
     srv_choice *c = &q->ch[i];
@@ -580,7 +588,7 @@ static enum MHD_Result completion(srv_req *q) {
   }
   bool echo_failed = false;
   int failed_at = 0;
-  moejit_status ms = submit_all(q, &rq, &sp, &echo_failed, &failed_at);
+  moejit_status ms = submit_all(q, nch, &rq, &sp, &echo_failed, &failed_at);
   free(msgs);
   if (ms == MOEJIT_EQUEUE_FULL) {
     oai_fail(&e, 503, "server_error", NULL, "queue_full", "the server is busy (its wait queue is full); retry later");
@@ -756,7 +764,7 @@ static route route_of(const char *url, char *id) {
   for (size_t i = 0; i < MJ_ARRAY_LEN(t); i++)
     if (strcmp(url, t[i].path) == 0) return t[i].r;
   size_t pl = strlen(SRV_MODEL_PREFIX), n = strlen(url);
-  if (n > pl && n - pl <= SRV_MAX_MODEL_ID && strncmp(url, SRV_MODEL_PREFIX, pl) == 0) {
+  if (n > pl && n - pl <= SRV_MAX_MODEL_NAME && strncmp(url, SRV_MODEL_PREFIX, pl) == 0) {
     memcpy(id, url + pl, n - pl + 1);
     return R_MODEL;
   }
@@ -862,15 +870,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   case R_MODELS:
     oai_write_models(&b, s->model_name, s->created);
     return send_json(s, c, 200, &b);
-  case R_MODEL: /* OpenAI's retrieve: the one model, or 404 as a request naming another gets */
-    if (strcmp(q->model_id, s->model_name) != 0) {
-      oai_error e;
-      oai_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
-               "the model '%s' does not exist; this server serves '%s'", q->model_id, s->model_name);
-      return send_error(s, c, &e, NULL, NULL);
-    }
+  case R_MODEL: { /* OpenAI's retrieve: the one model, or the 404 a request naming another gets */
+    oai_error e;
+    if (model_check(s, q->model_id, &e)) return send_error(s, c, &e, NULL, NULL);
     oai_write_model(&b, s->model_name, s->created);
     return send_json(s, c, 200, &b);
+  }
   case R_METRICS:
     return metrics(s, c);
   case R_COMPLETIONS:
