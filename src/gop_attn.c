@@ -83,6 +83,7 @@ static size_t att_tc_smem(const gop_dims *d, int ht) {
 }
 
 #define DSA_MAX_TPT 4 /* dsa_score_hs's largest TPT (tokens a thread) */
+#define DSA_WR 0      /* dsa_topk_smem's placement by warp ranges (1) or block-wide rounds (0) */
 
 /* MOEJIT_ATTEND_BLOCKS (a count of blocks, 1..1024) and MOEJIT_ATTEND_HT
  * (1..ATT_TC_HT) replace ATT_TC_TARGET_BLOCKS and the choice of HT in the
@@ -90,7 +91,7 @@ static size_t att_tc_smem(const gop_dims *d, int ht) {
  * process, so the scratch and every launch agree.  A value that is not a
  * number in range is ignored with a warning (a sweep would otherwise time
  * the default under another name). */
-static int att_env_blocks, att_env_ht, dsa_env_tpt;
+static int att_env_blocks, att_env_ht, dsa_env_tpt, dsa_env_wr;
 static pthread_once_t att_env_once = PTHREAD_ONCE_INIT;
 static int env_int(const char *name, int lo, int hi, int dflt) {
   const char *v = getenv(name);
@@ -106,6 +107,8 @@ static void att_env_read(void) {
   att_env_ht = env_int("MOEJIT_ATTEND_HT", 1, ATT_TC_HT, 0);
   /* the DSA selection's batch-1 scorer, the same way: tokens a thread */
   dsa_env_tpt = env_int("MOEJIT_DSA_TPT", 1, DSA_MAX_TPT, 0);
+  /* and the batch-1 top-k's placement: 1 by warp ranges, 0 by block-wide rounds */
+  dsa_env_wr = env_int("MOEJIT_DSA_WR", 0, 1, DSA_WR);
 }
 
 /* The tensor-core kernel's plan: all heads a block in tiles of up to
@@ -328,7 +331,7 @@ int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache 
   if (one) {
     snprintf(g1, sizeof g1, "dsa_score_hs<0, 0, %d, 1, 1>", DSA_SCORE_BLOCK);
     snprintf(e1, sizeof e1, "dsa_score_hs<%d, %d, %d, %d, %d>", d->idx_dim, d->idx_heads, DSA_SCORE_BLOCK, hs, tpt);
-    snprintf(e2, sizeof e2, "dsa_topk_smem<%d>", DSA_TOPK_BLOCK);
+    snprintf(e2, sizeof e2, "dsa_topk_smem<%d, %s>", DSA_TOPK_BLOCK, dsa_env_wr ? "true" : "false");
   } else {
     snprintf(g1, sizeof g1, "dsa_score<0, 0, %d>", DSA_SCORE_BLOCK);
     snprintf(e1, sizeof e1, "dsa_score<%d, %d, %d>", d->idx_dim, d->idx_heads, DSA_SCORE_BLOCK);

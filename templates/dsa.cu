@@ -336,7 +336,81 @@ dsa_score_hs(const float *__restrict__ iq, const float *__restrict__ iw, const f
   }
 }
 
+// Four keys of a row from tb on (tb a multiple of 4): one 16-byte load of
+// the shared copy when cached and all four are in the row, else one at a
+// time (0 past n).
+__device__ __forceinline__ void dsa_load4(const float *sc, const uint4 *skeys4, bool cached, int n, int tb, unsigned *u) {
+  if (cached && tb + 3 < n) {  // no bank conflict: 16 bytes a lane, consecutive
+    const uint4 v = skeys4[tb / 4];
+    u[0] = v.x, u[1] = v.y, u[2] = v.z, u[3] = v.w;
+    return;
+  }
+  const unsigned *skeys = reinterpret_cast<const unsigned *>(skeys4);
+#pragma unroll
+  for (int j = 0; j < 4; j++) u[j] = tb + j < n ? (cached ? skeys[tb + j] : dsa_key(sc[tb + j])) : 0u;
+}
+
+// The placement by warp ranges: warp w owns the tokens [w R, (w + 1) R), R
+// a multiple of 128; it counts its keys above kth and equal to it, one
+// barrier gives every warp the counts of the warps before it, and each
+// warp then writes its range in ascending t, 128 tokens a round, placed by
+// a warp-wide scan (no barrier): the same slots as the block-wide rounds,
+// with two barriers for the row instead of three a round.
 template <int BLOCK>
+__device__ __forceinline__ void dsa_place_warps(const float *sc, const uint4 *skeys4, bool cached, int n, unsigned kth,
+                                                int above, int ties, int *out, int *warp_gt, int *warp_eq) {
+  constexpr int NW = BLOCK / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int R = ((n + NW - 1) / NW + 127) & ~127;
+  const int lo = warp * R, hi = min(n, lo + R);
+  int cg = 0, ce = 0;
+  for (int t0 = lo; t0 < hi; t0 += 128) {
+    unsigned u[4];
+    const int tb = t0 + 4 * lane;
+    dsa_load4(sc, skeys4, cached, hi, tb, u);
+#pragma unroll
+    for (int j = 0; j < 4; j++) cg += tb + j < hi && u[j] > kth, ce += tb + j < hi && u[j] == kth;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) cg += __shfl_xor_sync(0xffffffffu, cg, o), ce += __shfl_xor_sync(0xffffffffu, ce, o);
+  if (lane == 0) warp_gt[warp] = cg, warp_eq[warp] = ce;
+  __syncthreads();
+  // The counts of the warps before this one (lane l holds warp l's), summed.
+  int base_gt = lane < warp ? warp_gt[lane] : 0, base_eq = lane < warp ? warp_eq[lane] : 0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    base_gt += __shfl_xor_sync(0xffffffffu, base_gt, o), base_eq += __shfl_xor_sync(0xffffffffu, base_eq, o);
+  for (int t0 = lo; t0 < hi && (base_gt < above || base_eq < ties); t0 += 128) {  // while it has keys to write
+    unsigned u[4];
+    const int tb = t0 + 4 * lane;
+    dsa_load4(sc, skeys4, cached, hi, tb, u);
+    int g = 0, e = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) g += tb + j < hi && u[j] > kth, e += tb + j < hi && u[j] == kth;
+    // Both in one warp scan: greater in the low 16 bits, equal in the high (at most 128 each).
+    int x = g | (e << 16);
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    const int tot = __shfl_sync(0xffffffffu, x, 31), ex = x - (g | (e << 16));
+    int pg = base_gt + (ex & 0xffff), pe = base_eq + (ex >> 16);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int t = tb + j;
+      if (t < hi && u[j] > kth) out[pg++] = t;
+      else if (t < hi && u[j] == kth) {
+        if (pe < ties) out[above + pe] = t;
+        pe++;
+      }
+    }
+    base_gt += tot & 0xffff;
+    base_eq += tot >> 16;
+  }
+}
+
+template <int BLOCK, bool WR>
 __global__ void __launch_bounds__(BLOCK)
 dsa_topk_smem(const float *__restrict__ score, const int *__restrict__ poss, int *__restrict__ sel, int max_ctx,
          int topk, int cap) {
@@ -344,7 +418,7 @@ dsa_topk_smem(const float *__restrict__ score, const int *__restrict__ poss, int
   MJ_GRIDDEP_LAUNCH();
   static_assert(BLOCK % 32 == 0 && BLOCK >= 64 && BLOCK <= 1024, "BLOCK: a multiple of 32 in [64, 1024]");
   __shared__ int hist[DSA_BINS];
-  __shared__ int warp_tot[32];
+  __shared__ int warp_tot[32], warp_eq[32];
   __shared__ int found_bin, found_rank, total;
   extern __shared__ uint4 skeys4[];  // [cap]: the row's keys, when it has at most cap (16-byte aligned)
   unsigned *skeys = reinterpret_cast<unsigned *>(skeys4);
@@ -390,6 +464,10 @@ dsa_topk_smem(const float *__restrict__ score, const int *__restrict__ poss, int
   const unsigned kth = prefix;
   const int ties = rank, above = topk - ties;
   int *out = sel + (size_t)b * topk;
+  if constexpr (WR) {
+    dsa_place_warps<BLOCK>(sc, skeys4, cached, n, kth, above, ties, out, warp_tot, warp_eq);
+    return;
+  }
   // Four consecutive tokens a thread, so a block-wide scan places 4 BLOCK
   // tokens, in ascending t (thread order is token order).
   int base_gt = 0, base_eq = 0;
@@ -397,13 +475,7 @@ dsa_topk_smem(const float *__restrict__ score, const int *__restrict__ poss, int
     const int tb = t0 + 4 * tid;
     unsigned u[4];
     int gt = 0, eq = 0;
-    if (cached && tb + 3 < n) {  // one 16-byte load (tb is a multiple of 4): no bank conflict
-      const uint4 v = skeys4[tb / 4];
-      u[0] = v.x, u[1] = v.y, u[2] = v.z, u[3] = v.w;
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; j++) u[j] = tb + j < n ? (cached ? skeys[tb + j] : dsa_key(sc[tb + j])) : 0u;
-    }
+    dsa_load4(sc, skeys4, cached, n, tb, u);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
       gt += tb + j < n && u[j] > kth;

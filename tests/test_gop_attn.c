@@ -138,7 +138,8 @@ static void test_compile(void) {
   show(KT_dsa_select, "dsa_score_hs<16, 4, 128, 4, 2>");
   show(KT_dsa_select, "dsa_score_hs<16, 2, 128, 1, 1>");   /* 2 heads: HS 4 does not divide */
   show(KT_dsa_select, "dsa_score_hs<0, 0, 128, 1, 1>");
-  show(KT_dsa_select, "dsa_topk_smem<1024>");
+  show(KT_dsa_select, "dsa_topk_smem<1024, false>");
+  show(KT_dsa_select, "dsa_topk_smem<1024, true>"); /* placed by warp ranges */
   DRY.arch = NULL;
 }
 
