@@ -84,6 +84,7 @@ static size_t att_tc_smem(const gop_dims *d, int ht) {
 
 #define DSA_MAX_TPT 4 /* dsa_score_hs's largest TPT (tokens a thread) */
 #define DSA_WR 0      /* dsa_topk_smem's placement by warp ranges (1) or block-wide rounds (0) */
+#define DSA_TC 0      /* the scorer on the tensor cores (dsa_score_tc, 1) or on FMAs (0) */
 
 /* MOEJIT_ATTEND_BLOCKS (a count of blocks, 1..1024) and MOEJIT_ATTEND_HT
  * (1..ATT_TC_HT) replace ATT_TC_TARGET_BLOCKS and the choice of HT in the
@@ -91,7 +92,7 @@ static size_t att_tc_smem(const gop_dims *d, int ht) {
  * process, so the scratch and every launch agree.  A value that is not a
  * number in range is ignored with a warning (a sweep would otherwise time
  * the default under another name). */
-static int att_env_blocks, att_env_ht, dsa_env_tpt, dsa_env_wr;
+static int att_env_blocks, att_env_ht, dsa_env_tpt, dsa_env_wr, dsa_env_tc;
 static pthread_once_t att_env_once = PTHREAD_ONCE_INIT;
 static int env_int(const char *name, int lo, int hi, int dflt) {
   const char *v = getenv(name);
@@ -109,6 +110,8 @@ static void att_env_read(void) {
   dsa_env_tpt = env_int("MOEJIT_DSA_TPT", 1, DSA_MAX_TPT, 0);
   /* and the batch-1 top-k's placement: 1 by warp ranges, 0 by block-wide rounds */
   dsa_env_wr = env_int("MOEJIT_DSA_WR", 0, 1, DSA_WR);
+  /* and the scorer, at every batch: 1 on the tensor cores, 0 on FMAs */
+  dsa_env_tc = env_int("MOEJIT_DSA_TC", 0, 1, DSA_TC);
 }
 
 /* The tensor-core kernel's plan: all heads a block in tiles of up to
@@ -280,6 +283,7 @@ int gop_mla_attend_on(gop_attend_kind kind, const gop_dims *d, CUdeviceptr qlat,
 #define DSA_HS 4                /* batch 1: threads a token in dsa_score_hs (where the heads divide) */
 #define DSA_MAX_HS 8            /* the template's largest HS: its skew of 4 floats a head group */
 #define DSA_TOPK_STATIC_SMEM 2048 /* dsa_topk_smem's own shared memory (1.2 KB), rounded up */
+#define DSA_TC_WARPS 8          /* dsa_score_tc: warps a block, 16 tokens each */
 
 static int dsa_check(const gop_dims *d, int B, mj_err *err) {
   if (B < 1 || d->idx_heads < 1 || d->idx_dim < 1 || d->idx_topk < 1 || d->max_ctx < 1)
@@ -325,7 +329,13 @@ int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache 
                    d->idx_heads, d->idx_dim, smem);
   bool spec = d->idx_dim % 4 == 0 && d->idx_heads <= DSA_MAX_SPEC_HEADS;
   pthread_once(&att_env_once, att_env_read);
-  int hs = one && spec && d->idx_heads % DSA_HS == 0 ? DSA_HS : 1;
+  /* The tensor-core scorer takes IDIM % 16 == 0 and IH % 8 == 0 (its
+   * shared memory: the queries' fragments, 8 bytes a query float, and the
+   * weights). */
+  bool tc = dsa_env_tc && spec && d->idx_dim % 16 == 0 && d->idx_heads % 8 == 0;
+  size_t tc_smem = ((size_t)d->idx_dim * (size_t)d->idx_heads * 2 + (size_t)d->idx_heads) * sizeof(float);
+  if (tc && tc_smem > GOP_MAX_SMEM) tc = false;
+  int hs = one && spec && !tc && d->idx_heads % DSA_HS == 0 ? DSA_HS : 1;
   int tpt = hs > 1 ? gop_dsa_score_tpt(d->max_ctx, hs, 0) : 1;
   char e1[64], g1[64], e2[64];
   if (one) {
@@ -337,6 +347,7 @@ int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache 
     snprintf(e1, sizeof e1, "dsa_score<%d, %d, %d>", d->idx_dim, d->idx_heads, DSA_SCORE_BLOCK);
     snprintf(e2, sizeof e2, "dsa_topk<%d>", DSA_TOPK_BLOCK);
   }
+  if (tc) snprintf(e1, sizeof e1, "dsa_score_tc<%d, %d, %d>", d->idx_dim, d->idx_heads, DSA_TC_WARPS);
   jit_spec gen1 = {g1, NULL, 0};
   const jit_fn *score = NULL, *topk = NULL;
   bool launch = false;
@@ -345,16 +356,17 @@ int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache 
   rc = gop_get(cx, KT_dsa_select, e2, NULL, 0, NULL, &topk, &launch, err);
   if (rc) return rc;
   if (!launch) return 0;
-  if (score->generic) hs = tpt = 1; /* the generic variant stands in: one thread a token */
+  if (score->generic) hs = tpt = 1, tc = false; /* the generic variant stands in: one thread a token */
 
   int idim = d->idx_dim, ih = d->idx_heads, max_ctx = d->max_ctx, k = d->idx_topk;
   float sscale = 1.0f / sqrtf((float)idim); /* as cpu_forward's indexer computes it */
+  if (tc) smem = tc_smem;
   rc = set_smem(score->fn, smem, err);
   if (rc) return rc;
   void *a1[] = {&iq, &iw, &c.ikey, &rows.slot, &rows.pos, &scratch, &idim, &ih, &max_ctx, &k, &sscale};
-  int kpb = DSA_SCORE_BLOCK / hs * tpt; /* tokens a block */
-  unsigned nblk = (unsigned)((max_ctx + kpb - 1) / kpb);
-  if ((rc = cu_launch_tpl(score->fn, nblk, (unsigned)B, 1, DSA_SCORE_BLOCK, (unsigned)smem, cx->s, a1, err))) return rc;
+  int kpb = tc ? 16 * DSA_TC_WARPS : DSA_SCORE_BLOCK / hs * tpt; /* tokens a block */
+  unsigned nblk = (unsigned)((max_ctx + kpb - 1) / kpb), nthr = tc ? 32 * DSA_TC_WARPS : DSA_SCORE_BLOCK;
+  if ((rc = cu_launch_tpl(score->fn, nblk, (unsigned)B, 1, nthr, (unsigned)smem, cx->s, a1, err))) return rc;
   if (!one) {
     void *a2[] = {&scratch, &rows.pos, &sel, &max_ctx, &k};
     return cu_launch_tpl(topk->fn, (unsigned)B, 1, 1, DSA_TOPK_BLOCK, 0, cx->s, a2, err);

@@ -336,6 +336,126 @@ dsa_score_hs(const float *__restrict__ iq, const float *__restrict__ iw, const f
   }
 }
 
+// dsa_score_tc<IDIM, IH, WARPS>: dsa_score's dot products on the tensor
+// cores (mma.sync m16n8k8, tf32 in, f32 accumulated), as three products of
+// the inputs split into a tf32 high part and the rest (x = hi + lo: hi.hi +
+// hi.lo + lo.hi, the lo.lo term left out), which keeps about f32's
+// precision; inputs that tf32 holds exactly (the GPU test's multiples of
+// 1/8) have lo = 0 and exact sums, so their scores stay bit-identical to
+// the CPU's.  A warp takes 16 tokens (the mma's m), the heads are its n
+// (IH / 8 tiles) and the key's dimensions its k.  Each lane loads its keys
+// as float4s (dimensions 4q .. 4q + 3 of each 16, q its place in its quad):
+// two k steps' worth, so step s's column q is dimension 4q + 2s and column
+// q + 4 is 4q + 2s + 1; the queries' fragments in shared memory follow the
+// same order.  The heads are laid out over the n columns so that quad lane
+// q holds heads q IH/4 .. (q + 1) IH/4 - 1 of its two tokens, and the sum
+// over heads goes in ascending order, as the CPU's, handed from lane to
+// lane of the quad.  Grid (ceil(max_ctx / (16 WARPS)), B).
+__device__ __forceinline__ unsigned dsa_tf32(float x) {
+  unsigned u;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(x));
+  return u;
+}
+
+__device__ __forceinline__ void dsa_mma_tf32(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                             unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <int IDIM, int IH, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32)
+dsa_score_tc(const float *__restrict__ iq, const float *__restrict__ iw, const float *__restrict__ ikey,
+             const int *__restrict__ slots, const int *__restrict__ poss, float *__restrict__ score, int idim_rt,
+             int ih_rt, int max_ctx, int topk, float sscale) {
+  MJ_GRIDDEP_WAIT();
+  MJ_GRIDDEP_LAUNCH();
+  static_assert(IDIM > 0 && IDIM % 16 == 0, "IDIM: a multiple of 16 (a float4 a lane covers two k steps)");
+  static_assert(IH > 0 && IH % 8 == 0, "IH: a multiple of 8 (the mma's n)");
+  constexpr int NT = IH / 8, KS = IDIM / 8, TOK = 16 * WARPS, HQ = IH / 4;
+  const int b = blockIdx.y;
+  int n = poss[b] + 1;
+  if (n > max_ctx) n = max_ctx;
+  const int t0 = blockIdx.x * TOK;
+  if (n <= topk || t0 >= n) return;  // the whole block
+
+  // The queries' B fragments [KS][NT][32 lanes]: b0 hi, b1 hi, b0 lo, b1 lo;
+  // then the weights [IH].
+  extern __shared__ float4 smem4[];
+  uint4 *qf = reinterpret_cast<uint4 *>(smem4);
+  float *ws = reinterpret_cast<float *>(qf + KS * NT * 32);
+  const float *q = iq + (size_t)b * IH * IDIM;
+  for (int i = threadIdx.x; i < KS * NT * 32; i += WARPS * 32) {
+    const int s = i / (NT * 32), nt = i / 32 % NT, l = i % 32, g = l / 4, c = l % 4;
+    const int h = g / 2 * HQ + nt * 2 + g % 2;          // column g of tile nt
+    const int dim = s / 2 * 16 + 4 * c + 2 * (s % 2);   // row c of step s (row c + 4: dim + 1)
+    const float x0 = q[h * IDIM + dim], x1 = q[h * IDIM + dim + 1];
+    const unsigned h0 = dsa_tf32(x0), h1 = dsa_tf32(x1);
+    qf[i] = make_uint4(h0, h1, dsa_tf32(x0 - __uint_as_float(h0)), dsa_tf32(x1 - __uint_as_float(h1)));
+  }
+  for (int i = threadIdx.x; i < IH; i += WARPS * 32) ws[i] = iw[(size_t)b * IH + i];
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int tb = t0 + warp * 16;
+  if (tb >= n) return;  // no barrier follows
+  // Rows g and g + 8 of the tile; a row past n reads the row's last token
+  // and writes nothing.
+  const size_t row = (size_t)slots[b] * max_ctx;
+  const float *k0 = ikey + (row + (tb + g < n ? tb + g : n - 1)) * IDIM + 4 * c;
+  const float *k1 = ikey + (row + (tb + g + 8 < n ? tb + g + 8 : n - 1)) * IDIM + 4 * c;
+  float4 x[IDIM / 16], y[IDIM / 16];
+#pragma unroll
+  for (int j = 0; j < IDIM / 16; j++) x[j] = __ldg(reinterpret_cast<const float4 *>(k0 + 16 * j));
+#pragma unroll
+  for (int j = 0; j < IDIM / 16; j++) y[j] = __ldg(reinterpret_cast<const float4 *>(k1 + 16 * j));
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < KS; s++) {
+    const float4 &xa = x[s / 2], &ya = y[s / 2];
+    const float v0 = s % 2 ? xa.z : xa.x, v2 = s % 2 ? xa.w : xa.y;  // row g: columns c, c + 4
+    const float v1 = s % 2 ? ya.z : ya.x, v3 = s % 2 ? ya.w : ya.y;  // row g + 8
+    const unsigned a0 = dsa_tf32(v0), a1 = dsa_tf32(v1), a2 = dsa_tf32(v2), a3 = dsa_tf32(v3);
+    const unsigned l0 = dsa_tf32(v0 - __uint_as_float(a0)), l1 = dsa_tf32(v1 - __uint_as_float(a1));
+    const unsigned l2 = dsa_tf32(v2 - __uint_as_float(a2)), l3 = dsa_tf32(v3 - __uint_as_float(a3));
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+      const uint4 f = qf[(s * NT + nt) * 32 + lane];
+      dsa_mma_tf32(acc[nt], l0, l1, l2, l3, f.x, f.y);
+      dsa_mma_tf32(acc[nt], a0, a1, a2, a3, f.z, f.w);
+      dsa_mma_tf32(acc[nt], a0, a1, a2, a3, f.x, f.y);
+    }
+  }
+  // Lane c of the quad holds heads c HQ + 2 nt + e (acc[nt][e] for row g,
+  // acc[nt][2 + e] for row g + 8): ascending within the lane, and the quad's
+  // lanes in order.
+  float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    if (c == j) {
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const float w = ws[j * HQ + 2 * nt + e];
+          const float u0 = __fmul_rn(acc[nt][e], sscale), u1 = __fmul_rn(acc[nt][2 + e], sscale);
+          if (u0 > 0.0f) s0 = s0 + __fmul_rn(w, u0);
+          if (u1 > 0.0f) s1 = s1 + __fmul_rn(w, u1);
+        }
+    }
+    s0 = __shfl_sync(0xffffffffu, s0, (lane & ~3) | j);
+    s1 = __shfl_sync(0xffffffffu, s1, (lane & ~3) | j);
+  }
+  if (c == 0) {
+    float *out = score + (size_t)b * max_ctx;
+    if (tb + g < n) out[tb + g] = s0;
+    if (tb + g + 8 < n) out[tb + g + 8] = s1;
+  }
+}
+
 // Four keys of a row from tb on (tb a multiple of 4): one 16-byte load of
 // the shared copy when cached and all four are in the row, else one at a
 // time (0 past n).

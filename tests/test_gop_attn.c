@@ -140,6 +140,8 @@ static void test_compile(void) {
   show(KT_dsa_select, "dsa_score_hs<0, 0, 128, 1, 1>");
   show(KT_dsa_select, "dsa_topk_smem<1024, false>");
   show(KT_dsa_select, "dsa_topk_smem<1024, true>"); /* placed by warp ranges */
+  show(KT_dsa_select, "dsa_score_tc<128, 32, 8>");  /* the scorer on the tensor cores (MOEJIT_DSA_TC=1) */
+  show(KT_dsa_select, "dsa_score_tc<16, 8, 8>");
   DRY.arch = NULL;
 }
 
