@@ -51,6 +51,15 @@ typedef struct att_plan {
 
 static size_t round4(size_t n) { return (n + 3) & ~(size_t)3; }
 
+/* The context in about want parts of whole tiles (1 <= want <= the
+ * tiles of max_ctx): p's chunk and nsplit (<= want). */
+static void att_split_n(const gop_dims *d, long want, att_plan *p) {
+  long chunk = (d->max_ctx + want - 1) / want;
+  chunk = (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+  p->chunk = (int)chunk;
+  p->nsplit = (int)((d->max_ctx + chunk - 1) / chunk);
+}
+
 /* The split of the context for p's head groups: about target blocks in
  * all, whole tiles each. */
 static void att_split(const gop_dims *d, int B, long target, att_plan *p) {
@@ -59,10 +68,7 @@ static void att_split(const gop_dims *d, int B, long target, att_plan *p) {
   long want = (target + per - 1) / per;
   if (want > most) want = most;
   if (want < 1) want = 1;
-  long chunk = (d->max_ctx + want - 1) / want;
-  chunk = (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
-  p->chunk = (int)chunk;
-  p->nsplit = (int)((d->max_ctx + chunk - 1) / chunk);
+  att_split_n(d, want, p);
   assert(p->nsplit <= ATT_MAX_SPLIT); /* nsplit <= want <= target */
 }
 
@@ -116,8 +122,10 @@ static void att_env_read(void) {
 
 /* The tensor-core kernel's plan: all heads a block in tiles of up to
  * ATT_TC_HT m16 tiles, the context split so that about
- * ATT_TC_TARGET_BLOCKS blocks run. */
-static int att_tc_plan(const gop_dims *d, int B, att_plan *p, mj_err *err) {
+ * ATT_TC_TARGET_BLOCKS blocks run; or split s where it is given (a tuned
+ * one: nsplit parts, ht tiles), unless MOEJIT_ATTEND_BLOCKS or
+ * MOEJIT_ATTEND_HT asks for a sweep's. */
+static int att_tc_plan(const gop_dims *d, int B, gop_attn_split s, att_plan *p, mj_err *err) {
   int rc = att_check(d, B, err);
   if (rc) return rc;
   if (!att_tc_fits(d))
@@ -127,13 +135,20 @@ static int att_tc_plan(const gop_dims *d, int B, att_plan *p, mj_err *err) {
   long target = att_env_blocks ? att_env_blocks : ATT_TC_TARGET_BLOCKS;
   long most = (d->max_ctx + ATT_TILE - 1) / ATT_TILE;
   int tiles = (d->heads + 15) / 16;
-  p->ht = tiles < ATT_TC_HT ? tiles : ATT_TC_HT;
-  if ((long)B * ((tiles + p->ht - 1) / p->ht) * most < target) p->ht = 1;
+  bool given = (s.nsplit || s.ht) && !att_env_blocks && !att_env_ht;
+  if (given && (s.ht < 1 || s.ht > ATT_TC_HT || s.ht > tiles || s.nsplit < 1 || s.nsplit > most ||
+                s.nsplit > ATT_MAX_SPLIT))
+    return mj_fail(err, MJ_EINPUT, "gop_mla_attend: split %d:%d is out of range (1..%ld parts of ctx %d, 1..%d head "
+                   "tiles of %d heads)", s.nsplit, s.ht, most < ATT_MAX_SPLIT ? most : ATT_MAX_SPLIT, d->max_ctx,
+                   tiles < ATT_TC_HT ? tiles : ATT_TC_HT, d->heads);
+  p->ht = given ? s.ht : tiles < ATT_TC_HT ? tiles : ATT_TC_HT;
+  if (!given && (long)B * ((tiles + p->ht - 1) / p->ht) * most < target) p->ht = 1;
   if (att_env_ht) p->ht = att_env_ht < tiles ? att_env_ht : tiles;
   p->tc = p->spec = true;
   p->hg = 16 * p->ht;
   p->hgroups = (tiles + p->ht - 1) / p->ht;
-  att_split(d, B, target, p);
+  if (given) att_split_n(d, s.nsplit, p);
+  else att_split(d, B, target, p);
   p->smem = att_tc_smem(d, p->ht);
   if (p->smem > GOP_MAX_SMEM)
     return mj_fail(err, MJ_EINPUT, "gop_mla_attend: the tensor-core kernel needs %zu bytes of shared memory", p->smem);
@@ -173,14 +188,87 @@ static size_t att_scratch(const gop_dims *d, int B, const att_plan *p) {
   return (round4(parts * 2) + parts * (size_t)d->kv_rank) * sizeof(float);
 }
 
-/* Enough for either kernel, so that a step may take either. */
+/* Enough for either kernel, so that a step may take either, and for
+ * every split the tuning may choose (gop_attn_candidates). */
 size_t gop_mla_attend_scratch(const gop_dims *d, int B) {
   att_plan p, t;
   mj_err err = {0};
   if (att_plan_make(d, B, &p, &err)) return 0;
   size_t n = att_scratch(d, B, &p);
-  if (att_tc_fits(d) && att_tc_plan(d, B, &t, &err) == 0 && att_scratch(d, B, &t) > n) n = att_scratch(d, B, &t);
+  gop_attn_split c[GOP_ATTN_MAXCAND];
+  int nc = gop_attn_candidates(d, B, 0, c);
+  for (int i = 0; i < nc; i++)
+    if (att_tc_plan(d, B, c[i], &t, &err) == 0 && att_scratch(d, B, &t) > n) n = att_scratch(d, B, &t);
+  mj_err_clear(&err);
   return n;
+}
+
+gop_attn_split gop_attn_builtin(const gop_dims *d, int B) {
+  att_plan p;
+  mj_err err = {0};
+  if (!att_tc_fits(d) || att_tc_plan(d, B, (gop_attn_split){0, 0}, &p, &err)) {
+    mj_err_clear(&err);
+    return (gop_attn_split){0, 0};
+  }
+  return (gop_attn_split){p.nsplit, p.ht};
+}
+
+/* Blocks of the tensor-core kernel with ht head tiles that one SM holds:
+ * by its shared memory (the device's, else sm_90's 227 KB a block, 1 KB
+ * a block kept by the driver) and by its threads (128 a head tile, 2048 a
+ * SM). */
+static int att_tc_per_sm(const gop_dims *d, int ht) {
+  const cu_device *dv = cu_dev();
+  long optin = dv && dv->max_smem_per_block_optin > 0 ? dv->max_smem_per_block_optin : GOP_MAX_SMEM;
+  long by_smem = (optin + 1024) / ((long)att_tc_smem(d, ht) + 1024), by_threads = 2048 / (128 * ht);
+  long n = by_smem < by_threads ? by_smem : by_threads;
+  return n < 1 ? 1 : (int)n;
+}
+
+int gop_attn_candidates(const gop_dims *d, int B, int sm_count, gop_attn_split out[GOP_ATTN_MAXCAND]) {
+  gop_attn_split b = gop_attn_builtin(d, B);
+  if (!b.nsplit) return 0;
+  const cu_device *dv = sm_count > 0 ? NULL : cu_dev();
+  long sms = sm_count > 0 ? sm_count : dv && dv->sm_count > 0 ? dv->sm_count : 132;
+  long most = (d->max_ctx + ATT_TILE - 1) / ATT_TILE;
+  if (most > ATT_MAX_SPLIT) most = ATT_MAX_SPLIT;
+  int tiles = (d->heads + 15) / 16, n = 0;
+  out[n++] = b;
+  /* Whole waves: one, two or four of the blocks every SM holds, the
+   * context split as finely as that leaves for B rows of head groups. */
+  static const int waves[] = {1, 2, 4};
+  int hts[2] = {tiles < ATT_TC_HT ? tiles : ATT_TC_HT, 1};
+  for (int h = 0; h < (hts[0] > 1 ? 2 : 1); h++) {
+    int ht = hts[h];
+    long per = (long)B * ((tiles + ht - 1) / ht);
+    for (size_t w = 0; w < MJ_ARRAY_LEN(waves); w++) {
+      long want = waves[w] * sms * att_tc_per_sm(d, ht) / per;
+      if (want < 1) want = 1;
+      if (want > most) want = most;
+      att_plan p;
+      att_split_n(d, want, &p);
+      gop_attn_split c = {p.nsplit, ht};
+      int j = 0;
+      while (j < n && (out[j].nsplit != c.nsplit || out[j].ht != c.ht)) j++;
+      if (j == n && n < GOP_ATTN_MAXCAND) out[n++] = c;
+    }
+  }
+  return n;
+}
+
+int gop_attn_check(const gop_dims *d, int B, gop_attn_split s, const char *arch, mj_err *err) {
+  att_plan p;
+  int rc = att_tc_plan(d, B, s, &p, err);
+  if (rc) return rc;
+  if (att_scratch(d, B, &p) > gop_mla_attend_scratch(d, B))
+    return mj_fail(err, MJ_EINPUT, "gop_mla_attend: split %d:%d needs %zu bytes of scratch, more than the engine holds "
+                   "for %d rows (%zu)", s.nsplit, s.ht, att_scratch(d, B, &p), B, gop_mla_attend_scratch(d, B));
+  char e1[96];
+  snprintf(e1, sizeof e1, "mla_attend_part_tc<%d, %d, %d>", d->kv_rank, d->rope, p.ht);
+  const gop_ctx cx = {NULL, arch, false};
+  const jit_fn *f;
+  bool launch;
+  return gop_get(&cx, KT_mla_attend, e1, NULL, 0, NULL, &f, &launch, err);
 }
 
 /* Ask for more than the default 48 KiB of dynamic shared memory when needed. */
@@ -214,8 +302,8 @@ int gop_mla_attend_on(gop_attend_kind kind, const gop_dims *d, CUdeviceptr qlat,
   att_plan p;
   mj_err te = {0};
   bool auto_tc = kind == GOP_ATTEND_AUTO && GOP_ATTEND_MMA_DEFAULT && att_tc_fits(d);
-  int rc = kind == GOP_ATTEND_MMA ? att_tc_plan(d, B, &p, err)
-           : auto_tc && att_tc_plan(d, B, &p, &te) == 0 ? 0
+  int rc = kind == GOP_ATTEND_MMA ? att_tc_plan(d, B, cx->attn, &p, err)
+           : auto_tc && att_tc_plan(d, B, cx->attn, &p, &te) == 0 ? 0
                                                         : att_plan_make(d, B, &p, err);
   mj_err_clear(&te);
   if (rc) return rc;

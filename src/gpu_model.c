@@ -89,6 +89,11 @@ struct gpu_model {
   bool tune_ready;
   gop_gemv_tiles gemv; /* the GEMVs' tiles by shape and row block (gemv_setup), handed to gop_gemv */
   int *gemv_np, n_gemv_np; /* the padded batch sizes whose GEMV tiles are set up */
+  struct {
+    int np;
+    gop_attn_split s;
+  } *attn_np;    /* the attention's split by padded batch size (attn_setup) */
+  int n_attn_np;
   CUgraphExec graph[GPU_MAX_GRAPHS];
   gpu_counters cnt;
 };
@@ -608,6 +613,7 @@ static void free_host(gpu_model *g) {
   for (int i = 0; i < g->nbuckets; i++) moe_kernels_free(&g->buckets[i].k);
   gop_gemv_tiles_free(&g->gemv);
   free(g->gemv_np);
+  free(g->attn_np);
   free(g->L);
   free(g);
 }
@@ -705,6 +711,19 @@ static int gemv_setup(gpu_model *g, int np, mj_err *err) {
   return 0;
 }
 
+/* The attention's split for padded batch size np, once per size: the
+ * tuning's record (`moejit warmup --tune`) where this GPU has a usable
+ * one, else {0, 0}, the plan's rule; read here, never per step. */
+static int attn_setup(gpu_model *g, int np, gop_attn_split *s, mj_err *err) {
+  for (int i = 0; i < g->n_attn_np; i++)
+    if (g->attn_np[i].np == np) return *s = g->attn_np[i].s, 0;
+  int rc = tune_attn_plan(tuning(g), &g->d, np, s, NULL, err);
+  if (rc) return rc;
+  g->attn_np = mj_xrealloc(g->attn_np, (size_t)(g->n_attn_np + 1) * sizeof *g->attn_np);
+  g->attn_np[g->n_attn_np].np = np, g->attn_np[g->n_attn_np++].s = *s;
+  return 0;
+}
+
 static int bucket(gpu_model *g, int np, moe_bucket **out, mj_err *err) {
   for (int i = 0; i < g->nbuckets; i++)
     if (g->buckets[i].bcap == np) return *out = &g->buckets[i], 0;
@@ -799,8 +818,9 @@ static int enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err
   float scale = 1.0f / sqrtf((float)(d->nope + d->rope));
   moe_bucket *mb = NULL;
   CUdeviceptr yp = 0, sel = 0;
-  if ((rc = gemv_setup(g, np, err))) return rc;
-  const gop_ctx cx = {s, g->arch, g->dry, &g->gemv};
+  gop_attn_split as;
+  if ((rc = gemv_setup(g, np, err)) || (rc = attn_setup(g, np, &as, err))) return rc;
+  const gop_ctx cx = {s, g->arch, g->dry, &g->gemv, as};
   OP("embed", gop_embed(g->embed, g->rows.token, g->x, np, H, &cx, err));
   for (int i = 0; i < g->n_layers; i++) {
     gpu_layer *l = &g->L[i];
@@ -836,7 +856,7 @@ static int enqueue(gpu_model *g, int np, CUstream s, gpu_prof *prof, mj_err *err
       moe_bufs lb = g->mb; /* with force_choices, this layer's forced routing */
       if (g->force_route) lb.force = g->force_route + (size_t)i * g->bmax * g->mc.topk * 4;
       bool side = l->sh_gu && !prof && !g->dry;
-      const gop_ctx cxs = {side ? g->side.s : s, g->arch, g->dry, &g->gemv};
+      const gop_ctx cxs = {side ? g->side.s : s, g->arch, g->dry, &g->gemv, as};
       if (side) {
         CU_CHECK(err, cu.cuEventRecord(g->side.fork, s));
         CU_CHECK(err, cu.cuStreamWaitEvent(cxs.s, g->side.fork, 0));

@@ -42,11 +42,19 @@
  * nothing, even with a GPU of the target: `moejit warmup` runs a step dry
  * with null pointers).  Passed to every launcher, never kept globally. */
 typedef struct gop_gemv_tiles gop_gemv_tiles;
+/* A split of the tensor-core attention (gop_mla_attend, below): the
+ * context in nsplit parts, ht m16 tiles of heads a block; {0, 0}: the
+ * plan's rule. */
+typedef struct gop_attn_split {
+  int nsplit, ht;
+} gop_attn_split;
+
 typedef struct gop_ctx {
   CUstream s;
   const char *arch;
   bool dry;
   const gop_gemv_tiles *gemv; /* the GEMV's tiles by shape (below; NULL: the built-in rule's) */
+  gop_attn_split attn;        /* the attention's split for this step's rows ({0, 0}: the rule's) */
 } gop_ctx;
 /* jit_get for cx's target; *launch is false when the kernel was only
  * compiled (no GPU of the target, or dry): the launcher then returns 0. */
@@ -229,6 +237,22 @@ int gop_mla_q(const gop_dims *d, CUdeviceptr Q, CUdeviceptr kv_b, gop_rows rows,
  * idx_topk tokens listed in sel[b] (i32 [B][idx_topk]); other rows attend
  * to every token 0..pos.  scratch: at least gop_mla_attend_scratch bytes. */
 size_t gop_mla_attend_scratch(const gop_dims *d, int B);
+/* The tensor-core attention's splits for B rows (cx->attn), the tuning's
+ * family mla_attend (tune.h): the rule's is builtin ({0, 0} where the
+ * tensor-core kernel does not fit the widths).  candidates: the rule's
+ * first, then the splits that fill one, two or four waves of the GPU's
+ * SMs (sm_count; 0: the device's, else 132) at the blocks a SM its shared
+ * memory allows, whole, with all heads (up to 4 tiles) and one tile a
+ * block; distinct;
+ * the count (0 where the kernel does not fit), at most GOP_ATTN_MAXCAND.
+ * gop_mla_attend_scratch covers every candidate.  check: whether split s
+ * is one the launcher takes for B rows (its scratch within
+ * gop_mla_attend_scratch's), and its kernel obtained for arch (the front
+ * door's error; MJ_EINPUT for a split out of range). */
+#define GOP_ATTN_MAXCAND 8
+gop_attn_split gop_attn_builtin(const gop_dims *d, int B);
+int gop_attn_candidates(const gop_dims *d, int B, int sm_count, gop_attn_split out[GOP_ATTN_MAXCAND]);
+int gop_attn_check(const gop_dims *d, int B, gop_attn_split s, const char *arch, mj_err *err);
 int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows rows, CUdeviceptr sel, float scale,
                    CUdeviceptr olat, CUdeviceptr scratch, int B, const gop_ctx *cx, mj_err *err);
 /* gop_mla_attend on the kernel kind names: GOP_ATTEND_AUTO (what

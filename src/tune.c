@@ -16,7 +16,10 @@
  * 64, with both benches of `scripts/gpu-run.sh tune`, in 135 s
  * (bench/results/2026-12-04-tune.md).  The GEMV's: the built-in rule's
  * neighbours (tune_gemv_candidates), since no sweep of its tiles has been
- * recorded yet; not yet run on a GPU.
+ * recorded yet; not yet run on a GPU.  The attention's: whole waves of
+ * blocks (gop_attn_candidates), after an H100 sweep where the rule's 264
+ * blocks lost 31% to 132 at batch 8 and won by 30% at batch 32; not yet
+ * run on a GPU.  The GEMV and the attention share run_candidates.
  */
 #include "tune.h"
 
@@ -620,6 +623,75 @@ static int gemv_out(gemv_rig *r, float *out, mj_err *err) {
   return 0;
 }
 
+/* The candidates of a family whose output is f32 (the GEMV's, the
+ * attention's), run the same way: set makes candidate i the rig's, out
+ * runs it once into dst (n values, poisoned first), launch is the rig's
+ * graph launch (launches of it a graph).  Candidate 0, the built-in one,
+ * makes ref; each other must be within tol of it (else wrong, said);
+ * one the template refuses is counted; us[i] the graph-replay median, or
+ * INFINITY.  where names the shape in errors ("gemv_mma attn.in_proj
+ * N=2784 K=6144 B=8"); of says what a candidate is ("tile", "split"). */
+typedef struct cand_run {
+  void (*set)(void *ctx, int i);
+  int (*out)(void *ctx, float *dst, mj_err *err);
+  tm_launch_fn launch;
+  void *ctx;
+  int launches;
+  size_t n;
+  double tol;
+  const char *family, *where, *of;
+} cand_run;
+
+static int run_candidates(const cand_run *c, int nc, char (*text)[64], float *ref, float *out, double *us, int *refused,
+                          int *wrong, FILE *log, mj_err *err) {
+  int rc = 0;
+  *refused = *wrong = 0;
+  for (int i = 0; i < nc && !rc; i++) {
+    us[i] = INFINITY;
+    c->set(c->ctx, i);
+    /* Its kernel obtained and run once: correctness first. */
+    mj_err e = {0};
+    rc = c->out(c->ctx, i ? out : ref, &e);
+    if (rc && i > 0 && (rc == MJ_EINPUT || rc == MJ_ECOMPILE)) { /* the template refuses it */
+      if (log) fprintf(log, "tune:   %s %s: refused (%.*s)\n", c->family, text[i], (int)strcspn(e.msg, "\n"), e.msg);
+      mj_err_clear(&e);
+      (*refused)++, rc = 0;
+      continue;
+    }
+    if (rc) { /* the built-in one's failure, or one no candidate could step around: say which */
+      mj_fail(err, (mj_code)rc, "tune: %s, %s %s: %s", c->where, c->of, text[i], e.msg);
+      mj_err_set_detail(err, e.detail);
+      mj_err_clear(&e);
+      break;
+    }
+    double rel = rel_l2(i ? out : ref, ref, c->n, true);
+    if (!(rel <= c->tol)) {
+      if (i == 0)
+        return mj_fail(err, MJ_EINTERNAL, "tune: %s: the built-in %s left outputs unwritten or not finite", c->where, c->of);
+      (*wrong)++;
+      say_wrong(log, c->family, text[i], c->of, rel);
+      continue;
+    }
+    rc = tm_graph_us(c->launch, c->ctx, c->launches, TUNE_GEMV_REPS, &us[i], err);
+  }
+  return rc;
+}
+
+/* The GEMV rig's candidate i: cand[i] as the table's only entry. */
+typedef struct gemv_cands {
+  gemv_rig *r;
+  const gop_gemv_tile *cand;
+} gemv_cands;
+static void gemv_set(void *ctx, int i) {
+  gemv_cands *g = ctx;
+  g->r->one.n = 0;
+  gop_gemv_tiles_put(&g->r->one, g->r->N, g->r->K, g->r->nb, &g->cand[i]);
+}
+static int gemv_cands_out(void *ctx, float *dst, mj_err *err) { return gemv_out(((gemv_cands *)ctx)->r, dst, err); }
+static int gemv_cands_launch(void *ctx, int i, CUstream s, mj_err *err) {
+  return gemv_rig_launch(((gemv_cands *)ctx)->r, i, s, err);
+}
+
 /* One row block size of one shape: the built-in tile (whose y is ref),
  * then each candidate; the record stored. */
 static int gemv_one(const tune_target *t, gemv_rig *r, const gop_gemv_shape *sh, float *ref, float *out, FILE *log,
@@ -627,41 +699,15 @@ static int gemv_one(const tune_target *t, gemv_rig *r, const gop_gemv_shape *sh,
   gop_gemv_tile cand[TUNE_GEMV_MAXCAND];
   int nc = tune_gemv_candidates(r->nb, r->N, r->K, cand);
   const char *family = kt_kernels[cand[0].mma ? KT_gemv_mma : KT_gemv].name;
-  size_t n = (size_t)r->nb * r->N;
-  char text[TUNE_GEMV_MAXCAND][64];
+  char text[TUNE_GEMV_MAXCAND][64], where[256];
   double us[TUNE_GEMV_MAXCAND];
-  int refused = 0, wrong = 0, rc = 0;
-  for (int i = 0; i < nc && !rc; i++) {
-    tune_gemv_tile_text(&cand[i], text[i], sizeof text[i]);
-    us[i] = INFINITY;
-    r->one.n = 0;
-    gop_gemv_tiles_put(&r->one, r->N, r->K, r->nb, &cand[i]);
-    /* Its kernel obtained and run once: correctness first. */
-    mj_err e = {0};
-    rc = gemv_out(r, i ? out : ref, &e);
-    if (rc && i > 0 && (rc == MJ_EINPUT || rc == MJ_ECOMPILE)) { /* the template refuses it */
-      if (log) fprintf(log, "tune:   %s %s: refused (%.*s)\n", family, text[i], (int)strcspn(e.msg, "\n"), e.msg);
-      mj_err_clear(&e);
-      refused++, rc = 0;
-      continue;
-    }
-    if (rc) { /* the built-in tile's failure, or one no candidate could step around: say which */
-      mj_fail(err, (mj_code)rc, "tune: %s %s N=%d K=%d B=%d, tile %s: %s", family, sh->op, r->N, r->K, r->nb, text[i], e.msg);
-      mj_err_set_detail(err, e.detail);
-      mj_err_clear(&e);
-      break;
-    }
-    double rel = rel_l2(i ? out : ref, ref, n, true);
-    if (!(rel <= TUNE_GEMV_TOL)) {
-      if (i == 0)
-        return mj_fail(err, MJ_EINTERNAL, "tune: %s N=%d K=%d B=%d: the built-in tile left outputs unwritten or not finite",
-                       family, r->N, r->K, r->nb);
-      wrong++;
-      say_wrong(log, family, text[i], "tile", rel);
-      continue;
-    }
-    rc = tm_graph_us(gemv_rig_launch, r, MJ_MAX(r->copies, TUNE_GEMV_LAUNCHES), TUNE_GEMV_REPS, &us[i], err);
-  }
+  for (int i = 0; i < nc; i++) tune_gemv_tile_text(&cand[i], text[i], sizeof text[i]);
+  snprintf(where, sizeof where, "%s %s N=%d K=%d B=%d", family, sh->op, r->N, r->K, r->nb);
+  gemv_cands g = {r, cand};
+  cand_run c = {gemv_set, gemv_cands_out, gemv_cands_launch, &g, MJ_MAX(r->copies, TUNE_GEMV_LAUNCHES),
+                (size_t)r->nb * r->N, TUNE_GEMV_TOL, family, where, "tile"};
+  int refused, wrong;
+  int rc = run_candidates(&c, nc, text, ref, out, us, &refused, &wrong, log, err);
   if (rc) return rc;
   cache_tune rec;
   tune_gemv_want(t, r->nb, r->N, r->K, &rec);
@@ -715,5 +761,181 @@ int tune_gemv_run(const tune_target *t, const tune_opts *o, mj_err *err) {
   for (int nb = 1; nb <= GOP_GEMV_MAXB; nb++)
     if (sizes[nb]) maxnb = nb;
   for (int s = 0; s < o->ngemv && maxnb && !rc; s++) rc = gemv_shape(t, &o->gemv[s], sizes, maxnb, o->log, err);
+  return rc;
+}
+
+/* ---- the attention's split: text, records, the lookup ---------------------------------------- */
+int tune_attn_split_parse(const char *s, gop_attn_split *out) {
+  int v[2], n;
+  int used = parse_ints(s, v, 2, &n);
+  if (used < 0 || n != 2 || v[0] < 1 || v[1] < 1) return 0;
+  *out = (gop_attn_split){v[0], v[1]};
+  return used;
+}
+
+void tune_attn_split_text(gop_attn_split s, char *out, size_t cap) { snprintf(out, cap, "%d:%d", s.nsplit, s.ht); }
+
+void tune_attn_want(const tune_target *t, const gop_dims *d, int B, cache_tune *want) {
+  want_of(t, KT_mla_attend, want);
+  snprintf(want->shape, sizeof want->shape, "heads=%d kv_rank=%d rope=%d topk=%d ctx=%d B=%d", d->heads, d->kv_rank,
+           d->rope, d->idx_topk, d->max_ctx, B);
+}
+
+/* The attention's candidate: a split for B rows at widths d. */
+typedef struct attn_take {
+  const gop_dims *d;
+  int B;
+  gop_attn_split s;
+} attn_take;
+static bool attn_parse(void *ctx, const char *choice) {
+  attn_take *a = ctx;
+  gop_attn_split s;
+  int used = tune_attn_split_parse(choice, &s);
+  if (!used || choice[used]) return false;
+  a->s = s;
+  return true;
+}
+static int attn_check(void *ctx, const char *arch, mj_err *err) {
+  const attn_take *a = ctx;
+  return gop_attn_check(a->d, a->B, a->s, arch, err);
+}
+
+int tune_attn_plan(const tune_target *t, const gop_dims *d, int B, gop_attn_split *s, bool *tuned, mj_err *err) {
+  *s = (gop_attn_split){0, 0};
+  if (tuned) *tuned = false;
+  if (!t || !t->on || !gop_attn_builtin(d, B).nsplit) return 0;
+  cache_tune want;
+  tune_attn_want(t, d, B, &want);
+  attn_take a = {d, B, {0, 0}};
+  taker k = {attn_parse, attn_check, &a};
+  bool taken;
+  int rc = take(t, &want, &k, true, &taken, err);
+  if (rc) return rc;
+  if (taken) {
+    *s = a.s;
+    if (tuned) *tuned = true;
+  }
+  return 0;
+}
+
+/* ---- the attention's timing run ------------------------------------------------------------ */
+#define TUNE_ATTN_LAUNCHES 20 /* launches in a captured graph (one a set of slots where there are more) */
+#define TUNE_ATTN_MAXSETS 64
+
+typedef struct attn_rig {
+  const gop_dims *d;
+  CUdeviceptr q, kv, sel, out, scr, slots, pos; /* slots: [sets][B], set i the slots i B .. (i + 1) B - 1 */
+  int B, sets;
+  float scale;
+  gop_attn_split s; /* the candidate */
+} attn_rig;
+
+static int attn_rig_launch(void *ctx, int i, CUstream s, mj_err *err) {
+  const attn_rig *r = ctx;
+  const gop_ctx cx = {.s = s, .attn = r->s};
+  gop_rows rows = {.slot = r->slots + (size_t)(i % r->sets) * r->B * 4, .pos = r->pos};
+  return gop_mla_attend_on(GOP_ATTEND_MMA, r->d, r->q, (gop_cache){r->kv, 0}, rows, r->sel, r->scale, r->out, r->scr,
+                           r->B, &cx, err);
+}
+
+/* The candidate's output on set 0 into host, poisoned first (all bits
+ * set: NaN), so that an output it did not write is not finite. */
+static int attn_out(attn_rig *r, float *host, mj_err *err) {
+  size_t bytes = (size_t)r->B * r->d->heads * r->d->kv_rank * 4;
+  CU_CHECK(err, cu.cuMemsetD8(r->out, 0xFF, bytes));
+  int rc = attn_rig_launch(r, 0, NULL, err);
+  if (rc) return rc;
+  CU_CHECK(err, cu.cuCtxSynchronize());
+  CU_CHECK(err, cu.cuMemcpyDtoH(host, r->out, bytes));
+  return 0;
+}
+
+/* The rows' slots, positions and selection (NULL: none) to the device. */
+static int attn_upload(attn_rig *r, const int *hs, size_t nslot, const int *hp, const int *hsel, mj_err *err) {
+  CU_CHECK(err, cu.cuMemcpyHtoD(r->slots, hs, nslot * 4));
+  CU_CHECK(err, cu.cuMemcpyHtoD(r->pos, hp, (size_t)r->B * 4));
+  if (hsel) CU_CHECK(err, cu.cuMemcpyHtoD(r->sel, hsel, (size_t)r->B * r->d->idx_topk * 4));
+  CU_CHECK(err, cu.cuCtxSynchronize());
+  return 0;
+}
+
+/* The attention rig's candidate i. */
+typedef struct attn_cands {
+  attn_rig *r;
+  const gop_attn_split *cand;
+} attn_cands;
+static void attn_set(void *ctx, int i) {
+  attn_cands *a = ctx;
+  a->r->s = a->cand[i];
+}
+static int attn_cands_out(void *ctx, float *dst, mj_err *err) { return attn_out(((attn_cands *)ctx)->r, dst, err); }
+static int attn_cands_launch(void *ctx, int i, CUstream s, mj_err *err) {
+  return attn_rig_launch(((attn_cands *)ctx)->r, i, s, err);
+}
+
+/* One batch size: the rule's split (whose output is ref), then each
+ * candidate; the record stored. */
+static int attn_one(const tune_target *t, attn_rig *r, float *ref, float *out, FILE *log, mj_err *err) {
+  gop_attn_split cand[GOP_ATTN_MAXCAND];
+  int nc = gop_attn_candidates(r->d, r->B, 0, cand);
+  char text[GOP_ATTN_MAXCAND][64], where[128];
+  double us[GOP_ATTN_MAXCAND];
+  for (int i = 0; i < nc; i++) tune_attn_split_text(cand[i], text[i], sizeof text[i]);
+  snprintf(where, sizeof where, "mla_attend ctx=%d B=%d", r->d->max_ctx, r->B);
+  attn_cands a = {r, cand};
+  cand_run c = {attn_set, attn_cands_out, attn_cands_launch, &a, MJ_MAX(r->sets, TUNE_ATTN_LAUNCHES),
+                (size_t)r->B * r->d->heads * r->d->kv_rank, TUNE_ATTN_TOL, "mla_attend", where, "split"};
+  int refused, wrong;
+  int rc = run_candidates(&c, nc, text, ref, out, us, &refused, &wrong, log, err);
+  if (rc) return rc;
+  cache_tune rec;
+  tune_attn_want(t, r->d, r->B, &rec);
+  char what[256];
+  snprintf(what, sizeof what, "mla_attend %s", rec.shape);
+  return verdict(t, &rec, text, us, nc, refused, wrong, what, log, err);
+}
+
+int tune_attn_run(const tune_target *t, const tune_opts *o, mj_err *err) {
+  int rc = run_ready(t, err);
+  if (rc || !o->attn) return rc;
+  const gop_dims *d = o->attn;
+  const size_t D = (size_t)d->kv_rank + (size_t)d->rope, T = (size_t)d->max_ctx, slot_bytes = T * D * 2;
+  const gop_ctx cx = {0};
+  for (int bi = 0; bi < o->nbuckets && !rc; bi++) {
+    const int B = o->buckets[bi];
+    if (!gop_attn_builtin(d, B).nsplit) continue; /* the tensor-core kernel does not fit these widths */
+    /* Slots enough for three L2s' worth of cache, B a set, so that
+     * successive launches read another set's. */
+    double want = ceil(TUNE_L2_TIMES * (double)cu_dev()->l2_bytes / (double)slot_bytes);
+    int sets = (int)ceil(want / B);
+    sets = sets < 1 ? 1 : sets > TUNE_ATTN_MAXSETS ? TUNE_ATTN_MAXSETS : sets;
+    const size_t nslot = (size_t)sets * B, nq = (size_t)B * d->heads * D, no = (size_t)B * d->heads * d->kv_rank;
+    attn_rig r = {.d = d, .B = B, .sets = sets,
+                  .scale = 1.0f / sqrtf((float)(d->nope + d->rope > 0 ? d->nope + d->rope : (int)D))};
+    int *hs = mj_xmalloc(nslot * 4), *hp = mj_xmalloc((size_t)B * 4), *hsel = NULL;
+    float *ref = mj_xmalloc(no * 4), *out = mj_xmalloc(no * 4);
+    for (size_t i = 0; i < nslot; i++) hs[i] = (int)i;
+    for (int b = 0; b < B; b++) hp[b] = d->max_ctx - 1; /* every row at its last position */
+    bool selects = d->idx_topk > 0 && d->max_ctx > d->idx_topk;
+    if (selects) { /* topk tokens spread over the context, ascending, as a selection might be */
+      hsel = mj_xmalloc((size_t)B * d->idx_topk * 4);
+      for (int b = 0; b < B; b++)
+        for (int k = 0; k < d->idx_topk; k++) hsel[(size_t)b * d->idx_topk + k] = (int)((long)k * d->max_ctx / d->idx_topk);
+    }
+    if (!(rc = cu_alloc(&r.kv, nslot * slot_bytes, "tuning cache", err)))
+      rc = gop_fill(r.kv, nslot * T * D, false, 20261207, -1.0f, 1.0f, &cx, err);
+    if (!rc && !(rc = cu_alloc(&r.q, nq * 4, "tuning queries", err))) rc = gop_fill(r.q, nq, true, 20261208, -1.0f, 1.0f, &cx, err);
+    if (!rc) rc = cu_alloc(&r.out, no * 4, "tuning outputs", err);
+    if (!rc) rc = cu_alloc(&r.scr, gop_mla_attend_scratch(d, B), "tuning scratch", err);
+    if (!rc) rc = cu_alloc(&r.slots, nslot * 4, "tuning rows", err);
+    if (!rc) rc = cu_alloc(&r.pos, (size_t)B * 4, "tuning rows", err);
+    if (!rc && selects) rc = cu_alloc(&r.sel, (size_t)B * d->idx_topk * 4, "tuning selection", err);
+    if (!rc) rc = attn_upload(&r, hs, nslot, hp, hsel, err);
+    if (!rc) rc = attn_one(t, &r, ref, out, o->log, err);
+    CUdeviceptr bufs[] = {r.kv, r.q, r.out, r.scr, r.slots, r.pos, r.sel};
+    for (size_t i = 0; i < MJ_ARRAY_LEN(bufs); i++)
+      if (bufs[i]) cu.cuMemFree(bufs[i]);
+    free(hs), free(hp), free(hsel), free(ref), free(out);
+  }
   return rc;
 }

@@ -10,9 +10,12 @@
  * batched GEMV of the dense projections (families gemv_mma, the tensor
  * cores, and gemv, the CUDA cores below GOP_GEMV_MMA_FROM rows: per shape
  * and row block of x; gop_dense.c's gemv_mma_tile and gemv_tile are the
- * built-in rule, docs/decode.md).  The engine asks once per bucket or per
- * GEMV shape and padded batch size, when it first needs it (never per
- * step): a usable record replaces the built-in tile, anything else (none,
+ * built-in rule, docs/decode.md), and the tensor-core attention's split
+ * of the context (family mla_attend: per batch size and context; the
+ * rule's target of 264 blocks was 31% slower than 132 at batch 8 and 30%
+ * faster at batch 32 on an H100, bench/results/2026-12-05-h100.md).  The
+ * engine asks once per bucket, per GEMV shape and padded batch size, or per
+ * batch size, when it first needs it (never per step): a usable record replaces the built-in tile, anything else (none,
  * corrupt, of another GPU, driver or template, a tile the kernel refuses)
  * leaves the built-in one, with one warning line for a record that was
  * there but could not be used.  Prefix: tune_.
@@ -118,6 +121,25 @@ int tune_gemv_candidates(int nb, int N, int K, gop_gemv_tile out[TUNE_GEMV_MAXCA
  * row blocks that took a record.  Errors: MJ_EIO, MJ_ENOMEM only. */
 int tune_gemv_plan(const tune_target *t, int B, int N, int K, gop_gemv_tiles *tab, int *ntuned, mj_err *err);
 
+/* ---- the attention's split (family mla_attend) --------------------------------------------- */
+/* A split in words: NSPLIT:HT ("32:4": the context in 32 parts, 4 m16
+ * tiles of heads a block).  parse returns the characters read (then ','
+ * or the end may follow), or 0 for text that is not one. */
+int tune_attn_split_parse(const char *s, gop_attn_split *out);
+void tune_attn_split_text(gop_attn_split s, char *out, size_t cap);
+
+/* The record of the attention of B rows at widths d (its max_ctx the
+ * cache's) on t: shape "heads=64 kv_rank=512 rope=64 topk=2048 ctx=1024
+ * B=8", the template's hash; results empty. */
+void tune_attn_want(const tune_target *t, const gop_dims *d, int B, cache_tune *want);
+
+/* The split for B rows: the stored winner where t has a usable record
+ * (gop_attn_check takes it: in range, within the engine's scratch, its
+ * kernel obtained for t->arch), else {0, 0}, the rule's.  As the others:
+ * a record there but unusable is one warning (once per process); *tuned
+ * (may be NULL) says whether one was taken.  Errors: MJ_EIO, MJ_ENOMEM. */
+int tune_attn_plan(const tune_target *t, const gop_dims *d, int B, gop_attn_split *s, bool *tuned, mj_err *err);
+
 /* ---- the timing runs (need a GPU of t->arch) -------------------------------------------- */
 typedef struct tune_opts {
   model_moe_cfg cfg;   /* the layer's widths (GLM-5's, or a model's) */
@@ -127,6 +149,7 @@ typedef struct tune_opts {
   FILE *log;           /* one line per kernel and bucket or shape (NULL: none) */
   const gop_gemv_shape *gemv; /* the step's GEMV shapes (gpu_gemv_shapes), for tune_gemv_run */
   int ngemv;
+  const gop_dims *attn;       /* the step's widths and max_ctx, for tune_attn_run */
 } tune_opts;
 
 /* For every bucket and expert kernel: time the built-in tile and the
@@ -150,5 +173,18 @@ int tune_moe_run(const tune_target *t, const tune_opts *o, mj_err *err);
  * t's record.  MJ_ENOGPU without a GPU of t->arch. */
 #define TUNE_GEMV_TOL 1e-4 /* the tiles differ only in the order of their f32 sums: ~1e-6 */
 int tune_gemv_run(const tune_target *t, const tune_opts *o, mj_err *err);
+
+/* For every batch size of o->buckets: time the attention (o->attn's widths
+ * and context, every row at its last position, with a selection of topk
+ * tokens where the context is longer) on the rule's split and on each of
+ * gop_attn_candidates, as CUDA-graph replay medians over cache slots
+ * rotated so the L2 serves none (three L2s' worth), a candidate's output
+ * first compared with the rule's (relative L2 <= TUNE_ATTN_TOL, every
+ * value written and finite: else it may not win), and store the fastest
+ * that beats the rule by 2% or more (else the rule's, with both times).
+ * Nothing where the tensor-core kernel does not fit the widths.  MJ_ENOGPU
+ * without a GPU of t->arch. */
+#define TUNE_ATTN_TOL 4e-3 /* the family's tolerance (kernels.h): P meets V in bf16, rounded per split */
+int tune_attn_run(const tune_target *t, const tune_opts *o, mj_err *err);
 
 #endif

@@ -16,8 +16,9 @@
  * concurrent writers.  The parent then walks everything once more: that
  * pass must find every kernel on disk, and its counts are the summary's.
  * --tune first times the tiles of the MoE expert kernels and of the dense
- * GEMVs on the GPU at hand and stores the winners (tune.h), which the dry
- * step then takes, so the warm-up compiles them.
+ * GEMVs, and the attention's split of the context, on the GPU at hand and
+ * stores the winners (tune.h), which the dry step then takes, so the
+ * warm-up compiles them.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -187,6 +188,14 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
     if ((rc = tune_gemv_run(&tt, &to, err))) goto out;
     if (!quiet)
       printf("warmup: tuned %d GEMV shapes at %d batch sizes on %s in %.1f s\n", to.ngemv, nb, tt.gpu,
+             (mj_now_ms() - tt0) / 1e3);
+    /* The attention's split of the context, at every batch size. */
+    tt0 = mj_now_ms();
+    gop_dims dims = gop_dims_of(&cfg, (int)ctx);
+    to.attn = &dims;
+    if ((rc = tune_attn_run(&tt, &to, err))) goto out;
+    if (!quiet && gop_attn_builtin(&dims, 1).nsplit)
+      printf("warmup: tuned the attention's split at %d batch sizes, ctx %d, on %s in %.1f s\n", nb, dims.max_ctx, tt.gpu,
              (mj_now_ms() - tt0) / 1e3);
   }
   double t0 = mj_now_ms();

@@ -827,6 +827,176 @@ static void test_gemv_warm(void) {
   env_put_back(&env);
 }
 
+/* ---- the attention's split (family mla_attend) ---- */
+/* GLM-5's attention widths with a cache of ctx tokens a slot. */
+static gop_dims attn_dims(int ctx) {
+  return (gop_dims){.hidden = 6144, .heads = 64, .nope = 192, .rope = 64, .v = 256, .kv_rank = 512, .q_rank = 2048,
+                    .idx_heads = 32, .idx_dim = 128, .idx_topk = 2048, .max_ctx = ctx};
+}
+
+static bool has_split(const gop_attn_split *c, int n, int nsplit, int ht) {
+  for (int i = 0; i < n; i++)
+    if (c[i].nsplit == nsplit && c[i].ht == ht) return true;
+  return false;
+}
+
+static void test_attn_split_text(void) {
+  gop_attn_split s = {0, 0};
+  T_EQ_INT(tune_attn_split_parse("32:4", &s), 4);
+  T_CHECK(s.nsplit == 32 && s.ht == 4);
+  T_EQ_INT(tune_attn_split_parse("16:1,8:4", &s), 4); /* a list's first */
+  T_CHECK(s.nsplit == 16 && s.ht == 1);
+  const char *bad[] = {"", "32", "0:4", "32:0", "32:4:1", "32:-4", "a:4", "32:4x", "5000:4"};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(bad); i++) {
+    T_EQ_INT(tune_attn_split_parse(bad[i], &s), 0);
+    if (tune_attn_split_parse(bad[i], &s)) fprintf(stderr, "  '%s' parsed\n", bad[i]);
+  }
+  char text[64];
+  tune_attn_split_text((gop_attn_split){11, 1}, text, sizeof text);
+  T_EQ_STR(text, "11:1");
+  tune_target t = test_target(t_scratch("ar"));
+  gop_dims d = attn_dims(1024);
+  cache_tune w;
+  tune_attn_want(&t, &d, 8, &w);
+  T_EQ_STR(w.family, "mla_attend");
+  T_EQ_STR(w.shape, "heads=64 kv_rank=512 rope=64 topk=2048 ctx=1024 B=8");
+  T_EQ_INT((int)strlen(w.source_hash), 32);
+}
+
+/* The candidates on 132 SMs without a device (227 KB of shared memory a
+ * block): the rule's first, then whole waves, each in range, distinct,
+ * within the engine's scratch and compiled for sm_90a. */
+static void test_attn_candidates(void) {
+  mj_err err = {0};
+  gop_dims d = attn_dims(1024);
+  gop_attn_split c[GOP_ATTN_MAXCAND];
+  /* Batch 8: the rule's 8 parts of one head tile (4 head groups, 256
+   * blocks; 264 the target, which all heads a block would not reach); one
+   * wave of all heads a block, one block a SM, is 16 parts (128 blocks:
+   * what the H100's 132-block sweep ran), two 32; with one head tile
+   * (three blocks a SM by shared memory: 396 a wave for 32 head groups)
+   * 11, 16 and 32 parts. */
+  int n = gop_attn_candidates(&d, 8, 132, c);
+  T_EQ_INT(n, 6);
+  T_CHECK(c[0].nsplit == 8 && c[0].ht == 1);
+  T_CHECK(has_split(c, n, 16, 4) && has_split(c, n, 32, 4) && has_split(c, n, 11, 1) && has_split(c, n, 16, 1) &&
+          has_split(c, n, 32, 1));
+  /* Batch 32: the rule's 8 parts; one wave 4, four waves 16. */
+  n = gop_attn_candidates(&d, 32, 132, c);
+  T_CHECK(n >= 4 && c[0].nsplit == 8 && c[0].ht == 4);
+  T_CHECK(has_split(c, n, 4, 4) && has_split(c, n, 16, 4));
+  /* Every batch size of the capture set, two contexts: sane and usable. */
+  int ctxs[] = {1024, 8192}, bs[] = {1, 2, 4, 8, 16, 32, 64};
+  for (size_t ci = 0; ci < MJ_ARRAY_LEN(ctxs); ci++)
+    for (size_t bi = 0; bi < MJ_ARRAY_LEN(bs); bi++) {
+      gop_dims e = attn_dims(ctxs[ci]);
+      int B = bs[bi];
+      n = gop_attn_candidates(&e, B, 132, c);
+      gop_attn_split b = gop_attn_builtin(&e, B);
+      T_CHECK(n >= 1 && n <= GOP_ATTN_MAXCAND && c[0].nsplit == b.nsplit && c[0].ht == b.ht);
+      for (int i = 0; i < n; i++) {
+        T_CHECK(c[i].nsplit >= 1 && c[i].nsplit <= (ctxs[ci] + 31) / 32 && c[i].ht >= 1 && c[i].ht <= 4);
+        for (int j = 0; j < i; j++) T_CHECK(c[i].nsplit != c[j].nsplit || c[i].ht != c[j].ht);
+        int rc = gop_attn_check(&e, B, c[i], "sm_90a", &err);
+        T_EQ_INT(rc, 0);
+        if (rc) fprintf(stderr, "  ctx %d B %d split %d:%d: %s\n", ctxs[ci], B, c[i].nsplit, c[i].ht, err.msg), mj_err_clear(&err);
+      }
+    }
+  /* Widths the tensor-core kernel does not take: none, and no record. */
+  gop_dims odd = d;
+  odd.kv_rank = 50;
+  T_EQ_INT(gop_attn_candidates(&odd, 8, 132, c), 0);
+  T_CHECK(gop_attn_builtin(&odd, 8).nsplit == 0);
+  jit_shutdown();
+}
+
+static cache_tune attn_record(const tune_target *t, const gop_dims *d, int B, const char *choice) {
+  cache_tune r;
+  tune_attn_want(t, d, B, &r);
+  snprintf(r.choice, sizeof r.choice, "%s", choice);
+  tune_attn_split_text(gop_attn_builtin(d, B), r.builtin, sizeof r.builtin);
+  r.us = 34.5, r.builtin_us = 50.25, r.date = 1764950000;
+  return r;
+}
+
+/* The lookup; returns the warnings file's lines. */
+static int attn_lookup(const tune_target *t, const gop_dims *d, int B, gop_attn_split *s, bool *tuned, const char *w) {
+  mj_err err = {0};
+  t_stderr_to(w);
+  int rc = tune_attn_plan(t, d, B, s, tuned, &err);
+  t_stderr_back();
+  T_EQ_INT(rc, 0);
+  if (rc) mj_err_print(&err, stderr);
+  return t_count_in(w, "\n");
+}
+
+static void test_attn_lookup(void) {
+  tune_target t = test_target(t_scratch("al"));
+  const char *w = t_scratch("awarn");
+  mj_err err = {0};
+  gop_dims d = attn_dims(1024), d8k = attn_dims(8192);
+  gop_attn_split s = {-1, -1};
+  bool tuned = true;
+  /* No record: the rule's ({0, 0}), silently. */
+  T_EQ_INT(attn_lookup(&t, &d, 8, &s, &tuned, w), 0);
+  T_CHECK(!tuned && s.nsplit == 0 && s.ht == 0);
+  /* A good record: taken. */
+  cache_tune good = attn_record(&t, &d, 8, "16:4");
+  T_EQ_INT(cache_tune_store(t.dir, &good, &err), 0);
+  T_EQ_INT(attn_lookup(&t, &d, 8, &s, &tuned, w), 0);
+  T_CHECK(tuned && s.nsplit == 16 && s.ht == 4);
+  /* Another batch size or context has a record of its own. */
+  T_EQ_INT(attn_lookup(&t, &d, 16, &s, &tuned, w), 0);
+  T_CHECK(!tuned && s.nsplit == 0);
+  T_EQ_INT(attn_lookup(&t, &d8k, 8, &s, &tuned, w), 0);
+  T_CHECK(!tuned && s.nsplit == 0);
+  /* Off: the rule's, no record read. */
+  tune_target off = t;
+  off.on = false;
+  T_EQ_INT(attn_lookup(&off, &d, 8, &s, &tuned, w), 0);
+  T_CHECK(!tuned && s.nsplit == 0);
+  /* Widths the tensor-core kernel does not take: no record is asked for. */
+  gop_dims odd = d;
+  odd.kv_rank = 50;
+  T_EQ_INT(attn_lookup(&t, &odd, 8, &s, &tuned, w), 0);
+  T_CHECK(!tuned && s.nsplit == 0);
+
+  /* Foreign and broken records: one warning each, naming the file and the
+   * reason, and the rule's split. */
+  struct {
+    int ctx;
+    const char *field, *value, *why;
+  } cases[] = {
+      {1024, "gpu", "NVIDIA H100 80GB HBM3", "tuned on NVIDIA H100 80GB HBM3, not Test GPU 141GB"},
+      {1024, "source_hash", "00000000000000000000000000000000", "tuned with another version of the mla_attend kernel"},
+      {1024, "shape", "heads=64 kv_rank=512 rope=64 topk=2048 ctx=1024 B=16", "a record of mla_attend heads=64"},
+      {1024, "choice", "fast", "corrupt (choice 'fast' is not a tile)"},
+      {1024, "choice", "16", "corrupt (choice '16' is not a tile)"},
+      {1024, "choice", "16:4,8:4", "corrupt (choice '16:4,8:4' is not a tile)"},
+      /* ctx 1024 has 32 tiles: 33 parts are out of range; 8 head tiles too */
+      {1024, "choice", "33:4", "the kernel refuses tile 33:4 (gop_mla_attend: split 33:4 is out of range"},
+      {1024, "choice", "16:8", "the kernel refuses tile 16:8 (gop_mla_attend: split 16:8 is out of range"},
+      /* in range at ctx 8192, but more parts than any candidate: more scratch than the engine holds */
+      {8192, "choice", "200:4", "the kernel refuses tile 200:4 (gop_mla_attend: split 200:4 needs"},
+  };
+  for (size_t i = 0; i < MJ_ARRAY_LEN(cases); i++) {
+    gop_dims *e = cases[i].ctx == 1024 ? &d : &d8k;
+    cache_tune want, r = attn_record(&t, e, 8, "16:4");
+    tune_attn_want(&t, e, 8, &want);
+    set_field(&r, cases[i].field, cases[i].value);
+    write_at(&t, &want, &r);
+    T_EQ_INT(attn_lookup(&t, e, 8, &s, &tuned, w), 1);
+    T_CHECK(!tuned && s.nsplit == 0 && s.ht == 0);
+    char *path = cache_tune_path(t.dir, &want);
+    warned_once(w, path, cases[i].why);
+    free(path);
+    T_EQ_INT(attn_lookup(&t, e, 8, &s, &tuned, w), 0); /* once per process */
+  }
+  uint64_t removed;
+  T_EQ_INT(cache_tune_clear(t.dir, &removed, &err), 0);
+  jit_shutdown();
+}
+
 int main(int argc, char **argv) {
   if (argc > 2 && strcmp(argv[1], "--populate") == 0) {
     /* For tests/cache_cli.sh and warmup.sh: a good record of each kind
@@ -858,6 +1028,9 @@ int main(int argc, char **argv) {
   T_RUN(test_gemv_candidates);
   T_RUN(test_gemv_lookup);
   T_RUN(test_gemv_assert_warm);
+  T_RUN(test_attn_split_text);
+  T_RUN(test_attn_candidates);
+  T_RUN(test_attn_lookup);
   T_RUN(test_gemv_warm);
   T_RUN(test_here);
   return t_scratch_done(t_status());

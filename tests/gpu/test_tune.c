@@ -19,6 +19,7 @@
  * flight, blocks, register caps), each taken by the lookup and held to the
  * CPU reference the same way: a tuned tile answers to the tolerance the
  * rule's does, whatever the run measured.
+ * (d) The attention's split, the same way (test_attn, below).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -209,6 +210,101 @@ static void test_candidates(void) {
   gop_gemv_tiles_free(&tab);
 }
 
+/* (d) The attention's split (family mla_attend) at GLM-5's widths, ctx
+ * 1024, batch 1, 8 and 32: the timing run stores a record for each, its
+ * winner the rule's split or 2% faster, which the lookup takes without a
+ * warning; then every candidate split (gop_attn_candidates) through
+ * gop_mla_attend_on against the CPU reference, ref_mla_attend, rows at
+ * different positions of different slots, every output written (poisoned
+ * first) and within the family's tolerance. */
+#define ATT_ROWS 32
+#define ATT_SLOTS 40
+static void test_attn(void) {
+  const gop_dims d = {.heads = 64, .nope = 192, .rope = 64, .v = 256, .kv_rank = 512, .idx_topk = 2048, .max_ctx = 1024};
+  const int bs[] = {1, 8, 32};
+  const size_t D = (size_t)d.kv_rank + d.rope, T = (size_t)d.max_ctx;
+  const size_t nq = (size_t)ATT_ROWS * d.heads * D, nkv = (size_t)ATT_SLOTS * T * D, no = (size_t)ATT_ROWS * d.heads * d.kv_rank;
+  const float scale = 1.0f / sqrtf((float)(d.nope + d.rope));
+  mj_err err = {0};
+  tune_opts o = {.buckets = bs, .nbuckets = (int)MJ_ARRAY_LEN(bs), .attn = &d, .log = stdout};
+  int rc = tune_attn_run(&target, &o, &err);
+  T_EQ_INT(rc, 0);
+  if (rc) mj_err_print(&err, stderr), mj_err_clear(&err);
+  for (size_t i = 0; i < MJ_ARRAY_LEN(bs); i++) {
+    cache_tune want, rec;
+    bool found = false, tuned = false;
+    tune_attn_want(&target, &d, bs[i], &want);
+    T_EQ_INT(cache_tune_find(target.dir, &want, &rec, &found, &err), 0);
+    T_CHECK(found);
+    if (!found) continue;
+    gop_attn_split b = gop_attn_builtin(&d, bs[i]), got;
+    char bt[64];
+    tune_attn_split_text(b, bt, sizeof bt);
+    T_EQ_STR(rec.builtin, bt);
+    T_CHECK(rec.us > 0 && rec.builtin_us > 0 && isfinite(rec.us) && isfinite(rec.builtin_us));
+    T_CHECK(strcmp(rec.choice, rec.builtin) == 0 || rec.us <= 0.98 * rec.builtin_us);
+    T_EQ_INT(tune_attn_plan(&target, &d, bs[i], &got, &tuned, &err), 0);
+    char gt[64];
+    tune_attn_split_text(got, gt, sizeof gt);
+    T_CHECK(tuned);
+    T_EQ_STR(gt, rec.choice);
+    printf("B %d: %s %.1f us (rule's %s %.1f us)\n", bs[i], rec.choice, rec.us, rec.builtin, rec.builtin_us);
+  }
+
+  float *q = mj_xmalloc(nq * 4), *want = mj_xmalloc(no * 4), *got = mj_xmalloc(no * 4);
+  bf16 *kv = mj_xmalloc(nkv * 2);
+  int slot[ATT_ROWS], pos[ATT_ROWS];
+  for (size_t i = 0; i < nq; i++) q[i] = frand();
+  for (size_t i = 0; i < nkv; i++) kv[i] = dt_f32_to_bf16(frand());
+  for (int b = 0; b < ATT_ROWS; b++) slot[b] = (b * 7 + 3) % ATT_SLOTS, pos[b] = (int)((b * 131 + 5) % T);
+  pos[0] = (int)T - 1;
+  CUdeviceptr dq = 0, dkv = 0, dslot = 0, dpos = 0, dout = 0, dscr = 0;
+  size_t scr = 0;
+  for (size_t i = 0; i < MJ_ARRAY_LEN(bs); i++)
+    scr = gop_mla_attend_scratch(&d, bs[i]) > scr ? gop_mla_attend_scratch(&d, bs[i]) : scr;
+  rc = cu_alloc(&dq, nq * 4, "q", &err) || cu_alloc(&dkv, nkv * 2, "kv", &err) || cu_alloc(&dslot, sizeof slot, "slot", &err) ||
+       cu_alloc(&dpos, sizeof pos, "pos", &err) || cu_alloc(&dout, no * 4, "out", &err) || cu_alloc(&dscr, scr, "scratch", &err);
+  T_EQ_INT(rc, 0);
+  if (!rc && (cu.cuMemcpyHtoD(dq, q, nq * 4) || cu.cuMemcpyHtoD(dkv, kv, nkv * 2) ||
+              cu.cuMemcpyHtoD(dslot, slot, sizeof slot) || cu.cuMemcpyHtoD(dpos, pos, sizeof pos)))
+    rc = MJ_ECUDA;
+  T_EQ_INT(rc, 0);
+  const double tol = kt_kernels[KT_mla_attend].tol;
+  int ncand = 0;
+  for (size_t i = 0; i < MJ_ARRAY_LEN(bs) && !rc; i++) {
+    const int B = bs[i];
+    const size_t n = (size_t)B * d.heads * d.kv_rank;
+    ref_mla_attend(q, kv, slot, pos, NULL, B, d.heads, d.kv_rank, d.rope, d.max_ctx, d.idx_topk, scale, want);
+    gop_attn_split c[GOP_ATTN_MAXCAND];
+    int nc = gop_attn_candidates(&d, B, 0, c);
+    T_CHECK(nc >= 1);
+    for (int k = 0; k < nc; k++, ncand++) {
+      const gop_ctx cx = {.attn = c[k]};
+      gop_rows rows = {.slot = dslot, .pos = dpos};
+      int r = cu.cuMemsetD8(dout, 0xFF, n * 4) ? MJ_ECUDA : 0;
+      if (!r) r = gop_mla_attend_on(GOP_ATTEND_MMA, &d, dq, (gop_cache){dkv, 0}, rows, 0, scale, dout, dscr, B, &cx, &err);
+      if (!r && (cu.cuCtxSynchronize() || cu.cuMemcpyDtoH(got, dout, n * 4))) r = MJ_ECUDA;
+      T_EQ_INT(r, 0);
+      if (r) {
+        fprintf(stderr, "  B %d split %d:%d: %s\n", B, c[k].nsplit, c[k].ht, err.msg);
+        mj_err_clear(&err);
+        continue;
+      }
+      int bad = 0;
+      for (size_t j = 0; j < n; j++) bad += !isfinite(got[j]);
+      double e = ref_rel_err(got, want, n);
+      T_EQ_INT(bad, 0);
+      T_CHECK(e <= tol);
+      if (bad || !(e <= tol)) fprintf(stderr, "  B %d split %d:%d: rel %.2e, %d not finite\n", B, c[k].nsplit, c[k].ht, e, bad);
+    }
+  }
+  printf("attention: %d candidate splits against the CPU reference\n", ncand);
+  CUdeviceptr bufs[] = {dq, dkv, dslot, dpos, dout, dscr};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(bufs); i++)
+    if (bufs[i]) cu.cuMemFree(bufs[i]);
+  free(q), free(want), free(got), free(kv);
+}
+
 int gpu_test_tune(int argc, char **argv) {
   if (t_scratch_init("gputune")) return 1;
   setenv("MOEJIT_CACHE_DIR", t_root, 1);
@@ -223,6 +319,7 @@ int gpu_test_tune(int argc, char **argv) {
     printf("tuning target: %s (%s), driver %s, records in %s\n", target.gpu, target.arch, target.driver, target.dir);
     T_RUN(test_run);
     T_RUN(test_candidates);
+    T_RUN(test_attn);
   }
   for (size_t i = 0; i < MJ_ARRAY_LEN(shapes); i++) shape_free(&shapes[i]);
   jit_shutdown();
