@@ -403,6 +403,11 @@ size_t gop_dsa_select_scratch(const gop_dims *d, int B) {
 
 int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache c, gop_rows rows, CUdeviceptr sel,
                    CUdeviceptr scratch, int B, const gop_ctx *cx, mj_err *err) {
+  return gop_dsa_select_on(GOP_DSA_AUTO, d, iq, iw, c, rows, sel, scratch, B, cx, err);
+}
+
+int gop_dsa_select_on(gop_dsa_kind kind, const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache c, gop_rows rows,
+                      CUdeviceptr sel, CUdeviceptr scratch, int B, const gop_ctx *cx, mj_err *err) {
   int rc = dsa_check(d, B, err);
   if (rc) return rc;
   /* One row: dsa.cu's batch-1 pair (HS threads a token; the row's keys
@@ -420,9 +425,13 @@ int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache 
   /* The tensor-core scorer takes IDIM % 16 == 0 and IH % 8 == 0 (its
    * shared memory: the queries' fragments, 8 bytes a query float, and the
    * weights). */
-  bool tc = dsa_env_tc && spec && d->idx_dim % 16 == 0 && d->idx_heads % 8 == 0;
   size_t tc_smem = ((size_t)d->idx_dim * (size_t)d->idx_heads * 2 + (size_t)d->idx_heads) * sizeof(float);
-  if (tc && tc_smem > GOP_MAX_SMEM) tc = false;
+  bool tc_fits = spec && d->idx_dim % 16 == 0 && d->idx_heads % 8 == 0 && tc_smem <= GOP_MAX_SMEM;
+  if (kind == GOP_DSA_TC && !tc_fits)
+    return mj_fail(err, MJ_EINPUT, "gop_dsa_select: the tensor-core scorer takes idx_dim %% 16 == 0 and idx_heads %% 8 "
+                   "== 0 (at most %d heads, %d bytes of shared memory), not %d and %d", DSA_MAX_SPEC_HEADS, GOP_MAX_SMEM,
+                   d->idx_dim, d->idx_heads);
+  bool tc = kind == GOP_DSA_TC || (kind == GOP_DSA_AUTO && dsa_env_tc && tc_fits);
   int hs = one && spec && !tc && d->idx_heads % DSA_HS == 0 ? DSA_HS : 1;
   int tpt = hs > 1 ? gop_dsa_score_tpt(d->max_ctx, hs, 0) : 1;
   char e1[64], g1[64], e2[64];
@@ -439,7 +448,8 @@ int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache 
   jit_spec gen1 = {g1, NULL, 0};
   const jit_fn *score = NULL, *topk = NULL;
   bool launch = false;
-  rc = gop_get(cx, KT_dsa_select, spec ? e1 : g1, NULL, 0, spec ? &gen1 : NULL, &score, &launch, err);
+  rc = gop_get(cx, KT_dsa_select, spec ? e1 : g1, NULL, 0, spec && kind != GOP_DSA_TC ? &gen1 : NULL, &score, &launch,
+               err);
   if (rc) return rc;
   rc = gop_get(cx, KT_dsa_select, e2, NULL, 0, NULL, &topk, &launch, err);
   if (rc) return rc;

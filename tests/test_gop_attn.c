@@ -69,6 +69,13 @@ static void dry(const gop_dims *d, int B) {
     mj_err_clear(&err);
   }
   T_EQ_INT(gop_dsa_select_scratch(d, B), (size_t)B * d->max_ctx * 4);
+  /* The tensor-core scorer, forced, where the widths allow it (else a clear refusal). */
+  bool dtc = d->idx_dim % 16 == 0 && d->idx_heads % 8 == 0;
+  int rc = gop_dsa_select_on(GOP_DSA_TC, d, 0, 0, (gop_cache){0, 0}, (gop_rows){0, 0, 0}, 0, 0, B, &DRY, &err);
+  if (dtc && rc) mj_err_print(&err, stderr);
+  T_EQ_INT(rc, dtc ? 0 : MJ_EINPUT);
+  if (!dtc) T_CHECK(strstr(err.msg, "the tensor-core scorer takes idx_dim % 16 == 0 and idx_heads % 8 == 0") != NULL);
+  mj_err_clear(&err);
 }
 
 /* The batch-1 scorer's tokens a thread: the largest of 4, 2, 1 whose grid
@@ -109,6 +116,12 @@ static void test_compile(void) {
                   .idx_topk = 5, .max_ctx = 40};
   gop_dims gen = {.heads = 5, .rope = 6, .kv_rank = 50, .idx_heads = 3, .idx_dim = 10, .idx_topk = 7, .max_ctx = 33};
   for (int B = 1; B <= 4; B++) dry(&odd, B), dry(&gen, B);
+  /* gputest attn's smallest widths of the tensor-core scorer */
+  gop_dims dtc = odd;
+  dtc.idx_heads = 8;
+  for (int B = 1; B <= 5; B += 4) dry(&dtc, B);
+  dtc.idx_dim = 32, dtc.max_ctx = 72;
+  dry(&dtc, 1);
   /* Too wide for the generic attention: a clear error. */
   gop_dims wide = gen;
   wide.kv_rank = 1100;
@@ -142,6 +155,7 @@ static void test_compile(void) {
   show(KT_dsa_select, "dsa_topk_smem<1024, true>"); /* placed by warp ranges */
   show(KT_dsa_select, "dsa_score_tc<128, 32, 8>");  /* the scorer on the tensor cores (MOEJIT_DSA_TC=1) */
   show(KT_dsa_select, "dsa_score_tc<16, 8, 8>");
+  show(KT_dsa_select, "dsa_score_tc<32, 8, 8>");  /* gputest attn's small batch-1 shape */
   DRY.arch = NULL;
 }
 

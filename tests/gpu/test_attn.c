@@ -10,7 +10,9 @@
  *   Selection: the indexer's inputs are multiples of 1/8 (1/16 for the
  *   weights), so every dot product is exact and the GPU's scores are
  *   bit-identical to the CPU's; the selected set must then equal
- *   ref_dsa_select's exactly.  Run twice: distinct keys, and keys drawn
+ *   ref_dsa_select's exactly, on the FMA scorers and, where idx_dim %
+ *   16 == 0 and idx_heads % 8 == 0, on the tensor-core one (tf32 holds
+ *   those inputs, so its scores are exact too).  Run twice: distinct keys, and keys drawn
  *   from a handful of vectors (every score tied many times over, the
  *   boundary inside a tie).  Rows with pos + 1 <= idx_topk must keep the
  *   poison (-1).
@@ -65,6 +67,10 @@ static const shape shapes[] = {
     {"small b1 hs 1", 3, 48, 8, 2, 16, 5, 40, 1, {0}, {38}},
     /* The smallest widths the tensor-core kernel takes, a partial head tile. */
     {"small tc", 20, 64, 16, 2, 16, 24, 72, 5, {4, 0, 2, 3, 1}, {0, 31, 32, 50, 71}, {71, 23, 24, 5, 40}},
+    /* The smallest widths the tensor-core scorer takes (8 indexer heads,
+     * 16 and 32 dimensions), rows ending inside a 16-token tile. */
+    {"small dsa tc", 3, 48, 8, 8, 16, 5, 40, 5, {4, 0, 2, 3, 1}, {0, 4, 5, 21, 39}, {39, 5, 4, 30, 17}},
+    {"small b1 dsa tc", 3, 48, 8, 8, 32, 5, 72, 1, {0}, {70}, {33}},
 };
 
 static uint64_t rng = 88172645463325252ull;
@@ -213,29 +219,42 @@ static int run_shape(const shape *s, bool ties, mj_err *err) {
   gop_rows rows = {0, g.slot, g.pos};
   gop_cache c = {g.kv, g.ikey};
 
-  /* Selection. */
-  CU_CHECK_GOTO(err, cu.cuMemsetD8(g.sel, 0xFF, nsel * 4), out); /* -1 */
-  if ((r = gop_dsa_select(&d, g.iq, g.iw, c, rows, g.sel, g.scratch, B, &(gop_ctx){0}, err))) goto out;
-  r = MJ_ECUDA;
-  CU_CHECK_GOTO(err, cu.cuCtxSynchronize(), out);
-  CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(sel_got, g.sel, nsel * 4), out);
+  /* Selection, on the FMA scorers and, where the widths allow, the
+   * tensor-core one (the same exact scores: the inputs are multiples of
+   * 1/8, which tf32 holds). */
   int sel_rows = 0, sel_bad = 0;
   for (int b = 0; b < B; b++) {
-    int *gr = sel_got + (size_t)b * K, *rr = sel_ref + (size_t)b * K;
-    qsort(gr, (size_t)K, 4, cmp_int);
-    qsort(rr, (size_t)K, 4, cmp_int);
+    qsort(sel_ref + (size_t)b * K, (size_t)K, 4, cmp_int);
     sel_rows += s->pos[b] + 1 > K;
-    int off = 0;
-    for (int i = 0; i < K; i++) off += gr[i] != rr[i];
-    if (off) {
-      sel_bad++;
-      fprintf(stderr, "  %s: row %d (pos %d): %d of %d selected tokens differ", s->name, b, s->pos[b], off, K);
-      for (int i = 0, shown = 0; i < K && shown < 4; i++)
-        if (gr[i] != rr[i]) fprintf(stderr, "%s [%d] gpu %d ref %d", shown++ ? "," : ":", i, gr[i], rr[i]);
-      fprintf(stderr, "\n");
-    }
   }
-  T_EQ_INT(sel_bad, 0);
+  bool dsa_tc = ID % 16 == 0 && IH % 8 == 0;
+  for (int run = 0; run < (dsa_tc ? 2 : 1); run++) {
+    gop_dsa_kind dk = run ? GOP_DSA_TC : GOP_DSA_FMA;
+    CU_CHECK_GOTO(err, cu.cuMemsetD8(g.sel, 0xFF, nsel * 4), out); /* -1 */
+    if ((r = gop_dsa_select_on(dk, &d, g.iq, g.iw, c, rows, g.sel, g.scratch, B, &(gop_ctx){0}, err))) goto out;
+    r = MJ_ECUDA;
+    CU_CHECK_GOTO(err, cu.cuCtxSynchronize(), out);
+    CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(sel_got, g.sel, nsel * 4), out);
+    int bad_rows = 0;
+    for (int b = 0; b < B; b++) {
+      int *gr = sel_got + (size_t)b * K, *rr = sel_ref + (size_t)b * K;
+      qsort(gr, (size_t)K, 4, cmp_int);
+      int off = 0;
+      for (int i = 0; i < K; i++) off += gr[i] != rr[i];
+      if (off) {
+        bad_rows++;
+        fprintf(stderr, "  %s (%s scorer): row %d (pos %d): %d of %d selected tokens differ", s->name,
+                run ? "tensor-core" : "FMA", b, s->pos[b], off, K);
+        for (int i = 0, shown = 0; i < K && shown < 4; i++)
+          if (gr[i] != rr[i]) fprintf(stderr, "%s [%d] gpu %d ref %d", shown++ ? "," : ":", i, gr[i], rr[i]);
+        fprintf(stderr, "\n");
+      }
+    }
+    printf("%-14s %-8s B %d ctx %5d topk %4d  select (%s scorer): rows %d, %d differ\n", s->name,
+           ties ? "ties" : "distinct", B, T, K, run ? "tensor-core" : "FMA", sel_rows, bad_rows);
+    T_EQ_INT(bad_rows, 0);
+    sel_bad += bad_rows;
+  }
 
   /* Attention, without and with the selection (the CPU's, in its order),
    * on the CUDA-core kernel and, where the widths allow, the tensor cores. */
