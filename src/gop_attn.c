@@ -135,12 +135,20 @@ static int att_tc_plan(const gop_dims *d, int B, gop_attn_split s, att_plan *p, 
   long target = att_env_blocks ? att_env_blocks : ATT_TC_TARGET_BLOCKS;
   long most = (d->max_ctx + ATT_TILE - 1) / ATT_TILE;
   int tiles = (d->heads + 15) / 16;
-  bool given = (s.nsplit || s.ht) && !att_env_blocks && !att_env_ht;
-  if (given && (s.ht < 1 || s.ht > ATT_TC_HT || s.ht > tiles || s.nsplit < 1 || s.nsplit > most ||
-                s.nsplit > ATT_MAX_SPLIT))
+  /* A given split is judged even where a sweep's variables then replace
+   * it, so that a record is never taken on their account. */
+  if ((s.nsplit || s.ht) && (s.ht < 1 || s.ht > ATT_TC_HT || s.ht > tiles || s.nsplit < 1 || s.nsplit > most ||
+                             s.nsplit > ATT_MAX_SPLIT))
     return mj_fail(err, MJ_EINPUT, "gop_mla_attend: split %d:%d is out of range (1..%ld parts of ctx %d, 1..%d head "
                    "tiles of %d heads)", s.nsplit, s.ht, most < ATT_MAX_SPLIT ? most : ATT_MAX_SPLIT, d->max_ctx,
                    tiles < ATT_TC_HT ? tiles : ATT_TC_HT, d->heads);
+  if (s.nsplit) {
+    att_split_n(d, s.nsplit, p);
+    if (p->nsplit != s.nsplit)
+      return mj_fail(err, MJ_EINPUT, "gop_mla_attend: split %d:%d does not cut ctx %d into whole 32-token tiles (it "
+                     "runs as %d parts)", s.nsplit, s.ht, d->max_ctx, p->nsplit);
+  }
+  bool given = s.nsplit && !att_env_blocks && !att_env_ht;
   p->ht = given ? s.ht : tiles < ATT_TC_HT ? tiles : ATT_TC_HT;
   if (!given && (long)B * ((tiles + p->ht - 1) / p->ht) * most < target) p->ht = 1;
   if (att_env_ht) p->ht = att_env_ht < tiles ? att_env_ht : tiles;
@@ -203,6 +211,11 @@ size_t gop_mla_attend_scratch(const gop_dims *d, int B) {
   return n;
 }
 
+bool gop_attn_env_set(void) {
+  pthread_once(&att_env_once, att_env_read);
+  return att_env_blocks || att_env_ht;
+}
+
 gop_attn_split gop_attn_builtin(const gop_dims *d, int B) {
   att_plan p;
   mj_err err = {0};
@@ -217,9 +230,12 @@ gop_attn_split gop_attn_builtin(const gop_dims *d, int B) {
  * by its shared memory (the device's, else sm_90's 227 KB a block, 1 KB
  * a block kept by the driver) and by its threads (128 a head tile, 2048 a
  * SM). */
-static int att_tc_per_sm(const gop_dims *d, int ht) {
+static long att_smem_optin(void) {
   const cu_device *dv = cu_dev();
-  long optin = dv && dv->max_smem_per_block_optin > 0 ? dv->max_smem_per_block_optin : GOP_MAX_SMEM;
+  return dv && dv->max_smem_per_block_optin > 0 ? dv->max_smem_per_block_optin : GOP_MAX_SMEM;
+}
+static int att_tc_per_sm(const gop_dims *d, int ht) {
+  long optin = att_smem_optin();
   long by_smem = (optin + 1024) / ((long)att_tc_smem(d, ht) + 1024), by_threads = 2048 / (128 * ht);
   long n = by_smem < by_threads ? by_smem : by_threads;
   return n < 1 ? 1 : (int)n;
@@ -240,6 +256,7 @@ int gop_attn_candidates(const gop_dims *d, int B, int sm_count, gop_attn_split o
   int hts[2] = {tiles < ATT_TC_HT ? tiles : ATT_TC_HT, 1};
   for (int h = 0; h < (hts[0] > 1 ? 2 : 1); h++) {
     int ht = hts[h];
+    if ((long)att_tc_smem(d, ht) > att_smem_optin()) continue; /* more than a block may have here */
     long per = (long)B * ((tiles + ht - 1) / ht);
     for (size_t w = 0; w < MJ_ARRAY_LEN(waves); w++) {
       long want = waves[w] * sms * att_tc_per_sm(d, ht) / per;
@@ -260,6 +277,9 @@ int gop_attn_check(const gop_dims *d, int B, gop_attn_split s, const char *arch,
   att_plan p;
   int rc = att_tc_plan(d, B, s, &p, err);
   if (rc) return rc;
+  if ((long)p.smem > att_smem_optin())
+    return mj_fail(err, MJ_EINPUT, "gop_mla_attend: split %d:%d needs %zu bytes of shared memory a block, more than "
+                   "this GPU allows (%ld)", s.nsplit, s.ht, p.smem, att_smem_optin());
   if (att_scratch(d, B, &p) > gop_mla_attend_scratch(d, B))
     return mj_fail(err, MJ_EINPUT, "gop_mla_attend: split %d:%d needs %zu bytes of scratch, more than the engine holds "
                    "for %d rows (%zu)", s.nsplit, s.ht, att_scratch(d, B, &p), B, gop_mla_attend_scratch(d, B));

@@ -245,14 +245,18 @@ size_t gop_mla_attend_scratch(const gop_dims *d, int B);
  * memory allows, whole, with all heads (up to 4 tiles) and one tile a
  * block; distinct;
  * the count (0 where the kernel does not fit), at most GOP_ATTN_MAXCAND.
- * gop_mla_attend_scratch covers every candidate.  check: whether split s
- * is one the launcher takes for B rows (its scratch within
- * gop_mla_attend_scratch's), and its kernel obtained for arch (the front
- * door's error; MJ_EINPUT for a split out of range). */
+ * gop_mla_attend_scratch covers every candidate (a head tiling whose
+ * shared memory the device does not allow is none).  check: whether split
+ * s is one the launcher takes for B rows (in range, a whole cut of the
+ * context into 32-token tiles, its shared memory within the device's and
+ * its scratch within gop_mla_attend_scratch's), and its kernel obtained
+ * for arch (the front door's error; MJ_EINPUT for a split it refuses). */
 #define GOP_ATTN_MAXCAND 8
 gop_attn_split gop_attn_builtin(const gop_dims *d, int B);
 int gop_attn_candidates(const gop_dims *d, int B, int sm_count, gop_attn_split out[GOP_ATTN_MAXCAND]);
 int gop_attn_check(const gop_dims *d, int B, gop_attn_split s, const char *arch, mj_err *err);
+/* Whether MOEJIT_ATTEND_BLOCKS or MOEJIT_ATTEND_HT (a sweep's) replaces every split. */
+bool gop_attn_env_set(void);
 int gop_mla_attend(const gop_dims *d, CUdeviceptr qlat, gop_cache c, gop_rows rows, CUdeviceptr sel, float scale,
                    CUdeviceptr olat, CUdeviceptr scratch, int B, const gop_ctx *cx, mj_err *err);
 /* gop_mla_attend on the kernel kind names: GOP_ATTEND_AUTO (what

@@ -898,6 +898,10 @@ static int attn_one(const tune_target *t, attn_rig *r, float *ref, float *out, F
 int tune_attn_run(const tune_target *t, const tune_opts *o, mj_err *err) {
   int rc = run_ready(t, err);
   if (rc || !o->attn) return rc;
+  if (gop_attn_env_set()) { /* every candidate would run the sweep's split: nothing to time */
+    mj_warn("tune: MOEJIT_ATTEND_BLOCKS or MOEJIT_ATTEND_HT is set: the attention's split is not tuned");
+    return 0;
+  }
   const gop_dims *d = o->attn;
   const size_t D = (size_t)d->kv_rank + (size_t)d->rope, T = (size_t)d->max_ctx, slot_bytes = T * D * 2;
   const gop_ctx cx = {0};
