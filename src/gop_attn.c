@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "gpu_ops.h"
 
@@ -120,12 +121,29 @@ static void att_env_read(void) {
   dsa_env_tc = env_int("MOEJIT_DSA_TC", 0, 1, DSA_TC);
 }
 
-/* The tensor-core kernel's plan: all heads a block in tiles of up to
- * ATT_TC_HT m16 tiles, the context split so that about
- * ATT_TC_TARGET_BLOCKS blocks run; or split s where it is given (a tuned
- * one: nsplit parts, ht tiles), unless MOEJIT_ATTEND_BLOCKS or
+/* The dynamic shared memory a block may have on arch: the device's when
+ * arch is NULL or names it; else the target's, as the CUDA programming
+ * guide lists it by compute capability (8.0: 163 KiB; 8.6, 8.7, 8.9 and
+ * 12.0: 99 KiB; 9.0 and 10.0: 227 KiB), so that a warm-up for a target
+ * without its GPU plans what that GPU will run; GOP_MAX_SMEM else. */
+static long att_smem_limit(const char *arch) {
+  const cu_device *dv = cu_dev();
+  if (dv && dv->max_smem_per_block_optin > 0 && (!arch || strcmp(arch, dv->arch) == 0))
+    return dv->max_smem_per_block_optin;
+  switch (arch && strncmp(arch, "sm_", 3) == 0 ? atoi(arch + 3) : 0) {
+  case 80: return 163 * 1024;
+  case 86: case 87: case 89: case 120: return 99 * 1024;
+  default: return GOP_MAX_SMEM;
+  }
+}
+
+/* The tensor-core kernel's plan for arch (NULL: the GPU's): all heads a
+ * block in tiles of up to ATT_TC_HT m16 tiles (fewer, 4, 2 or 1, where
+ * the target's shared memory holds fewer), the context split so that
+ * about ATT_TC_TARGET_BLOCKS blocks run; or split s where it is given (a
+ * tuned one: nsplit parts, ht tiles), unless MOEJIT_ATTEND_BLOCKS or
  * MOEJIT_ATTEND_HT asks for a sweep's. */
-static int att_tc_plan(const gop_dims *d, int B, gop_attn_split s, att_plan *p, mj_err *err) {
+static int att_tc_plan(const gop_dims *d, int B, gop_attn_split s, const char *arch, att_plan *p, mj_err *err) {
   int rc = att_check(d, B, err);
   if (rc) return rc;
   if (!att_tc_fits(d))
@@ -151,6 +169,7 @@ static int att_tc_plan(const gop_dims *d, int B, gop_attn_split s, att_plan *p, 
   bool given = s.nsplit && !att_env_blocks && !att_env_ht;
   p->ht = given ? s.ht : tiles < ATT_TC_HT ? tiles : ATT_TC_HT;
   if (!given && (long)B * ((tiles + p->ht - 1) / p->ht) * most < target) p->ht = 1;
+  while (!given && p->ht > 1 && (long)att_tc_smem(d, p->ht) > att_smem_limit(arch)) p->ht /= 2;
   if (att_env_ht) p->ht = att_env_ht < tiles ? att_env_ht : tiles;
   p->tc = p->spec = true;
   p->hg = 16 * p->ht;
@@ -158,8 +177,10 @@ static int att_tc_plan(const gop_dims *d, int B, gop_attn_split s, att_plan *p, 
   if (given) att_split_n(d, s.nsplit, p);
   else att_split(d, B, target, p);
   p->smem = att_tc_smem(d, p->ht);
-  if (p->smem > GOP_MAX_SMEM)
-    return mj_fail(err, MJ_EINPUT, "gop_mla_attend: the tensor-core kernel needs %zu bytes of shared memory", p->smem);
+  if ((long)p->smem > att_smem_limit(arch))
+    return mj_fail(err, MJ_EINPUT, "gop_mla_attend: the tensor-core kernel with %d head tiles needs %zu bytes of "
+                   "shared memory a block, more than %s allows (%ld)", p->ht, p->smem, arch ? arch : "this GPU",
+                   att_smem_limit(arch));
   return 0;
 }
 
@@ -206,7 +227,7 @@ size_t gop_mla_attend_scratch(const gop_dims *d, int B) {
   gop_attn_split c[GOP_ATTN_MAXCAND];
   int nc = gop_attn_candidates(d, B, 0, c);
   for (int i = 0; i < nc; i++)
-    if (att_tc_plan(d, B, c[i], &t, &err) == 0 && att_scratch(d, B, &t) > n) n = att_scratch(d, B, &t);
+    if (att_tc_plan(d, B, c[i], NULL, &t, &err) == 0 && att_scratch(d, B, &t) > n) n = att_scratch(d, B, &t);
   mj_err_clear(&err);
   return n;
 }
@@ -216,10 +237,10 @@ bool gop_attn_env_set(void) {
   return att_env_blocks || att_env_ht;
 }
 
-gop_attn_split gop_attn_builtin(const gop_dims *d, int B) {
+gop_attn_split gop_attn_builtin(const gop_dims *d, int B, const char *arch) {
   att_plan p;
   mj_err err = {0};
-  if (!att_tc_fits(d) || att_tc_plan(d, B, (gop_attn_split){0, 0}, &p, &err)) {
+  if (!att_tc_fits(d) || att_tc_plan(d, B, (gop_attn_split){0, 0}, arch, &p, &err)) {
     mj_err_clear(&err);
     return (gop_attn_split){0, 0};
   }
@@ -230,19 +251,15 @@ gop_attn_split gop_attn_builtin(const gop_dims *d, int B) {
  * by its shared memory (the device's, else sm_90's 227 KB a block, 1 KB
  * a block kept by the driver) and by its threads (128 a head tile, 2048 a
  * SM). */
-static long att_smem_optin(void) {
-  const cu_device *dv = cu_dev();
-  return dv && dv->max_smem_per_block_optin > 0 ? dv->max_smem_per_block_optin : GOP_MAX_SMEM;
-}
 static int att_tc_per_sm(const gop_dims *d, int ht) {
-  long optin = att_smem_optin();
+  long optin = att_smem_limit(NULL);
   long by_smem = (optin + 1024) / ((long)att_tc_smem(d, ht) + 1024), by_threads = 2048 / (128 * ht);
   long n = by_smem < by_threads ? by_smem : by_threads;
   return n < 1 ? 1 : (int)n;
 }
 
 int gop_attn_candidates(const gop_dims *d, int B, int sm_count, gop_attn_split out[GOP_ATTN_MAXCAND]) {
-  gop_attn_split b = gop_attn_builtin(d, B);
+  gop_attn_split b = gop_attn_builtin(d, B, NULL);
   if (!b.nsplit) return 0;
   const cu_device *dv = sm_count > 0 ? NULL : cu_dev();
   long sms = sm_count > 0 ? sm_count : dv && dv->sm_count > 0 ? dv->sm_count : 132;
@@ -256,7 +273,7 @@ int gop_attn_candidates(const gop_dims *d, int B, int sm_count, gop_attn_split o
   int hts[2] = {tiles < ATT_TC_HT ? tiles : ATT_TC_HT, 1};
   for (int h = 0; h < (hts[0] > 1 ? 2 : 1); h++) {
     int ht = hts[h];
-    if ((long)att_tc_smem(d, ht) > att_smem_optin()) continue; /* more than a block may have here */
+    if ((long)att_tc_smem(d, ht) > att_smem_limit(NULL)) continue; /* more than a block may have here */
     long per = (long)B * ((tiles + ht - 1) / ht);
     for (size_t w = 0; w < MJ_ARRAY_LEN(waves); w++) {
       long want = waves[w] * sms * att_tc_per_sm(d, ht) / per;
@@ -275,11 +292,8 @@ int gop_attn_candidates(const gop_dims *d, int B, int sm_count, gop_attn_split o
 
 int gop_attn_check(const gop_dims *d, int B, gop_attn_split s, const char *arch, mj_err *err) {
   att_plan p;
-  int rc = att_tc_plan(d, B, s, &p, err);
+  int rc = att_tc_plan(d, B, s, arch, &p, err);
   if (rc) return rc;
-  if ((long)p.smem > att_smem_optin())
-    return mj_fail(err, MJ_EINPUT, "gop_mla_attend: split %d:%d needs %zu bytes of shared memory a block, more than "
-                   "this GPU allows (%ld)", s.nsplit, s.ht, p.smem, att_smem_optin());
   if (att_scratch(d, B, &p) > gop_mla_attend_scratch(d, B))
     return mj_fail(err, MJ_EINPUT, "gop_mla_attend: split %d:%d needs %zu bytes of scratch, more than the engine holds "
                    "for %d rows (%zu)", s.nsplit, s.ht, att_scratch(d, B, &p), B, gop_mla_attend_scratch(d, B));
@@ -322,8 +336,8 @@ int gop_mla_attend_on(gop_attend_kind kind, const gop_dims *d, CUdeviceptr qlat,
   att_plan p;
   mj_err te = {0};
   bool auto_tc = kind == GOP_ATTEND_AUTO && GOP_ATTEND_MMA_DEFAULT && att_tc_fits(d);
-  int rc = kind == GOP_ATTEND_MMA ? att_tc_plan(d, B, cx->attn, &p, err)
-           : auto_tc && att_tc_plan(d, B, cx->attn, &p, &te) == 0 ? 0
+  int rc = kind == GOP_ATTEND_MMA ? att_tc_plan(d, B, cx->attn, cx->arch, &p, err)
+           : auto_tc && att_tc_plan(d, B, cx->attn, cx->arch, &p, &te) == 0 ? 0
                                                         : att_plan_make(d, B, &p, err);
   mj_err_clear(&te);
   if (rc) return rc;

@@ -238,8 +238,9 @@ int gop_mla_q(const gop_dims *d, CUdeviceptr Q, CUdeviceptr kv_b, gop_rows rows,
  * to every token 0..pos.  scratch: at least gop_mla_attend_scratch bytes. */
 size_t gop_mla_attend_scratch(const gop_dims *d, int B);
 /* The tensor-core attention's splits for B rows (cx->attn), the tuning's
- * family mla_attend (tune.h): the rule's is builtin ({0, 0} where the
- * tensor-core kernel does not fit the widths).  candidates: the rule's
+ * family mla_attend (tune.h): the rule's is builtin, for arch (NULL: the
+ * GPU's; {0, 0} where the tensor-core kernel does not fit the widths or
+ * the target's shared memory).  candidates: the rule's
  * first, then the splits that fill one, two or four waves of the GPU's
  * SMs (sm_count; 0: the device's, else 132) at the blocks a SM its shared
  * memory allows, whole, with all heads (up to 4 tiles) and one tile a
@@ -252,7 +253,7 @@ size_t gop_mla_attend_scratch(const gop_dims *d, int B);
  * its scratch within gop_mla_attend_scratch's), and its kernel obtained
  * for arch (the front door's error; MJ_EINPUT for a split it refuses). */
 #define GOP_ATTN_MAXCAND 8
-gop_attn_split gop_attn_builtin(const gop_dims *d, int B);
+gop_attn_split gop_attn_builtin(const gop_dims *d, int B, const char *arch);
 int gop_attn_candidates(const gop_dims *d, int B, int sm_count, gop_attn_split out[GOP_ATTN_MAXCAND]);
 int gop_attn_check(const gop_dims *d, int B, gop_attn_split s, const char *arch, mj_err *err);
 /* Whether MOEJIT_ATTEND_BLOCKS or MOEJIT_ATTEND_HT (a sweep's) replaces every split. */

@@ -803,7 +803,7 @@ static int attn_check(void *ctx, const char *arch, mj_err *err) {
 int tune_attn_plan(const tune_target *t, const gop_dims *d, int B, gop_attn_split *s, bool *tuned, mj_err *err) {
   *s = (gop_attn_split){0, 0};
   if (tuned) *tuned = false;
-  if (!t || !t->on || !gop_attn_builtin(d, B).nsplit) return 0;
+  if (!t || !t->on || !gop_attn_builtin(d, B, NULL).nsplit) return 0;
   cache_tune want;
   tune_attn_want(t, d, B, &want);
   attn_take a = {d, B, {0, 0}};
@@ -907,7 +907,7 @@ int tune_attn_run(const tune_target *t, const tune_opts *o, mj_err *err) {
   const gop_ctx cx = {0};
   for (int bi = 0; bi < o->nbuckets && !rc; bi++) {
     const int B = o->buckets[bi];
-    if (!gop_attn_builtin(d, B).nsplit) continue; /* the tensor-core kernel does not fit these widths */
+    if (!gop_attn_builtin(d, B, NULL).nsplit) continue; /* the tensor-core kernel does not fit these widths */
     /* Slots enough for three L2s' worth of cache, B a set, so that
      * successive launches read another set's. */
     double want = ceil(TUNE_L2_TIMES * (double)cu_dev()->l2_bytes / (double)slot_bytes);

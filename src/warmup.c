@@ -197,7 +197,7 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
     gop_dims dims = gop_dims_of(&cfg, (int)mctx);
     to.attn = &dims;
     if ((rc = tune_attn_run(&tt, &to, err))) goto out;
-    if (!quiet && gop_attn_builtin(&dims, 1).nsplit)
+    if (!quiet && gop_attn_builtin(&dims, 1, NULL).nsplit)
       printf("warmup: tuned the attention's split at %d batch sizes, ctx %d, on %s in %.1f s\n", nb, dims.max_ctx, tt.gpu,
              (mj_now_ms() - tt0) / 1e3);
   }

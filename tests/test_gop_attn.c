@@ -92,6 +92,46 @@ static void test_dsa_tpt(void) {
   T_EQ_INT(gop_dsa_score_tpt(1024, 2, 132), 1);
 }
 
+/* The tensor-core attention's head tiles by the target's shared memory a
+ * block (without a GPU: the CUDA guide's figures): 187.5 KiB for 4 tiles
+ * at GLM-5's widths, 112 KiB for 2, 74 KiB for 1; a target that holds
+ * none of them is refused, and AUTO then takes the CUDA-core kernel. */
+static void test_tc_smem(void) {
+  if (cu_init(NULL) == 0) return; /* the device's own limit would answer for its target */
+  gop_dims glm = {.heads = 64, .nope = 192, .rope = 64, .v = 256, .kv_rank = 512, .idx_heads = 32, .idx_dim = 128,
+                  .idx_topk = 2048, .max_ctx = 1024};
+  static const struct {
+    const char *arch;
+    int ht;
+  } t[] = {{"sm_90a", 4}, {"sm_100a", 4}, {"sm_80", 2}, {"sm_89", 1}, {"sm_120", 1}, {"sm_120a", 1}};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(t); i++) {
+    gop_attn_split b = gop_attn_builtin(&glm, 32, t[i].arch);
+    T_EQ_INT(b.ht, t[i].ht);
+    if (b.ht != t[i].ht) fprintf(stderr, "  %s: %d head tiles\n", t[i].arch, b.ht);
+  }
+  /* Batch 1 at ctx 1024 takes one tile everywhere (4 would leave the GPU short of blocks). */
+  T_EQ_INT(gop_attn_builtin(&glm, 1, "sm_90a").ht, 1);
+  /* sm_120 compiles the one-tile kernel (dry). */
+  gop_ctx cx = DRY;
+  cx.arch = "sm_120";
+  mj_err err = {0};
+  int rc = gop_mla_attend_on(GOP_ATTEND_MMA, &glm, 0, (gop_cache){0, 0}, (gop_rows){0, 0, 0}, 0, 0.0625f, 0, 0, 32, &cx,
+                             &err);
+  if (rc) mj_err_print(&err, stderr);
+  T_EQ_INT(rc, 0);
+  mj_err_clear(&err);
+  /* Too wide for one tile on sm_120 (138 KiB): refused, forced; the CUDA cores under AUTO. */
+  gop_dims wide = glm;
+  wide.kv_rank = 1024;
+  T_EQ_INT(gop_attn_builtin(&wide, 32, "sm_120").nsplit, 0);
+  T_EQ_INT(gop_attn_builtin(&wide, 32, "sm_90a").ht, 2); /* 208 KiB; 4 tiles would be 347.5 */
+  rc = gop_mla_attend_on(GOP_ATTEND_MMA, &wide, 0, (gop_cache){0, 0}, (gop_rows){0, 0, 0}, 0, 0.0625f, 0, 0, 32, &cx,
+                         &err);
+  T_EQ_INT(rc, MJ_EINPUT);
+  T_CHECK(strstr(err.msg, "more than sm_120 allows") != NULL);
+  mj_err_clear(&err);
+}
+
 static void test_compile(void) {
   /* On an sm_90a GPU the launchers would launch for real: compile for a
    * target the GPU is not, so the run stays dry there too. */
@@ -319,6 +359,7 @@ static void test_ref_select(void) {
 int main(void) {
   setenv("MOEJIT_CACHE", "off", 1);
   T_RUN(test_dsa_tpt);
+  T_RUN(test_tc_smem);
   T_RUN(test_compile);
   T_RUN(test_tc_fallback);
   T_RUN(test_ref_attend);

@@ -902,7 +902,7 @@ static void test_attn_candidates(void) {
       gop_dims e = attn_dims(ctxs[ci]);
       int B = bs[bi];
       n = gop_attn_candidates(&e, B, 0, c);
-      gop_attn_split b = gop_attn_builtin(&e, B);
+      gop_attn_split b = gop_attn_builtin(&e, B, NULL);
       T_CHECK(n >= 1 && n <= GOP_ATTN_MAXCAND && c[0].nsplit == b.nsplit && c[0].ht == b.ht);
       for (int i = 0; i < n; i++) {
         T_CHECK(c[i].nsplit >= 1 && c[i].nsplit <= (ctxs[ci] + 31) / 32 && c[i].ht >= 1 && c[i].ht <= 4);
@@ -916,7 +916,7 @@ static void test_attn_candidates(void) {
   gop_dims odd = d;
   odd.kv_rank = 50;
   T_EQ_INT(gop_attn_candidates(&odd, 8, 132, c), 0);
-  T_CHECK(gop_attn_builtin(&odd, 8).nsplit == 0);
+  T_CHECK(gop_attn_builtin(&odd, 8, NULL).nsplit == 0);
   jit_shutdown();
 }
 
@@ -924,7 +924,7 @@ static cache_tune attn_record(const tune_target *t, const gop_dims *d, int B, co
   cache_tune r;
   tune_attn_want(t, d, B, &r);
   snprintf(r.choice, sizeof r.choice, "%s", choice);
-  tune_attn_split_text(gop_attn_builtin(d, B), r.builtin, sizeof r.builtin);
+  tune_attn_split_text(gop_attn_builtin(d, B, NULL), r.builtin, sizeof r.builtin);
   r.us = 34.5, r.builtin_us = 50.25, r.date = 1764950000;
   return r;
 }

@@ -237,7 +237,7 @@ static void test_attn(void) {
     T_EQ_INT(cache_tune_find(target.dir, &want, &rec, &found, &err), 0);
     T_CHECK(found);
     if (!found) continue;
-    gop_attn_split b = gop_attn_builtin(&d, bs[i]), got;
+    gop_attn_split b = gop_attn_builtin(&d, bs[i], NULL), got;
     char bt[64];
     tune_attn_split_text(b, bt, sizeof bt);
     T_EQ_STR(rec.builtin, bt);
