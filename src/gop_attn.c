@@ -263,7 +263,10 @@ int gop_attn_candidates(const gop_dims *d, int B, int sm_count, gop_attn_split o
   if (!b.nsplit) return 0;
   const cu_device *dv = sm_count > 0 ? NULL : cu_dev();
   long sms = sm_count > 0 ? sm_count : dv && dv->sm_count > 0 ? dv->sm_count : 132;
-  long most = (d->max_ctx + ATT_TILE - 1) / ATT_TILE;
+  /* Each row cuts its own tokens (mla_chunk): past idx_topk its topk
+   * selected ones, so no more parts than their tiles have work. */
+  long toks = d->idx_topk > 0 && d->max_ctx > d->idx_topk ? d->idx_topk : d->max_ctx;
+  long most = (toks + ATT_TILE - 1) / ATT_TILE;
   if (most > ATT_MAX_SPLIT) most = ATT_MAX_SPLIT;
   int tiles = (d->heads + 15) / 16, n = 0;
   out[n++] = b;
