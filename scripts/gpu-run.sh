@@ -3,8 +3,9 @@
 # `. scripts/gpu-env.sh`.  Each phase writes its log to $OUT/PHASE.log and
 # prints its tail, so one call checks, times and reports.
 #   tests         every GPU test (gputest NAME), a pass/fail table
-#   dsa           the DSA selection's untried switches (MOEJIT_DSA_WR, MOEJIT_DSA_TC):
-#                 gputest attn with them on, then dsa_select timed with each
+#   dsa           the DSA selection's untried switches (MOEJIT_DSA_WR, MOEJIT_DSA_TC,
+#                 MOEJIT_DSA_TOPK_SMEM): gputest attn with them on, then
+#                 dsa_select timed with each
 #   perf          gputest perf: every kernel family timed alone at GLM-5 width
 #                 (PERF_OPS: families to time, as `gputest perf gemv mla_vout`)
 #   decode        moejit bench decode (synthetic full-width GLM-5)
@@ -66,20 +67,22 @@ for phase in "$@"; do
   t0=$(date +%s)
   case $phase in
     dsa)
-      # the DSA selection's switches (MOEJIT_DSA_WR: the batch-1 top-k's
-      # placement by warp ranges; MOEJIT_DSA_TC: the scorer on the tensor
-      # cores): gputest attn with both on (each alone when that fails),
-      # then gputest perf dsa_select for each combination at batch 1 (ctx
-      # 8k, 32k, 64k) and the scorer's at batch 8 and 32 (8k, 32k)
+      # the DSA selection's switches (MOEJIT_DSA_WR: the top-k's placement
+      # by warp ranges; MOEJIT_DSA_TC: the scorer on the tensor cores;
+      # MOEJIT_DSA_TOPK_SMEM: the shared-memory top-k at every batch):
+      # gputest attn with all on (each alone when that fails; the test
+      # itself runs both scorers), then gputest perf dsa_select: WR x TC at
+      # batch 1 (ctx 8k, 32k, 64k), TC x TOPK_SMEM at batch 8 and 32 (8k, 32k)
       G=/tmp/mj/tests/gpu/gputest
-      MOEJIT_DSA_WR=1 MOEJIT_DSA_TC=1 T_NO_TIMING=1 timeout 200 $G attn > "$OUT/dsa-attn.log" 2>&1
+      MOEJIT_DSA_WR=1 MOEJIT_DSA_TC=1 MOEJIT_DSA_TOPK_SMEM=1 T_NO_TIMING=1 timeout 200 $G attn > "$OUT/dsa-attn.log" 2>&1
       rc=$?
-      echo "gputest attn, WR=1 TC=1: rc=$rc $(tail -1 "$OUT/dsa-attn.log")" >> "$log"
+      echo "gputest attn, WR=1 TC=1 TOPK_SMEM=1: rc=$rc $(tail -1 "$OUT/dsa-attn.log")" >> "$log"
       if [ $rc != 0 ]; then
-        for v in "1 0" "0 1"; do
+        for v in "1 0 0" "0 1 0" "0 0 1"; do
           set -- $v
-          MOEJIT_DSA_WR=$1 MOEJIT_DSA_TC=$2 T_NO_TIMING=1 timeout 150 $G attn > "$OUT/dsa-attn-$1$2.log" 2>&1
-          echo "gputest attn, WR=$1 TC=$2: rc=$? $(tail -1 "$OUT/dsa-attn-$1$2.log")" >> "$log"
+          MOEJIT_DSA_WR=$1 MOEJIT_DSA_TC=$2 MOEJIT_DSA_TOPK_SMEM=$3 T_NO_TIMING=1 timeout 150 $G attn \
+            > "$OUT/dsa-attn-$1$2$3.log" 2>&1
+          echo "gputest attn, WR=$1 TC=$2 TOPK_SMEM=$3: rc=$? $(tail -1 "$OUT/dsa-attn-$1$2$3.log")" >> "$log"
         done
       fi
       for v in "0 0" "1 0" "0 1" "1 1"; do
@@ -89,11 +92,12 @@ for phase in "$@"; do
         echo "batch 1, WR=$1 TC=$2: rc=$? $(grep -h 'copy bandwidth' "$OUT/dsa-perf-$1$2.log" | cut -c1-50)" >> "$log"
         grep 'dsa.select' "$OUT/dsa-perf-$1$2.log" | cut -d'|' -f3-5 >> "$log"
       done
-      for t in 0 1; do
-        MOEJIT_DSA_TC=$t MOEJIT_PERF_BATCHES=8,32 MOEJIT_PERF_CONTEXTS=8192,32768 timeout 90 $G perf dsa_select \
-          > "$OUT/dsa-perf-b-$t.log" 2>&1
-        echo "batch 8 and 32, TC=$t: rc=$?" >> "$log"
-        grep 'dsa.select' "$OUT/dsa-perf-b-$t.log" | cut -d'|' -f3-5 >> "$log"
+      for v in "0 0" "1 0" "0 1" "1 1"; do
+        set -- $v
+        MOEJIT_DSA_TC=$1 MOEJIT_DSA_TOPK_SMEM=$2 MOEJIT_PERF_BATCHES=8,32 MOEJIT_PERF_CONTEXTS=8192,32768 \
+          timeout 90 $G perf dsa_select > "$OUT/dsa-perf-b-$1$2.log" 2>&1
+        echo "batch 8 and 32, TC=$1 TOPK_SMEM=$2: rc=$?" >> "$log"
+        grep 'dsa.select' "$OUT/dsa-perf-b-$1$2.log" | cut -d'|' -f3-5 >> "$log"
       done ;;
     tests)
       for t in ${GPU_TESTS:-gemv rmsnorm moe dense mla attn decode replay}; do

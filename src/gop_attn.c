@@ -92,6 +92,7 @@ static size_t att_tc_smem(const gop_dims *d, int ht) {
 #define DSA_MAX_TPT 4 /* dsa_score_hs's largest TPT (tokens a thread) */
 #define DSA_WR 0      /* dsa_topk_smem's placement by warp ranges (1) or block-wide rounds (0) */
 #define DSA_TC 0      /* the scorer on the tensor cores (dsa_score_tc, 1) or on FMAs (0) */
+#define DSA_TOPK_SMEM 0 /* dsa_topk_smem at every batch (1) or at batch 1 (0) */
 
 /* MOEJIT_ATTEND_BLOCKS (a count of blocks, 1..1024) and MOEJIT_ATTEND_HT
  * (1..ATT_TC_HT) replace ATT_TC_TARGET_BLOCKS and the choice of HT in the
@@ -99,7 +100,7 @@ static size_t att_tc_smem(const gop_dims *d, int ht) {
  * process, so the scratch and every launch agree.  A value that is not a
  * number in range is ignored with a warning (a sweep would otherwise time
  * the default under another name). */
-static int att_env_blocks, att_env_ht, dsa_env_tpt, dsa_env_wr, dsa_env_tc;
+static int att_env_blocks, att_env_ht, dsa_env_tpt, dsa_env_wr, dsa_env_tc, dsa_env_tsm;
 static pthread_once_t att_env_once = PTHREAD_ONCE_INIT;
 static int env_int(const char *name, int lo, int hi, int dflt) {
   const char *v = getenv(name);
@@ -119,6 +120,8 @@ static void att_env_read(void) {
   dsa_env_wr = env_int("MOEJIT_DSA_WR", 0, 1, DSA_WR);
   /* and the scorer, at every batch: 1 on the tensor cores, 0 on FMAs */
   dsa_env_tc = env_int("MOEJIT_DSA_TC", 0, 1, DSA_TC);
+  /* and the top-k with the row's keys in shared memory at every batch (1), or at batch 1 only (0) */
+  dsa_env_tsm = env_int("MOEJIT_DSA_TOPK_SMEM", 0, 1, DSA_TOPK_SMEM);
 }
 
 /* The dynamic shared memory a block may have on arch: the device's when
@@ -471,16 +474,19 @@ int gop_dsa_select_on(gop_dsa_kind kind, const gop_dims *d, CUdeviceptr iq, CUde
   bool tc = kind == GOP_DSA_TC || (kind == GOP_DSA_AUTO && dsa_env_tc && tc_fits);
   int hs = one && spec && !tc && d->idx_heads % DSA_HS == 0 ? DSA_HS : 1;
   int tpt = hs > 1 ? gop_dsa_score_tpt(d->max_ctx, hs, 0) : 1;
+  /* The top-k that keeps the row's keys in shared memory: at batch 1, or
+   * at every batch under MOEJIT_DSA_TOPK_SMEM=1 (to be measured). */
+  bool tsm = one || dsa_env_tsm;
   char e1[64], g1[64], e2[64];
   if (one) {
     snprintf(g1, sizeof g1, "dsa_score_hs<0, 0, %d, 1, 1>", DSA_SCORE_BLOCK);
     snprintf(e1, sizeof e1, "dsa_score_hs<%d, %d, %d, %d, %d>", d->idx_dim, d->idx_heads, DSA_SCORE_BLOCK, hs, tpt);
-    snprintf(e2, sizeof e2, "dsa_topk_smem<%d, %s>", DSA_TOPK_BLOCK, dsa_env_wr ? "true" : "false");
   } else {
     snprintf(g1, sizeof g1, "dsa_score<0, 0, %d>", DSA_SCORE_BLOCK);
     snprintf(e1, sizeof e1, "dsa_score<%d, %d, %d>", d->idx_dim, d->idx_heads, DSA_SCORE_BLOCK);
-    snprintf(e2, sizeof e2, "dsa_topk<%d>", DSA_TOPK_BLOCK);
   }
+  if (tsm) snprintf(e2, sizeof e2, "dsa_topk_smem<%d, %s>", DSA_TOPK_BLOCK, dsa_env_wr ? "true" : "false");
+  else snprintf(e2, sizeof e2, "dsa_topk<%d>", DSA_TOPK_BLOCK);
   if (tc) snprintf(e1, sizeof e1, "dsa_score_tc<%d, %d, %d>", d->idx_dim, d->idx_heads, DSA_TC_WARPS);
   jit_spec gen1 = {g1, NULL, 0};
   const jit_fn *score = NULL, *topk = NULL;
@@ -502,7 +508,7 @@ int gop_dsa_select_on(gop_dsa_kind kind, const gop_dims *d, CUdeviceptr iq, CUde
   int kpb = tc ? 16 * DSA_TC_WARPS : DSA_SCORE_BLOCK / hs * tpt; /* tokens a block */
   unsigned nblk = (unsigned)((max_ctx + kpb - 1) / kpb), nthr = tc ? 32 * DSA_TC_WARPS : DSA_SCORE_BLOCK;
   if ((rc = cu_launch_tpl(score->fn, nblk, (unsigned)B, 1, nthr, (unsigned)smem, cx->s, a1, err))) return rc;
-  if (!one) {
+  if (!tsm) {
     void *a2[] = {&scratch, &rows.pos, &sel, &max_ctx, &k};
     return cu_launch_tpl(topk->fn, (unsigned)B, 1, 1, DSA_TOPK_BLOCK, 0, cx->s, a2, err);
   }
