@@ -26,10 +26,11 @@
 #   replay        synthetic traces replayed with --verify (batch 1, 8, 32), and --steps
 #   replay1000    a 1000-step synthetic trace replayed: the summary table
 #   warmproof     warmup, then generate --trace and replay under assert-warm
-#   tune          warmup --tune (the MoE expert tiles and the dense GEMV tiles
-#                 timed and stored for this GPU), cache list's tuning records,
-#                 gputest tune (the GEMV's run, lookup and every candidate tile
-#                 against the CPU reference), bench moe with the tuned plan
+#   tune          warmup --tune (the MoE expert tiles, the dense GEMV tiles and
+#                 the attention's split at ctx TUNE_CTX, default 4096, timed and
+#                 stored for this GPU), cache list's tuning records, gputest
+#                 tune (the GEMV's and the attention's runs, lookups and every
+#                 candidate against the CPU reference), bench moe with the tuned plan
 #                 against the built-in one (a table), then warmup under
 #                 assert-warm (a tuned deployment compiles nothing)
 #   serve         scripts/serve-bench.sh at 1, 8 and 32 streams, streamed and
@@ -215,7 +216,9 @@ for phase in "$@"; do
       # TUNE_BATCHES: the buckets (default the capture set).  The tuning
       # itself is timed in its summary line (target: under 3 minutes).
       bs=${TUNE_BATCHES:-1,2,4,8,16,32,64}
-      timeout 500 moejit warmup --synthetic glm5 --batches "$bs" --tune -j 8 >> "$log" 2>&1
+      # TUNE_CTX: the cache's context the attention's split is tuned for
+      # (a record holds for one; tune-decode's bench runs with it)
+      timeout 500 moejit warmup --synthetic glm5 --batches "$bs" --ctx "${TUNE_CTX:-4096}" --tune -j 8 >> "$log" 2>&1
       echo "warmup --tune: rc=$?" >> "$log"
       moejit cache list | sed -n '/^tuning records/,$p' >> "$log"
       timeout ${TEST_TIMEOUT:-420} /tmp/mj/tests/gpu/gputest tune > "$OUT/test-tune.log" 2>&1
@@ -238,7 +241,7 @@ for phase in "$@"; do
             printf "| %s | %.1f | %.1f | %+.1f%% | %.1f / %.1f | %.1f / %.1f |\n", b, l["b", b], l["t", b],
               (l["b", b] > 0 ? 100 * (l["t", b] - l["b", b]) / l["b", b] : 0), g["b", b], g["t", b], d["b", b], d["t", b] }
         }' "$OUT/tune-bench-builtin.log" "$OUT/tune-bench-tuned.log" >> "$log"
-      MOEJIT_CACHE=assert-warm timeout 200 moejit warmup --synthetic glm5 --batches "$bs" >> "$log" 2>&1
+      MOEJIT_CACHE=assert-warm timeout 200 moejit warmup --synthetic glm5 --batches "$bs" --ctx "${TUNE_CTX:-4096}" >> "$log" 2>&1
       echo "assert-warm warmup (tuned plans, graphs captured): rc=$?" >> "$log" ;;
     serve)
       # the serving benchmark (scripts/serve-bench.sh), streamed and whole,
@@ -300,7 +303,7 @@ for phase in "$@"; do
       bs=${TUNE_DECODE_BATCHES:-1,8,32,64}
       for p in builtin tuned; do
         [ $p = builtin ] && t=off || t=on
-        MOEJIT_TUNE=$t timeout 280 moejit bench decode --layers ${TUNE_LAYERS:-6} --batch "$bs" \
+        MOEJIT_TUNE=$t timeout 280 moejit bench decode --layers ${TUNE_LAYERS:-6} --batch "$bs" --max-ctx "${TUNE_CTX:-4096}" \
           > "$OUT/tune-decode-$p.log" 2>&1
         echo "bench decode ($p tiles): rc=$?" >> "$log"
       done
