@@ -12,7 +12,9 @@
  *   bit-identical to the CPU's; the selected set must then equal
  *   ref_dsa_select's exactly, on the FMA scorers and, where idx_dim %
  *   16 == 0 and idx_heads % 8 == 0, on the tensor-core one (tf32 holds
- *   those inputs, so its scores are exact too).  Run twice: distinct keys, and keys drawn
+ *   those inputs, so its scores are exact too); and the tensor-core
+ *   scorer's scores on uniform floats against the FMA scorer's, within
+ *   DSA_TC_TOL (scorer_precision).  Run twice: distinct keys, and keys drawn
  *   from a handful of vectors (every score tied many times over, the
  *   boundary inside a tie).  Rows with pos + 1 <= idx_topk must keep the
  *   poison (-1).
@@ -173,6 +175,70 @@ out:
   return r;
 }
 
+/* The tensor-core scorer's precision on inputs tf32 does not hold (uniform
+ * floats, every bit used): its scores (the selection's scratch, f32
+ * [B][max_ctx]) against the FMA scorer's, row by row over the tokens a row
+ * scores, relative L2 within DSA_TC_TOL (three tf32 products of split
+ * inputs: about f32's rounding; the FMA scorer's own differs from the CPU
+ * by f32 rounding too).  The selections are compared and the tokens that
+ * differ (near-ties) counted, not held.  The exact inputs are put back. */
+#define DSA_TC_TOL 1e-5
+static int scorer_precision(const shape *s, const gop_dims *d, dev *g, gop_cache c, gop_rows rows, const float *iq,
+                            const float *iw, const float *ikey, mj_err *err) {
+  const int B = s->B, IH = s->idx_heads, ID = s->idx_dim, T = s->max_ctx, K = s->idx_topk, SLOTS = 8;
+  size_t niq = (size_t)B * IH * ID, nkey = (size_t)SLOTS * T * ID, nsc = (size_t)B * T, nsel = (size_t)B * K;
+  float *q2 = mj_xmalloc(niq * 4), *w2 = mj_xmalloc((size_t)B * IH * 4), *k2 = mj_xmalloc(nkey * 4);
+  float *sf = mj_xmalloc(nsc * 4), *st = mj_xmalloc(nsc * 4);
+  int *self = mj_xmalloc(nsel * 4), *selt = mj_xmalloc(nsel * 4);
+  for (size_t i = 0; i < niq; i++) q2[i] = 2 * uniform() - 1;
+  for (int i = 0; i < B * IH; i++) w2[i] = uniform();
+  for (size_t i = 0; i < nkey; i++) k2[i] = 2 * uniform() - 1;
+  int r = MJ_ECUDA;
+  CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(g->iq, q2, niq * 4), out);
+  CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(g->iw, w2, (size_t)B * IH * 4), out);
+  CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(g->ikey, k2, nkey * 4), out);
+  for (int run = 0; run < 2; run++) {
+    CU_CHECK_GOTO(err, cu.cuMemsetD8(g->scratch, 0xFF, nsc * 4), out);
+    if ((r = gop_dsa_select_on(run ? GOP_DSA_TC : GOP_DSA_FMA, d, g->iq, g->iw, c, rows, g->sel, g->scratch, B,
+                               &(gop_ctx){0}, err)))
+      goto out;
+    r = MJ_ECUDA;
+    CU_CHECK_GOTO(err, cu.cuCtxSynchronize(), out);
+    CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(run ? st : sf, g->scratch, nsc * 4), out);
+    CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(run ? selt : self, g->sel, nsel * 4), out);
+  }
+  double worst = 0;
+  int rows_cmp = 0, differ = 0, bad = 0;
+  for (int b = 0; b < B; b++) {
+    int n = s->pos[b] + 1 < T ? s->pos[b] + 1 : T;
+    if (n <= K) continue; /* the row keeps every token: nothing scored */
+    double num = 0, den = 0;
+    for (int t = 0; t < n; t++) {
+      double x = st[(size_t)b * T + t], y = sf[(size_t)b * T + t];
+      bad += !isfinite(x) || !isfinite(y);
+      num += (x - y) * (x - y), den += y * y;
+    }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    worst = fmax(worst, rel);
+    rows_cmp++;
+    qsort(self + (size_t)b * K, (size_t)K, 4, cmp_int);
+    qsort(selt + (size_t)b * K, (size_t)K, 4, cmp_int);
+    for (int i = 0; i < K; i++) differ += self[(size_t)b * K + i] != selt[(size_t)b * K + i];
+  }
+  printf("%-14s uniform  B %d ctx %5d topk %4d  scores, tensor cores against FMA: rel %.2e over %d rows, %d selected "
+         "slots differ\n", s->name, B, T, K, worst, rows_cmp, differ);
+  T_EQ_INT(bad, 0);
+  T_CHECK(worst <= DSA_TC_TOL);
+  r = MJ_ECUDA;
+  CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(g->iq, iq, niq * 4), out);
+  CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(g->iw, iw, (size_t)B * IH * 4), out);
+  CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(g->ikey, ikey, nkey * 4), out);
+  r = 0;
+out:
+  free(q2), free(w2), free(k2), free(sf), free(st), free(self), free(selt);
+  return r;
+}
+
 static int run_shape(const shape *s, bool ties, mj_err *err) {
   const int B = s->B, H = s->heads, R = s->kv_rank, D = s->kv_rank + s->rope, T = s->max_ctx, K = s->idx_topk;
   const int IH = s->idx_heads, ID = s->idx_dim, SLOTS = 8;
@@ -255,6 +321,7 @@ static int run_shape(const shape *s, bool ties, mj_err *err) {
     T_EQ_INT(bad_rows, 0);
     sel_bad += bad_rows;
   }
+  if (dsa_tc && !ties && (r = scorer_precision(s, &d, &g, c, rows, iq, iw, ikey, err))) goto out;
 
   /* Attention, without and with the selection (the CPU's, in its order),
    * on the CUDA-core kernel and, where the widths allow, the tensor cores. */
