@@ -913,6 +913,18 @@ int tune_attn_run(const tune_target *t, const tune_opts *o, mj_err *err) {
     double want = ceil(TUNE_L2_TIMES * (double)cu_dev()->l2_bytes / (double)slot_bytes);
     int sets = (int)ceil(want / B);
     sets = sets < 1 ? 1 : sets > TUNE_ATTN_MAXSETS ? TUNE_ATTN_MAXSETS : sets;
+    /* One set at least (B slots of the cache); fewer sets where the GPU
+     * has not the room, and none, said, where it has not room for one. */
+    size_t free_b = 0, total_b = 0;
+    CU_CHECK(err, cu.cuMemGetInfo(&free_b, &total_b));
+    size_t room = free_b / 2; /* the rest for the queries, outputs, scratch and the driver */
+    while (sets > 1 && (size_t)sets * B * slot_bytes > room) sets--;
+    if ((size_t)B * slot_bytes > room) {
+      if (o->log)
+        fprintf(o->log, "tune: mla_attend ctx=%d B=%d: %zu MB of cache for %d rows, more than half of the GPU's free "
+                "%zu MB: not tuned\n", d->max_ctx, B, (size_t)B * slot_bytes >> 20, B, free_b >> 20);
+      continue;
+    }
     const size_t nslot = (size_t)sets * B, nq = (size_t)B * d->heads * D, no = (size_t)B * d->heads * d->kv_rank;
     attn_rig r = {.d = d, .B = B, .sets = sets,
                   .scale = 1.0f / sqrtf((float)(d->nope + d->rope > 0 ? d->nope + d->rope : (int)D))};
