@@ -303,7 +303,8 @@ for phase in "$@"; do
       bs=${TUNE_DECODE_BATCHES:-1,8,32,64}
       for p in builtin tuned; do
         [ $p = builtin ] && t=off || t=on
-        MOEJIT_TUNE=$t timeout 280 moejit bench decode --layers ${TUNE_LAYERS:-6} --batch "$bs" --max-ctx "${TUNE_CTX:-4096}" \
+        MOEJIT_TUNE=$t timeout 280 moejit bench decode --layers ${TUNE_LAYERS:-6} --batch "$bs" \
+          --ctx $(( ${TUNE_CTX:-4096} - 2 )) --max-ctx "${TUNE_CTX:-4096}" \
           > "$OUT/tune-decode-$p.log" 2>&1
         echo "bench decode ($p tiles): rc=$?" >> "$log"
       done

@@ -116,7 +116,8 @@ static void att_env_read(void) {
   att_env_ht = env_int("MOEJIT_ATTEND_HT", 1, ATT_TC_HT, 0);
   /* the DSA selection's batch-1 scorer, the same way: tokens a thread */
   dsa_env_tpt = env_int("MOEJIT_DSA_TPT", 1, DSA_MAX_TPT, 0);
-  /* and the batch-1 top-k's placement: 1 by warp ranges, 0 by block-wide rounds */
+  /* and the shared-memory top-k's placement (batch 1, or every batch under
+   * MOEJIT_DSA_TOPK_SMEM): 1 by warp ranges, 0 by block-wide rounds */
   dsa_env_wr = env_int("MOEJIT_DSA_WR", 0, 1, DSA_WR);
   /* and the scorer, at every batch: 1 on the tensor cores, 0 on FMAs */
   dsa_env_tc = env_int("MOEJIT_DSA_TC", 0, 1, DSA_TC);
@@ -126,7 +127,7 @@ static void att_env_read(void) {
 
 /* The dynamic shared memory a block may have on arch: the device's when
  * arch is NULL or names it; else the target's, as the CUDA programming
- * guide lists it by compute capability (8.0: 163 KiB; 8.6, 8.7, 8.9 and
+ * guide lists it by compute capability (8.0 and 8.7: 163 KiB; 8.6, 8.9 and
  * 12.0: 99 KiB; 9.0 and 10.0: 227 KiB), so that a warm-up for a target
  * without its GPU plans what that GPU will run; GOP_MAX_SMEM else. */
 static long att_smem_limit(const char *arch) {
@@ -134,14 +135,14 @@ static long att_smem_limit(const char *arch) {
   if (dv && dv->max_smem_per_block_optin > 0 && (!arch || strcmp(arch, dv->arch) == 0))
     return dv->max_smem_per_block_optin;
   switch (arch && strncmp(arch, "sm_", 3) == 0 ? atoi(arch + 3) : 0) {
-  case 80: return 163 * 1024;
-  case 86: case 87: case 89: case 120: return 99 * 1024;
+  case 80: case 87: return 163 * 1024;
+  case 86: case 89: case 120: return 99 * 1024;
   default: return GOP_MAX_SMEM;
   }
 }
 
 /* The tensor-core kernel's plan for arch (NULL: the GPU's): all heads a
- * block in tiles of up to ATT_TC_HT m16 tiles (fewer, 4, 2 or 1, where
+ * block in tiles of up to ATT_TC_HT m16 tiles (fewer, 2 then 1, where
  * the target's shared memory holds fewer), the context split so that
  * about ATT_TC_TARGET_BLOCKS blocks run; or split s where it is given (a
  * tuned one: nsplit parts, ht tiles), unless MOEJIT_ATTEND_BLOCKS or
@@ -172,7 +173,7 @@ static int att_tc_plan(const gop_dims *d, int B, gop_attn_split s, const char *a
   bool given = s.nsplit && !att_env_blocks && !att_env_ht;
   p->ht = given ? s.ht : tiles < ATT_TC_HT ? tiles : ATT_TC_HT;
   if (!given && (long)B * ((tiles + p->ht - 1) / p->ht) * most < target) p->ht = 1;
-  while (!given && p->ht > 1 && (long)att_tc_smem(d, p->ht) > att_smem_limit(arch)) p->ht /= 2;
+  while (!given && p->ht > 1 && (long)att_tc_smem(d, p->ht) > att_smem_limit(arch)) p->ht = p->ht > 2 ? 2 : 1;
   if (att_env_ht) p->ht = att_env_ht < tiles ? att_env_ht : tiles;
   p->tc = p->spec = true;
   p->hg = 16 * p->ht;
@@ -187,8 +188,8 @@ static int att_tc_plan(const gop_dims *d, int B, gop_attn_split s, const char *a
   return 0;
 }
 
-/* The CUDA-core kernel's plan. */
-static int att_plan_make(const gop_dims *d, int B, att_plan *p, mj_err *err) {
+/* The CUDA-core kernel's plan for arch (NULL: the GPU's). */
+static int att_plan_make(const gop_dims *d, int B, const char *arch, att_plan *p, mj_err *err) {
   int rc = att_check(d, B, err);
   if (rc) return rc;
   p->tc = false, p->ht = 0;
@@ -207,9 +208,9 @@ static int att_plan_make(const gop_dims *d, int B, att_plan *p, mj_err *err) {
   size_t D = (size_t)d->kv_rank + (size_t)d->rope;
   p->smem = (round4((size_t)p->hg * D) + (size_t)ATT_TILE * p->hg + round4((size_t)p->hg)) * sizeof(float) +
             ATT_TILE * (D + 8) * 2;
-  if (p->smem > GOP_MAX_SMEM)
-    return mj_fail(err, MJ_EINPUT, "gop_mla_attend: kv_rank + rope = %zu needs %zu bytes of shared memory (at most %d)",
-                   D, p->smem, GOP_MAX_SMEM);
+  if ((long)p->smem > att_smem_limit(arch))
+    return mj_fail(err, MJ_EINPUT, "gop_mla_attend: kv_rank + rope = %zu needs %zu bytes of shared memory a block (%s "
+                   "allows %ld)", D, p->smem, arch ? arch : "this GPU", att_smem_limit(arch));
   return 0;
 }
 
@@ -225,7 +226,7 @@ static size_t att_scratch(const gop_dims *d, int B, const att_plan *p) {
 size_t gop_mla_attend_scratch(const gop_dims *d, int B) {
   att_plan p, t;
   mj_err err = {0};
-  if (att_plan_make(d, B, &p, &err)) return 0;
+  if (att_plan_make(d, B, NULL, &p, &err)) return 0;
   size_t n = att_scratch(d, B, &p);
   gop_attn_split c[GOP_ATTN_MAXCAND];
   int nc = gop_attn_candidates(d, B, 0, c);
@@ -276,9 +277,10 @@ int gop_attn_candidates(const gop_dims *d, int B, int sm_count, gop_attn_split o
   /* Whole waves: one, two or four of the blocks every SM holds, the
    * context split as finely as that leaves for B rows of head groups. */
   static const int waves[] = {1, 2, 4};
-  int hts[2] = {tiles < ATT_TC_HT ? tiles : ATT_TC_HT, 1};
-  for (int h = 0; h < (hts[0] > 1 ? 2 : 1); h++) {
+  const int hmax = tiles < ATT_TC_HT ? tiles : ATT_TC_HT, hts[3] = {hmax, 2, 1};
+  for (int h = 0; h < 3; h++) {
     int ht = hts[h];
+    if (ht > hmax || (h > 0 && ht >= hts[h - 1])) continue; /* each once, none past the heads */
     if ((long)att_tc_smem(d, ht) > att_smem_limit(NULL)) continue; /* more than a block may have here */
     long per = (long)B * ((tiles + ht - 1) / ht);
     for (size_t w = 0; w < MJ_ARRAY_LEN(waves); w++) {
@@ -344,7 +346,7 @@ int gop_mla_attend_on(gop_attend_kind kind, const gop_dims *d, CUdeviceptr qlat,
   bool auto_tc = kind == GOP_ATTEND_AUTO && GOP_ATTEND_MMA_DEFAULT && att_tc_fits(d);
   int rc = kind == GOP_ATTEND_MMA ? att_tc_plan(d, B, cx->attn, cx->arch, &p, err)
            : auto_tc && att_tc_plan(d, B, cx->attn, cx->arch, &p, &te) == 0 ? 0
-                                                        : att_plan_make(d, B, &p, err);
+                                                        : att_plan_make(d, B, cx->arch, &p, err);
   mj_err_clear(&te);
   if (rc) return rc;
   if (sel && d->idx_topk < 1) return mj_fail(err, MJ_EINPUT, "gop_mla_attend: a selection with idx_topk %d", d->idx_topk);
@@ -363,7 +365,7 @@ int gop_mla_attend_on(gop_attend_kind kind, const gop_dims *d, CUdeviceptr qlat,
         mj_warn("gop_mla_attend: %s did not compile (%s); the CUDA-core kernel stands in for the tensor-core one",
                 e1, te.msg);
       mj_err_clear(&te);
-      if ((rc = att_plan_make(d, B, &p, err))) return rc;
+      if ((rc = att_plan_make(d, B, cx->arch, &p, err))) return rc;
     } else if (rc) {
       if (kind == GOP_ATTEND_AUTO) {
         mj_fail(err, te.code, "%s", te.msg);

@@ -243,7 +243,7 @@ size_t gop_mla_attend_scratch(const gop_dims *d, int B);
  * the target's shared memory).  candidates: the rule's
  * first, then the splits that fill one, two or four waves of the GPU's
  * SMs (sm_count; 0: the device's, else 132) at the blocks a SM its shared
- * memory allows, whole, with all heads (up to 4 tiles) and one tile a
+ * memory allows, whole, with all heads (up to 4 tiles), 2 and 1 tiles a
  * block; distinct;
  * the count (0 where the kernel does not fit), at most GOP_ATTN_MAXCAND.
  * gop_mla_attend_scratch covers every candidate (a head tiling whose
@@ -252,7 +252,7 @@ size_t gop_mla_attend_scratch(const gop_dims *d, int B);
  * context into 32-token tiles, its shared memory within the device's and
  * its scratch within gop_mla_attend_scratch's), and its kernel obtained
  * for arch (the front door's error; MJ_EINPUT for a split it refuses). */
-#define GOP_ATTN_MAXCAND 8
+#define GOP_ATTN_MAXCAND 10
 gop_attn_split gop_attn_builtin(const gop_dims *d, int B, const char *arch);
 int gop_attn_candidates(const gop_dims *d, int B, int sm_count, gop_attn_split out[GOP_ATTN_MAXCAND]);
 int gop_attn_check(const gop_dims *d, int B, gop_attn_split s, const char *arch, mj_err *err);

@@ -32,7 +32,9 @@
 //     lane's bin (a shuffle and two ballots) was also correct and slower on
 //     an H100, in both top-k kernels: 47.3 against 53.0 us at batch 1, ctx
 //     32k, 1-4% at batch 8 and 32; bench/results/2026-12-05-h100-dsa.md.)
-// The batch-1 pair (the launcher takes it at B = 1, the pair above at more):
+// The batch-1 pair (the launcher takes it at B = 1, the pair above at more;
+// MOEJIT_DSA_TOPK_SMEM=1 takes dsa_topk_smem at every batch, and
+// MOEJIT_DSA_TC=1 dsa_score_tc, below, in place of either scorer):
 //   dsa_score_hs<IDIM, IH, BLOCK, HS, TPT>: dsa_score with HS threads per
 //     token (each HS-th of the heads, IH % HS == 0; HS 1 in the generic
 //     variant) and TPT tokens a thread (BLOCK / HS apart), grid

@@ -94,8 +94,9 @@ static void test_dsa_tpt(void) {
 
 /* The tensor-core attention's head tiles by the target's shared memory a
  * block (without a GPU: the CUDA guide's figures): 187.5 KiB for 4 tiles
- * at GLM-5's widths, 112 KiB for 2, 74 KiB for 1; a target that holds
- * none of them is refused, and AUTO then takes the CUDA-core kernel. */
+ * at GLM-5's widths, 112 KiB for 2, 74.25 KiB for 1; a target that holds
+ * none of them is refused, and so is the CUDA-core kernel there (it needs
+ * 320 bytes more than one tile). */
 static void test_tc_smem(void) {
   if (cu_init(NULL) == 0) return; /* the device's own limit would answer for its target */
   gop_dims glm = {.heads = 64, .nope = 192, .rope = 64, .v = 256, .kv_rank = 512, .idx_heads = 32, .idx_dim = 128,
@@ -103,7 +104,7 @@ static void test_tc_smem(void) {
   static const struct {
     const char *arch;
     int ht;
-  } t[] = {{"sm_90a", 4}, {"sm_100a", 4}, {"sm_80", 2}, {"sm_89", 1}, {"sm_120", 1}, {"sm_120a", 1}};
+  } t[] = {{"sm_90a", 4}, {"sm_100a", 4}, {"sm_80", 2}, {"sm_87", 2}, {"sm_89", 1}, {"sm_120", 1}, {"sm_120a", 1}};
   for (size_t i = 0; i < MJ_ARRAY_LEN(t); i++) {
     gop_attn_split b = gop_attn_builtin(&glm, 32, t[i].arch);
     T_EQ_INT(b.ht, t[i].ht);
@@ -120,7 +121,7 @@ static void test_tc_smem(void) {
   if (rc) mj_err_print(&err, stderr);
   T_EQ_INT(rc, 0);
   mj_err_clear(&err);
-  /* Too wide for one tile on sm_120 (138 KiB): refused, forced; the CUDA cores under AUTO. */
+  /* Too wide for one tile on sm_120 (138.25 KiB): refused, forced and under AUTO (the CUDA-core kernel's 138.56). */
   gop_dims wide = glm;
   wide.kv_rank = 1024;
   T_EQ_INT(gop_attn_builtin(&wide, 32, "sm_120").nsplit, 0);
@@ -129,6 +130,11 @@ static void test_tc_smem(void) {
                          &err);
   T_EQ_INT(rc, MJ_EINPUT);
   T_CHECK(strstr(err.msg, "more than sm_120 allows") != NULL);
+  mj_err_clear(&err);
+  rc = gop_mla_attend_on(GOP_ATTEND_AUTO, &wide, 0, (gop_cache){0, 0}, (gop_rows){0, 0, 0}, 0, 0.0625f, 0, 0, 32, &cx,
+                         &err);
+  T_EQ_INT(rc, MJ_EINPUT);
+  T_CHECK(strstr(err.msg, "bytes of shared memory a block (sm_120 allows 101376)") != NULL);
   mj_err_clear(&err);
 }
 

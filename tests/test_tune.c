@@ -870,18 +870,20 @@ static void attn_fixed_lists(const gop_dims *d) {
   /* Batch 8: the rule's 8 parts of one head tile (4 head groups, 256
    * blocks; 264 the target, which all heads a block would not reach); one
    * wave of all heads a block, one block a SM, is 16 parts (128 blocks:
-   * what the H100's 132-block sweep ran), two 32; with one head tile
-   * (three blocks a SM by shared memory: 396 a wave for 32 head groups)
-   * 11, 16 and 32 parts. */
+   * what the H100's 132-block sweep ran), two 32; with two head tiles
+   * (two blocks a SM) 16 and 32; with one (three blocks a SM by shared
+   * memory: 396 a wave for 32 head groups) 11, 16 and 32 parts. */
   int n = gop_attn_candidates(d, 8, 132, c);
-  T_EQ_INT(n, 6);
+  T_EQ_INT(n, 8);
   T_CHECK(c[0].nsplit == 8 && c[0].ht == 1);
-  T_CHECK(has_split(c, n, 16, 4) && has_split(c, n, 32, 4) && has_split(c, n, 11, 1) && has_split(c, n, 16, 1) &&
-          has_split(c, n, 32, 1));
-  /* Batch 32: the rule's 8 parts; one wave 4, four waves 16. */
+  T_CHECK(has_split(c, n, 16, 4) && has_split(c, n, 32, 4) && has_split(c, n, 16, 2) && has_split(c, n, 32, 2) &&
+          has_split(c, n, 11, 1) && has_split(c, n, 16, 1) && has_split(c, n, 32, 1));
+  /* Batch 32: the rule's 8 parts; one wave 4, four waves 16; batch 64,
+   * every head tiling's three waves: ten, the most. */
   n = gop_attn_candidates(d, 32, 132, c);
-  T_CHECK(n >= 4 && c[0].nsplit == 8 && c[0].ht == 4);
-  T_CHECK(has_split(c, n, 4, 4) && has_split(c, n, 16, 4));
+  T_CHECK(n == 9 && c[0].nsplit == 8 && c[0].ht == 4);
+  T_CHECK(has_split(c, n, 4, 4) && has_split(c, n, 16, 4) && has_split(c, n, 4, 2) && has_split(c, n, 3, 1));
+  T_EQ_INT(gop_attn_candidates(d, 64, 132, c), GOP_ATTN_MAXCAND);
 }
 
 /* The candidates: the rule's first, then whole waves, each in range,
