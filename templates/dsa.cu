@@ -67,6 +67,22 @@ __device__ __forceinline__ unsigned dsa_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// Inclusive prefix sum of x over the warp's lanes, and the sum of v over
+// the warp (every lane gets it); the whole warp calls.
+__device__ __forceinline__ int dsa_warp_incl_scan(int x, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  return x;
+}
+__device__ __forceinline__ int dsa_warp_sum(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 // dot[i][j] = q[j] . k[i] for NH query rows of IDIM floats and NT keys
 // (16-byte loads of each key, read once; the queries from shared memory,
 // each float4 of them used for NT keys).
@@ -154,13 +170,7 @@ __device__ __forceinline__ void dsa_pick_bin(const int *hist, int lane, int rank
   int c[8], sum = 0;
 #pragma unroll
   for (int j = 0; j < 8; j++) sum += (c[j] = hist[DSA_BINS - 1 - 8 * lane - j]);
-  int incl = sum;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += y;
-  }
-  const int excl = incl - sum;
+  const int incl = dsa_warp_incl_scan(sum, lane), excl = incl - sum;
   if (excl < rank && incl >= rank) {
     int cum = excl;
 #pragma unroll
@@ -189,21 +199,11 @@ __device__ __forceinline__ void dsa_pass_end(const int *hist, int warp, int lane
 template <int BLOCK>
 __device__ __forceinline__ int block_excl_scan(int v, int *warp_tot, int *total) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int x = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
-  }
+  const int x = dsa_warp_incl_scan(v, lane);
   if (lane == 31) warp_tot[warp] = x;
   __syncthreads();
   if (warp == 0) {
-    int w = lane < BLOCK / 32 ? warp_tot[lane] : 0;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, w, o);
-      if (lane >= o) w += y;
-    }
+    const int w = dsa_warp_incl_scan(lane < BLOCK / 32 ? warp_tot[lane] : 0, lane);
     if (lane < BLOCK / 32) warp_tot[lane] = w;  // inclusive over warps
     if (lane == 31) *total = w;
   }
@@ -472,6 +472,30 @@ __device__ __forceinline__ void dsa_load4(const float *sc, const uint4 *skeys4, 
   for (int j = 0; j < 4; j++) u[j] = tb + j < n ? (cached ? skeys[tb + j] : dsa_key(sc[tb + j])) : 0u;
 }
 
+// Of four keys from tb on (those before n): how many are above kth, in
+// the low 16 bits, and how many equal it, in the high (one scan sums both).
+__device__ __forceinline__ int dsa_count4(const unsigned *u, int tb, int n, unsigned kth) {
+  int gt = 0, eq = 0;
+#pragma unroll
+  for (int j = 0; j < 4; j++) gt += tb + j < n && u[j] > kth, eq += tb + j < n && u[j] == kth;
+  return gt | (eq << 16);
+}
+
+// Their places: a key above kth at pg on, one equal to it at above + pe on
+// while pe < ties (the first ties of them in ascending t).
+__device__ __forceinline__ void dsa_write4(const unsigned *u, int tb, int n, unsigned kth, int pg, int pe, int above,
+                                           int ties, int *out) {
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const int t = tb + j;
+    if (t < n && u[j] > kth) out[pg++] = t;
+    else if (t < n && u[j] == kth) {
+      if (pe < ties) out[above + pe] = t;
+      pe++;
+    }
+  }
+}
+
 // The placement by warp ranges: warp w owns the tokens [w R, (w + 1) R), R
 // a multiple of 128; it counts its keys above kth and equal to it, one
 // barrier gives every warp the counts of the warps before it, and each
@@ -485,48 +509,28 @@ __device__ __forceinline__ void dsa_place_warps(const float *sc, const uint4 *sk
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int R = ((n + NW - 1) / NW + 127) & ~127;
   const int lo = warp * R, hi = min(n, lo + R);
-  int cg = 0, ce = 0;
+  // The lane's counts, greater in the low 16 bits, equal in the high: at
+  // most R / 32 each (R < 2^19 for a row of 2^20 tokens in 2 warps).
+  int c = 0;
   for (int t0 = lo; t0 < hi; t0 += 128) {
     unsigned u[4];
     const int tb = t0 + 4 * lane;
     dsa_load4(sc, skeys4, cached, hi, tb, u);
-#pragma unroll
-    for (int j = 0; j < 4; j++) cg += tb + j < hi && u[j] > kth, ce += tb + j < hi && u[j] == kth;
+    c += dsa_count4(u, tb, hi, kth);
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) cg += __shfl_xor_sync(0xffffffffu, cg, o), ce += __shfl_xor_sync(0xffffffffu, ce, o);
+  const int cg = dsa_warp_sum(c & 0xffff), ce = dsa_warp_sum(c >> 16);
   if (lane == 0) warp_gt[warp] = cg, warp_eq[warp] = ce;
   __syncthreads();
   // The counts of the warps before this one (lane l holds warp l's), summed.
-  int base_gt = lane < warp ? warp_gt[lane] : 0, base_eq = lane < warp ? warp_eq[lane] : 0;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    base_gt += __shfl_xor_sync(0xffffffffu, base_gt, o), base_eq += __shfl_xor_sync(0xffffffffu, base_eq, o);
+  int base_gt = dsa_warp_sum(lane < warp ? warp_gt[lane] : 0), base_eq = dsa_warp_sum(lane < warp ? warp_eq[lane] : 0);
   for (int t0 = lo; t0 < hi && (base_gt < above || base_eq < ties); t0 += 128) {  // while it has keys to write
     unsigned u[4];
     const int tb = t0 + 4 * lane;
     dsa_load4(sc, skeys4, cached, hi, tb, u);
-    int g = 0, e = 0;
-#pragma unroll
-    for (int j = 0; j < 4; j++) g += tb + j < hi && u[j] > kth, e += tb + j < hi && u[j] == kth;
-    // Both in one warp scan: greater in the low 16 bits, equal in the high (at most 128 each).
-    int x = g | (e << 16);
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, x, o);
-      if (lane >= o) x += y;
-    }
-    const int tot = __shfl_sync(0xffffffffu, x, 31), ex = x - (g | (e << 16));
-    int pg = base_gt + (ex & 0xffff), pe = base_eq + (ex >> 16);
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const int t = tb + j;
-      if (t < hi && u[j] > kth) out[pg++] = t;
-      else if (t < hi && u[j] == kth) {
-        if (pe < ties) out[above + pe] = t;
-        pe++;
-      }
-    }
+    const int v = dsa_count4(u, tb, hi, kth);  // at most 128 each in the warp's scan
+    const int x = dsa_warp_incl_scan(v, lane);
+    const int tot = __shfl_sync(0xffffffffu, x, 31), ex = x - v;
+    dsa_write4(u, tb, hi, kth, base_gt + (ex & 0xffff), base_eq + (ex >> 16), above, ties, out);
     base_gt += tot & 0xffff;
     base_eq += tot >> 16;
   }
@@ -596,27 +600,11 @@ dsa_topk_smem(const float *__restrict__ score, const int *__restrict__ poss, int
   for (int t0 = 0; t0 < n; t0 += 4 * BLOCK) {
     const int tb = t0 + 4 * tid;
     unsigned u[4];
-    int gt = 0, eq = 0;
     dsa_load4(sc, skeys4, cached, n, tb, u);
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      gt += tb + j < n && u[j] > kth;
-      eq += tb + j < n && u[j] == kth;
-    }
-    // Both counts in one scan: greater in the low 16 bits, equal in the
-    // high (at most 4 BLOCK <= 4096 each).
-    const int ex = block_excl_scan<BLOCK>(gt | (eq << 16), warp_tot, &total);
+    // Both counts in one scan (at most 4 BLOCK <= 4096 each).
+    const int ex = block_excl_scan<BLOCK>(dsa_count4(u, tb, n, kth), warp_tot, &total);
     const int tot = total;
-    int pg = base_gt + (ex & 0xffff), pe = base_eq + (ex >> 16);
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const int t = tb + j;
-      if (t < n && u[j] > kth) out[pg++] = t;
-      else if (t < n && u[j] == kth) {
-        if (pe < ties) out[above + pe] = t;
-        pe++;
-      }
-    }
+    dsa_write4(u, tb, n, kth, base_gt + (ex & 0xffff), base_eq + (ex >> 16), above, ties, out);
     base_gt += tot & 0xffff;
     base_eq += tot >> 16;
   }
