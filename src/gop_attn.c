@@ -141,6 +141,9 @@ static long att_smem_limit(const char *arch) {
   }
 }
 
+/* The next head tiling down from ht > 1 tiles a block: 2, then 1. */
+static int att_fewer_tiles(int ht) { return ht > 2 ? 2 : ht - 1; }
+
 /* The tensor-core kernel's plan for arch (NULL: the GPU's): all heads a
  * block in tiles of up to ATT_TC_HT m16 tiles (fewer, 2 then 1, where
  * the target's shared memory holds fewer), the context split so that
@@ -173,13 +176,12 @@ static int att_tc_plan(const gop_dims *d, int B, gop_attn_split s, const char *a
   bool given = s.nsplit && !att_env_blocks && !att_env_ht;
   p->ht = given ? s.ht : tiles < ATT_TC_HT ? tiles : ATT_TC_HT;
   if (!given && (long)B * ((tiles + p->ht - 1) / p->ht) * most < target) p->ht = 1;
-  while (!given && p->ht > 1 && (long)att_tc_smem(d, p->ht) > att_smem_limit(arch)) p->ht = p->ht > 2 ? 2 : 1;
+  while (!given && p->ht > 1 && (long)att_tc_smem(d, p->ht) > att_smem_limit(arch)) p->ht = att_fewer_tiles(p->ht);
   if (att_env_ht) p->ht = att_env_ht < tiles ? att_env_ht : tiles;
   p->tc = p->spec = true;
   p->hg = 16 * p->ht;
   p->hgroups = (tiles + p->ht - 1) / p->ht;
-  if (given) att_split_n(d, s.nsplit, p);
-  else att_split(d, B, target, p);
+  if (!given) att_split(d, B, target, p); /* a given split was cut above */
   p->smem = att_tc_smem(d, p->ht);
   if ((long)p->smem > att_smem_limit(arch))
     return mj_fail(err, MJ_EINPUT, "gop_mla_attend: the tensor-core kernel with %d head tiles needs %zu bytes of "
@@ -277,10 +279,7 @@ int gop_attn_candidates(const gop_dims *d, int B, int sm_count, gop_attn_split o
   /* Whole waves: one, two or four of the blocks every SM holds, the
    * context split as finely as that leaves for B rows of head groups. */
   static const int waves[] = {1, 2, 4};
-  const int hmax = tiles < ATT_TC_HT ? tiles : ATT_TC_HT, hts[3] = {hmax, 2, 1};
-  for (int h = 0; h < 3; h++) {
-    int ht = hts[h];
-    if (ht > hmax || (h > 0 && ht >= hts[h - 1])) continue; /* each once, none past the heads */
+  for (int ht = tiles < ATT_TC_HT ? tiles : ATT_TC_HT; ht >= 1; ht = att_fewer_tiles(ht)) {
     if ((long)att_tc_smem(d, ht) > att_smem_limit(NULL)) continue; /* more than a block may have here */
     long per = (long)B * ((tiles + ht - 1) / ht);
     for (size_t w = 0; w < MJ_ARRAY_LEN(waves); w++) {

@@ -240,6 +240,12 @@ static int check_config(const model_config *c, const char *dir, mj_err *err) {
 
 /* sh_inter: the intermediate width of a bf16 shared expert (0: none, or
  * NVFP4 in the MoE layer's shared slot). */
+gop_dims gpu_dims_of(const model_config *c, int64_t max_ctx) {
+  int64_t ctx = max_ctx > 0 ? max_ctx : 4096;
+  if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
+  return gop_dims_of(c, (int)ctx);
+}
+
 static void setup_dims(gpu_model *g, const model_config *c, int sh_inter, const gpu_opts *o, const shard_plan *p) {
   g->o = *o;
   g->plan = *p;
@@ -265,9 +271,7 @@ static void setup_dims(gpu_model *g, const model_config *c, int sh_inter, const 
   int top = g->o.graph_batches[g->o.n_graph_batches - 1];
   g->bmax = g->o.max_rows > 0 ? g->o.max_rows : (top > 64 ? top : 64);
   if (g->bmax < top) g->bmax = top;
-  int64_t ctx = o->max_ctx > 0 ? o->max_ctx : 4096;
-  if (ctx > c->max_position_embeddings) ctx = c->max_position_embeddings;
-  g->d = gop_dims_of(c, (int)ctx);
+  g->d = gpu_dims_of(c, o->max_ctx);
   g->d.heads = (int)(p->heads.end - p->heads.begin);
   g->mc = model_moe_of(c);
   if (g->sharded) g->mc.e_first = (int)p->experts.begin, g->mc.e_count = (int)(p->experts.end - p->experts.begin);

@@ -64,6 +64,11 @@ typedef struct gpu_opts {
 } gpu_opts;
 
 void gpu_opts_default(gpu_opts *o);
+/* The widths a step of config c runs with, its cache of max_ctx tokens a
+ * slot: 4096 when max_ctx is 0 or less, at most the model's positions (all
+ * heads: a rank narrows them itself).  The engine's, and what `warmup
+ * --tune` tunes the attention for. */
+gop_dims gpu_dims_of(const model_config *c, int64_t max_ctx);
 
 typedef struct gpu_model gpu_model;
 

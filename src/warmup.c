@@ -191,10 +191,7 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
              (mj_now_ms() - tt0) / 1e3);
     /* The attention's split of the context, at every batch size. */
     tt0 = mj_now_ms();
-    /* the engine's context (gpu_model.c: setup_dims): 4096 unless given, at most the model's positions */
-    int64_t mctx = ctx > 0 ? ctx : 4096;
-    if (mctx > cfg.max_position_embeddings) mctx = cfg.max_position_embeddings;
-    gop_dims dims = gop_dims_of(&cfg, (int)mctx);
+    gop_dims dims = gpu_dims_of(&cfg, ctx); /* the engine's context for --ctx */
     to.attn = &dims;
     if ((rc = tune_attn_run(&tt, &to, err))) goto out;
     if (!quiet && gop_attn_builtin(&dims, 1, NULL).nsplit)
