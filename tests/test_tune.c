@@ -828,10 +828,15 @@ static void test_gemv_warm(void) {
 }
 
 /* ---- the attention's split (family mla_attend) ---- */
-/* GLM-5's attention widths with a cache of ctx tokens a slot. */
+/* GLM-5's widths with a cache of ctx tokens a slot, as the engine takes them. */
 static gop_dims attn_dims(int ctx) {
-  return (gop_dims){.hidden = 6144, .heads = 64, .nope = 192, .rope = 64, .v = 256, .kv_rank = 512, .q_rank = 2048,
-                    .idx_heads = 32, .idx_dim = 128, .idx_topk = 2048, .max_ctx = ctx};
+  mj_arena a;
+  mj_arena_init(&a, 4096);
+  model_config cfg;
+  model_config_glm5(&cfg, 1, 1, &a);
+  gop_dims d = gpu_dims_of(&cfg, ctx);
+  mj_arena_free(&a);
+  return d;
 }
 
 static bool has_split(const gop_attn_split *c, int n, int nsplit, int ht) {

@@ -181,10 +181,11 @@ out:
  * scores, relative L2 within DSA_TC_TOL (three tf32 products of split
  * inputs: about f32's rounding; the FMA scorer's own differs from the CPU
  * by f32 rounding too).  The selections are compared and the tokens that
- * differ (near-ties) counted, not held.  The exact inputs are put back. */
+ * differ (near-ties) counted, not held.  Run where some row is past topk
+ * (sel_rows of them).  The exact inputs are put back. */
 #define DSA_TC_TOL 1e-5
-static int scorer_precision(const shape *s, const gop_dims *d, dev *g, gop_cache c, gop_rows rows, const float *iq,
-                            const float *iw, const float *ikey, mj_err *err) {
+static int scorer_precision(const shape *s, const gop_dims *d, dev *g, gop_cache c, gop_rows rows, int sel_rows,
+                            const float *iq, const float *iw, const float *ikey, mj_err *err) {
   const int B = s->B, IH = s->idx_heads, ID = s->idx_dim, T = s->max_ctx, K = s->idx_topk, SLOTS = 8;
   size_t niq = (size_t)B * IH * ID, nkey = (size_t)SLOTS * T * ID, nsc = (size_t)B * T, nsel = (size_t)B * K;
   float *q2 = mj_xmalloc(niq * 4), *w2 = mj_xmalloc((size_t)B * IH * 4), *k2 = mj_xmalloc(nkey * 4);
@@ -228,6 +229,7 @@ static int scorer_precision(const shape *s, const gop_dims *d, dev *g, gop_cache
   printf("%-14s uniform  B %d ctx %5d topk %4d  scores, tensor cores against FMA: rel %.2e over %d rows, %d selected "
          "slots differ\n", s->name, B, T, K, worst, rows_cmp, differ);
   T_EQ_INT(bad, 0);
+  T_EQ_INT(rows_cmp, sel_rows); /* every row past topk compared */
   T_CHECK(worst <= DSA_TC_TOL);
   r = MJ_ECUDA;
   CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(g->iq, iq, niq * 4), out);
@@ -321,7 +323,8 @@ static int run_shape(const shape *s, bool ties, mj_err *err) {
     T_EQ_INT(bad_rows, 0);
     sel_bad += bad_rows;
   }
-  if (dsa_tc && !ties && (r = scorer_precision(s, &d, &g, c, rows, iq, iw, ikey, err))) goto out;
+  if (dsa_tc && !ties && sel_rows > 0 && (r = scorer_precision(s, &d, &g, c, rows, sel_rows, iq, iw, ikey, err)))
+    goto out;
 
   /* Attention, without and with the selection (the CPU's, in its order),
    * on the CUDA-core kernel and, where the widths allow, the tensor cores. */
