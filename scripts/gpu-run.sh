@@ -5,7 +5,8 @@
 #   tests         every GPU test (gputest NAME), a pass/fail table
 #   dsa           the DSA selection's untried switches (MOEJIT_DSA_WR, MOEJIT_DSA_TC,
 #                 MOEJIT_DSA_TOPK_SMEM): gputest attn with them on, then
-#                 dsa_select timed with each
+#                 dsa_select timed with each; then bf16 indexer keys
+#                 (MOEJIT_INDEXER_KEYS=bf16): gputest mla, dsa_select timed
 #   perf          gputest perf: every kernel family timed alone at GLM-5 width
 #                 (PERF_OPS: families to time, as `gputest perf gemv mla_vout`)
 #   decode        moejit bench decode (synthetic full-width GLM-5)
@@ -99,6 +100,16 @@ for phase in "$@"; do
           timeout 90 $G perf dsa_select > "$OUT/dsa-perf-b-$1$2.log" 2>&1
         echo "batch 8 and 32, TC=$1 TOPK_SMEM=$2: rc=$?" >> "$log"
         grep 'dsa.select' "$OUT/dsa-perf-b-$1$2.log" | cut -d'|' -f3-5 >> "$log"
+      done
+      # bf16 indexer keys (MOEJIT_INDEXER_KEYS=bf16): the MLA test (the
+      # cache writer) and the selection from them on each scorer
+      timeout 200 $G mla > "$OUT/dsa-mla.log" 2>&1
+      echo "gputest mla (glm5k16: bf16 keys): rc=$? $(tail -1 "$OUT/dsa-mla.log")" >> "$log"
+      for t in 0 1; do
+        MOEJIT_INDEXER_KEYS=bf16 MOEJIT_DSA_TC=$t MOEJIT_PERF_BATCHES=1,8,32 MOEJIT_PERF_CONTEXTS=8192,32768 \
+          timeout 90 $G perf dsa_select > "$OUT/dsa-perf-k16-$t.log" 2>&1
+        echo "bf16 keys, batch 1, 8 and 32, TC=$t: rc=$?" >> "$log"
+        grep 'dsa.select' "$OUT/dsa-perf-k16-$t.log" | cut -d'|' -f3-5 >> "$log"
       done ;;
     tests)
       for t in ${GPU_TESTS:-gemv rmsnorm moe dense mla attn decode replay}; do

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtype.h"
 #include "ref_model.h"
 #include "shard.h"
 
@@ -164,6 +165,8 @@ static void indexer(cpu_model *s, int64_t L, const model_layer *ly, layer_cache 
     float *ki = lc->ikey + (pos + i) * hd;
     ref_layernorm(k + i * hd, &ly->idx_k_norm_w, &ly->idx_k_norm_b, 1e-6, hd, ki);
     ref_rope_interleaved(ki, dr, pos + i, s->inv_freq);
+    if (model_ikey_bf16()) /* the key a bf16 cache holds (MOEJIT_INDEXER_KEYS) */
+      for (int64_t e = 0; e < hd; e++) ki[e] = dt_bf16_to_f32(dt_f32_to_bf16(ki[e]));
   }
   float wscale = 1.0f / sqrtf((float)nh), sscale = 1.0f / sqrtf((float)hd);
   float *score = xalloc_f((size_t)T);

@@ -479,16 +479,18 @@ int gop_dsa_select_on(gop_dsa_kind kind, const gop_dims *d, CUdeviceptr iq, CUde
    * at every batch under MOEJIT_DSA_TOPK_SMEM=1 (to be measured). */
   bool tsm = one || dsa_env_tsm;
   char e1[64], g1[64], e2[64];
+  const char *kb = d->ikey_bf16 ? "true" : "false"; /* the cache's key type */
   if (one) {
-    snprintf(g1, sizeof g1, "dsa_score_hs<0, 0, %d, 1, 1>", DSA_SCORE_BLOCK);
-    snprintf(e1, sizeof e1, "dsa_score_hs<%d, %d, %d, %d, %d>", d->idx_dim, d->idx_heads, DSA_SCORE_BLOCK, hs, tpt);
+    snprintf(g1, sizeof g1, "dsa_score_hs<0, 0, %d, 1, 1, %s>", DSA_SCORE_BLOCK, kb);
+    snprintf(e1, sizeof e1, "dsa_score_hs<%d, %d, %d, %d, %d, %s>", d->idx_dim, d->idx_heads, DSA_SCORE_BLOCK, hs, tpt,
+             kb);
   } else {
-    snprintf(g1, sizeof g1, "dsa_score<0, 0, %d>", DSA_SCORE_BLOCK);
-    snprintf(e1, sizeof e1, "dsa_score<%d, %d, %d>", d->idx_dim, d->idx_heads, DSA_SCORE_BLOCK);
+    snprintf(g1, sizeof g1, "dsa_score<0, 0, %d, %s>", DSA_SCORE_BLOCK, kb);
+    snprintf(e1, sizeof e1, "dsa_score<%d, %d, %d, %s>", d->idx_dim, d->idx_heads, DSA_SCORE_BLOCK, kb);
   }
   if (tsm) snprintf(e2, sizeof e2, "dsa_topk_smem<%d, %s>", DSA_TOPK_BLOCK, dsa_env_wr ? "true" : "false");
   else snprintf(e2, sizeof e2, "dsa_topk<%d>", DSA_TOPK_BLOCK);
-  if (tc) snprintf(e1, sizeof e1, "dsa_score_tc<%d, %d, %d>", d->idx_dim, d->idx_heads, DSA_TC_WARPS);
+  if (tc) snprintf(e1, sizeof e1, "dsa_score_tc<%d, %d, %d, %s>", d->idx_dim, d->idx_heads, DSA_TC_WARPS, kb);
   jit_spec gen1 = {g1, NULL, 0};
   const jit_fn *score = NULL, *topk = NULL;
   bool launch = false;

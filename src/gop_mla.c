@@ -63,11 +63,12 @@ int gop_mla_prep(const gop_dims *d, CUdeviceptr P, int pw, const gop_prep_w *w, 
   /* IDX_DIM is bound on layers without an indexer too (their kernel skips
    * that part at run time), so both kinds of layer share one kernel. */
   char spec[96];
-  snprintf(spec, sizeof spec, "<%d, %d, %d, %d>", d->q_rank, d->kv_rank, d->rope,
-           d->idx_dim <= 1024 && d->idx_dim >= 0 ? d->idx_dim : 0);
+  snprintf(spec, sizeof spec, "<%d, %d, %d, %d, %s>", d->q_rank, d->kv_rank, d->rope,
+           d->idx_dim <= 1024 && d->idx_dim >= 0 ? d->idx_dim : 0, d->ikey_bf16 ? "true" : "false");
   const jit_fn *f;
   bool launch;
-  int rc = mla_get(cx, KT_mla_prep, "mla_prep", spec, "<0, 0, 0, 0>", true, &f, &launch, err);
+  const char *gen = d->ikey_bf16 ? "<0, 0, 0, 0, true>" : "<0, 0, 0, 0, false>";
+  int rc = mla_get(cx, KT_mla_prep, "mla_prep", spec, gen, true, &f, &launch, err);
   if (rc || !launch) return rc;
   CUdeviceptr kv = c.kv, ikey = c.ikey;
   int q_rank = d->q_rank, kv_rank = d->kv_rank, rope = d->rope, idx_dim = d->idx_dim, idx_heads = d->idx_heads;

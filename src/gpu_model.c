@@ -151,9 +151,12 @@ static size_t carve_weights(gpu_model *g, CUdeviceptr base) {
 }
 
 /* A layer's cache bytes per token: the MLA latent and rope key (bf16),
- * and the indexer key (f32) where the layer runs its own indexer. */
+ * and the indexer key (f32, or bf16 with d->ikey_bf16) where the layer
+ * runs its own indexer. */
 static size_t kv_token_bytes(const gop_dims *d) { return (size_t)(d->kv_rank + d->rope) * 2; }
-static size_t ikey_token_bytes(const gop_dims *d, const gpu_layer *l) { return l->indexer ? (size_t)d->idx_dim * 4 : 0; }
+static size_t ikey_token_bytes(const gop_dims *d, const gpu_layer *l) {
+  return l->indexer ? (size_t)d->idx_dim * (d->ikey_bf16 ? 2 : 4) : 0;
+}
 
 /* The rows of a step, on the device and in pinned memory alike: i32
  * token, slot and pos [bmax] each, then u64 seeds [bmax] at an 8-byte
@@ -640,7 +643,7 @@ int gpu_fill_cache(gpu_model *g, uint64_t seed, mj_err *err) {
   size_t S = (size_t)g->o.slots + 1, T = (size_t)d->max_ctx;
   for (int i = 0; i < g->n_layers; i++) {
     int rc = fill(g->L[i].cache.kv, S * T * (d->kv_rank + d->rope), false, seed + 2 * i, -1.0f, 1.0f, g->s, err);
-    if (!rc && g->L[i].cache.ikey) rc = fill(g->L[i].cache.ikey, S * T * d->idx_dim, true, seed + 2 * i + 1, -1.0f, 1.0f, g->s, err);
+    if (!rc && g->L[i].cache.ikey) rc = fill(g->L[i].cache.ikey, S * T * d->idx_dim, !d->ikey_bf16, seed + 2 * i + 1, -1.0f, 1.0f, g->s, err);
     if (rc) return rc;
   }
   CU_CHECK(err, cu.cuStreamSynchronize(g->s));

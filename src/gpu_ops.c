@@ -23,7 +23,7 @@ gop_dims gop_dims_of(const model_config *c, int max_ctx) {
                     .nope = (int)c->qk_nope_head_dim, .rope = (int)c->qk_rope_head_dim, .v = (int)c->v_head_dim,
                     .kv_rank = (int)c->kv_lora_rank, .q_rank = (int)c->q_lora_rank, .idx_heads = (int)c->index_n_heads,
                     .idx_dim = (int)c->index_head_dim, .idx_topk = (int)c->index_topk, .max_ctx = max_ctx,
-                    .rms_eps = (float)c->rms_norm_eps};
+                    .rms_eps = (float)c->rms_norm_eps, .ikey_bf16 = model_ikey_bf16()};
 }
 
 int gop_fill(CUdeviceptr p, size_t n, bool f32, uint64_t seed, float lo, float hi, const gop_ctx *cx, mj_err *err) {

@@ -20,7 +20,7 @@
  *   the MLA cache of a layer is kv bf16 [slots][max_ctx][kv_rank + rope]:
  *   the latent after kv_a_layernorm, then the rotated rope key (in the
  *   reference's de-interleaved layout, [evens | odds]);
- *   the indexer cache is ikey f32 [slots][max_ctx][idx_dim], after k_norm
+ *   the indexer cache is ikey f32 (bf16 with ikey_bf16) [slots][max_ctx][idx_dim], after k_norm
  *   and RoPE (rope part first).
  * CPU references of every op: ref.h.  Prefix: gop_.
  */
@@ -67,6 +67,7 @@ typedef struct gop_dims {
   int hidden, vocab;
   int heads, nope, rope, v, kv_rank, q_rank; /* MLA: qk_nope, qk_rope, v_head_dim, ranks */
   int idx_heads, idx_dim, idx_topk;          /* DSA indexer */
+  bool ikey_bf16;                            /* the indexer cache's keys in bf16, else f32 (mj_ikey_bf16) */
   int max_ctx;                               /* cache capacity per slot, tokens */
   float rms_eps;                             /* rms_norm_eps (the latent norms use 1e-6) */
 } gop_dims;
@@ -85,7 +86,7 @@ typedef struct gop_rows {
 /* One layer's caches (see the layout above). */
 typedef struct gop_cache {
   CUdeviceptr kv;   /* bf16 [slots][max_ctx][kv_rank + rope] */
-  CUdeviceptr ikey; /* f32 [slots][max_ctx][idx_dim]; 0 on a layer without an indexer */
+  CUdeviceptr ikey; /* f32 or bf16 (ikey_bf16) [slots][max_ctx][idx_dim]; 0 on a layer without an indexer */
 } gop_cache;
 
 /* ---- dense ops (src/gop_dense.c, templates/{embed,add_rmsnorm,gemv_bf16_b,gemv_bf16_mma,silu_mul}.k) ---- */

@@ -30,11 +30,11 @@
   X(gemv, "gemv_bf16_b.k", "dsl", "N K B THREADS ROWS UNROLL", "ref_gemv_b", 1e-6) /* achieved 2.5e-7 */ \
   X(gemv_mma, "gemv_bf16_mma.k", "dsl", "N K B THREADS MT KJ KSPLIT MINB", "ref_gemv_b", 1e-5) /* 2.3e-6 */ \
   X(sample, "sample.cu", "nvrtc", "sample_rows<BLOCK>", "ref_sample", 0.0) \
-  X(mla_prep, "mla.cu", "nvrtc", "mla_prep<QR, R, ROPE, IDX_DIM>", "ref_mla_prep", 1e-2) \
+  X(mla_prep, "mla.cu", "nvrtc", "mla_prep<QR, R, ROPE, IDX_DIM, KB>", "ref_mla_prep", 1e-2) \
   X(mla_q, "mla.cu", "nvrtc", "mla_q<NOPE, ROPE, V, R, TB>", "ref_mla_q", 1e-2) \
   X(mla_vout, "mla_vout.k", "dsl", "NOPE V R TB", "ref_mla_vout", 1e-2) \
   X(mla_attend, "attend.cu", "nvrtc", "mla_attend_part<KV, ROPE, HG, BLOCK>, mla_attend_part_tc<KV, ROPE, HT>, mla_attend_combine<KV, BLOCK>", "ref_mla_attend", 4e-3) /* tc 1.56e-3 */ \
-  X(dsa_select, "dsa.cu", "nvrtc", "dsa_score<IDIM, IH, BLOCK>, dsa_topk<BLOCK>", "ref_dsa_select", 0.0) \
+  X(dsa_select, "dsa.cu", "nvrtc", "dsa_score<IDIM, IH, BLOCK, KB>, dsa_topk<BLOCK>", "ref_dsa_select", 0.0) \
   X(moe_router, "moe_router.k", "dsl", "E K TB", "ref_moe_logits", 1e-5) \
   X(moe_route, "moe_route.k", "dsl", "E TOPK BCAP NG TG NORM SCALE E0 EL", "ref_moe_route", 0.0) \
   X(moe_expert, "moe_expert.k", "dsl", "MODE K N MT ROWS THREADS CHAIN PREFETCH MINB MMA KJ", "ref_moe_experts", 1e-2) \

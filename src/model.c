@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -766,4 +767,17 @@ void model_rope_inv_freq(double theta, int64_t dim, float *inv) {
     float p = (float)pow(theta, (double)e);
     inv[i] = 1.0f / p;
   }
+}
+
+static bool ikey_bf16;
+static pthread_once_t ikey_once = PTHREAD_ONCE_INIT;
+static void ikey_read(void) {
+  const char *v = getenv("MOEJIT_INDEXER_KEYS");
+  if (!v || !*v || !strcmp(v, "f32")) return;
+  if (!strcmp(v, "bf16")) ikey_bf16 = true;
+  else mj_warn("MOEJIT_INDEXER_KEYS=%s ignored: it takes f32 or bf16", v);
+}
+bool model_ikey_bf16(void) {
+  pthread_once(&ikey_once, ikey_read);
+  return ikey_bf16;
 }

@@ -109,6 +109,15 @@ int model_quant_parse(mj_arena *a, const char *text, size_t len, const char *nam
 /* Does a module name match one of the exclude globs ('*' crosses dots)? */
 bool model_glob_match(const char *pattern, const char *s);
 bool model_quant_excluded(const model_config *c, const char *module);
+/* The DSA indexer's key cache in bf16 (true) or f32 (false, the default):
+ * MOEJIT_INDEXER_KEYS=bf16|f32, read once a process, so both backends,
+ * warmup, the benches and the tests agree.  A bf16 key is the f32 key
+ * (after k_norm and RoPE) rounded to nearest even, and the scores are
+ * still computed in f32: what transformers' indexer does with the model in
+ * bf16, whose cache holds keys in the model's dtype (in fp32 it holds f32
+ * keys).  Half the bytes the selection streams (docs/decode.md).  Any
+ * other value is ignored with a warning. */
+bool model_ikey_bf16(void);
 
 typedef enum { MODEL_W_BF16, MODEL_W_F32, MODEL_W_NVFP4 } model_wfmt;
 

@@ -89,7 +89,8 @@ void ref_sample(const float *logits, int B, int V, const sample_params *sp, cons
  * The decode step's attention over the compressed cache, meaning exactly
  * what cpu_forward.c's absorbed attention and indexer compute, in the GPU's
  * layouts (gpu_ops.h): kv bf16 [slots][max_ctx][kv_rank + rope], ikey f32
- * [slots][max_ctx][idx_dim]; slot[b] and pos[b] per row. */
+ * [slots][max_ctx][idx_dim] (a bf16 cache's keys widened to f32); slot[b]
+ * and pos[b] per row. */
 
 /* For row b and head h over t in 0..pos[b] (or, with sel and pos[b] + 1 >
  * topk, over the topk tokens sel[b][0..topk)):
@@ -118,6 +119,7 @@ typedef struct ref_mla_dims {
   int heads, nope, rope, v, kv_rank, q_rank;
   int idx_heads, idx_dim;
   int max_ctx;
+  bool ikey_bf16; /* the indexer key rounded to bf16 (gop_dims' ikey_bf16; ikey stays f32 here) */
 } ref_mla_dims;
 
 /* From P f32 [B][pw] = [q_a | latent, k_rope | idx wk | idx weights_proj]:
@@ -125,7 +127,8 @@ typedef struct ref_mla_dims {
  * [kv_rank + rope], cache of max_ctx per slot) = rmsnorm(latent, kv_a_norm,
  * 1e-6) then rope(k_rope, pos); with ikey (else NULL, and the k_norm
  * vectors and iw unused): ikey[slot][pos] = layernorm(wk out, k_norm_w,
- * k_norm_b, 1e-6) with its first rope values rotated, and iw[b][i] =
+ * k_norm_b, 1e-6) with its first rope values rotated (each rounded to
+ * bf16 with d->ikey_bf16, the values the GPU's bf16 cache holds), and iw[b][i] =
  * weights_proj out * idx_heads^-0.5.  inv_freq [rope / 2].  Rows with a
  * negative slot or pos outside [0, max_ctx) write no cache entry. */
 void ref_mla_prep(const ref_mla_dims *d, const float *P, int pw, const bf16 *q_a_norm, const bf16 *kv_a_norm,

@@ -47,6 +47,8 @@ void ref_mla_prep(const ref_mla_dims *d, const float *P, int pw, const bf16 *q_a
     model_vec nw = vec_bf16(k_norm_w, di), nb = vec_bf16(k_norm_b, di);
     ref_layernorm(k, &nw, &nb, 1e-6, di, yi);
     ref_rope_interleaved(yi, dr, pos[b], inv_freq); /* the rope part first */
+    if (d->ikey_bf16)
+      for (int i = 0; i < di; i++) yi[i] = dt_bf16_to_f32(dt_f32_to_bf16(yi[i]));
     memcpy(ikey + entry * (size_t)di, yi, (size_t)di * sizeof *yi);
   }
   free(y), free(yi);

@@ -54,12 +54,31 @@
 //   ctx 8192 and 46.4 for 55.9 at 32768; at batch 8 and 32 they were 28-55%
 //   slower than the pair above (bench/results/2026-12-05-h100.md), hence the
 //   split by batch.
+// Every scorer takes KB as its last template argument: the cache's keys
+// in bf16 (MOEJIT_INDEXER_KEYS=bf16: 8 bytes for 4 dimensions) or f32.
 // Scratch: score f32 [B][max_ctx].
 //
 // Why NVRTC (docs/dsl.md, "DSL or NVRTC"): dsa_score's shared memory is
 // sized at launch (extern __shared__), which the DSL lacks.
 
+#include <cuda_bf16.h>
+
 #define DSA_BINS 256
+
+// The indexer cache's key type: KB false f32 (512 bytes a key of 128),
+// true bf16 (half the stream; MOEJIT_INDEXER_KEYS=bf16, docs/decode.md).
+// dsa_ld4 reads four dimensions of a key as floats (16 bytes of f32, 8 of
+// bf16: the key's address a multiple of 4 dimensions), dsa_kf one.
+template <bool KB> struct dsa_kt { typedef float T; };
+template <> struct dsa_kt<true> { typedef __nv_bfloat16 T; };
+__device__ __forceinline__ float4 dsa_ld4(const float *p) { return __ldg(reinterpret_cast<const float4 *>(p)); }
+__device__ __forceinline__ float4 dsa_ld4(const __nv_bfloat16 *p) {
+  const uint2 u = __ldg(reinterpret_cast<const uint2 *>(p));  // dimension d in the low half of its word
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                     __uint_as_float(u.y & 0xffff0000u));
+}
+__device__ __forceinline__ float dsa_kf(float x) { return x; }
+__device__ __forceinline__ float dsa_kf(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 __device__ __forceinline__ unsigned dsa_key(float f) {
   unsigned u = __float_as_uint(f);
@@ -86,8 +105,8 @@ __device__ __forceinline__ int dsa_warp_sum(int v) {
 // dot[i][j] = q[j] . k[i] for NH query rows of IDIM floats and NT keys
 // (16-byte loads of each key, read once; the queries from shared memory,
 // each float4 of them used for NT keys).
-template <int IDIM, int NH, int NT>
-__device__ __forceinline__ void dsa_dots_n(const float *q, const float *const *k, float (*dot)[NH]) {
+template <int IDIM, int NH, int NT, typename KT>
+__device__ __forceinline__ void dsa_dots_n(const float *q, const KT *const *k, float (*dot)[NH]) {
 #pragma unroll
   for (int i = 0; i < NT; i++)
 #pragma unroll
@@ -95,7 +114,7 @@ __device__ __forceinline__ void dsa_dots_n(const float *q, const float *const *k
   for (int d = 0; d < IDIM; d += 4) {
     float4 kv[NT];
 #pragma unroll
-    for (int i = 0; i < NT; i++) kv[i] = __ldg(reinterpret_cast<const float4 *>(k[i] + d));
+    for (int i = 0; i < NT; i++) kv[i] = dsa_ld4(k[i] + d);
 #pragma unroll
     for (int j = 0; j < NH; j++) {
       const float4 qv = *reinterpret_cast<const float4 *>(q + j * IDIM + d);
@@ -108,8 +127,8 @@ __device__ __forceinline__ void dsa_dots_n(const float *q, const float *const *k
 // One thread's score of a token (key k): its dot product with each head's
 // query, scaled, relu'd and weighted, the heads summed in ascending order
 // as the CPU does.
-template <int IDIM, int IH>
-__device__ __forceinline__ float dsa_token_score(const float *qs, const float *ws, const float *k, int idim, int ih,
+template <int IDIM, int IH, typename KT>
+__device__ __forceinline__ float dsa_token_score(const float *qs, const float *ws, const KT *k, int idim, int ih,
                                                  float sscale) {
   float acc = 0.0f;
   if constexpr (IDIM > 0 && IH > 0) {
@@ -123,7 +142,7 @@ __device__ __forceinline__ float dsa_token_score(const float *qs, const float *w
   } else {
     for (int h = 0; h < ih; h++) {
       float dot = 0.0f;
-      for (int d = 0; d < idim; d++) dot += qs[h * idim + d] * k[d];
+      for (int d = 0; d < idim; d++) dot += qs[h * idim + d] * dsa_kf(k[d]);
       const float s = __fmul_rn(dot, sscale);
       if (s > 0.0f) acc = acc + __fmul_rn(ws[h], s);
     }
@@ -131,9 +150,9 @@ __device__ __forceinline__ float dsa_token_score(const float *qs, const float *w
   return acc;
 }
 
-template <int IDIM, int IH, int BLOCK>
+template <int IDIM, int IH, int BLOCK, bool KB>
 __global__ void __launch_bounds__(BLOCK)
-dsa_score(const float *__restrict__ iq, const float *__restrict__ iw, const float *__restrict__ ikey,
+dsa_score(const float *__restrict__ iq, const float *__restrict__ iw, const typename dsa_kt<KB>::T *__restrict__ ikey,
           const int *__restrict__ slots, const int *__restrict__ poss, float *__restrict__ score,
           int idim_rt, int ih_rt, int max_ctx, int topk, float sscale) {
   MJ_GRIDDEP_WAIT();
@@ -154,7 +173,7 @@ dsa_score(const float *__restrict__ iq, const float *__restrict__ iw, const floa
   __syncthreads();
   const int t = t0 + threadIdx.x;
   if (t >= n) return;  // no barrier follows
-  const float *k = ikey + ((size_t)slots[b] * max_ctx + t) * idim;
+  const typename dsa_kt<KB>::T *k = ikey + ((size_t)slots[b] * max_ctx + t) * idim;
   score[(size_t)b * max_ctx + t] = dsa_token_score<IDIM, IH>(qs, ws, k, idim, ih, sscale);
 }
 
@@ -265,9 +284,9 @@ dsa_topk(const float *__restrict__ score, const int *__restrict__ poss, int *__r
   }
 }
 
-template <int IDIM, int IH, int BLOCK, int HS, int TPT>
+template <int IDIM, int IH, int BLOCK, int HS, int TPT, bool KB>
 __global__ void __launch_bounds__(BLOCK)
-dsa_score_hs(const float *__restrict__ iq, const float *__restrict__ iw, const float *__restrict__ ikey,
+dsa_score_hs(const float *__restrict__ iq, const float *__restrict__ iw, const typename dsa_kt<KB>::T *__restrict__ ikey,
           const int *__restrict__ slots, const int *__restrict__ poss, float *__restrict__ score,
           int idim_rt, int ih_rt, int max_ctx, int topk, float sscale) {
   MJ_GRIDDEP_WAIT();
@@ -298,7 +317,7 @@ dsa_score_hs(const float *__restrict__ iq, const float *__restrict__ iw, const f
   const int t = t0 + threadIdx.x / HS;
   if constexpr (HS == 1) {
     if (t >= n) return;  // no barrier follows
-    const float *k = ikey + ((size_t)slots[b] * max_ctx + t) * idim;
+    const typename dsa_kt<KB>::T *k = ikey + ((size_t)slots[b] * max_ctx + t) * idim;
     score[(size_t)b * max_ctx + t] = dsa_token_score<IDIM, IH>(qs, ws, k, idim, ih, sscale);
   } else {
     // HS lanes a token (adjacent lanes), lane hs the heads hs * HPT ..
@@ -309,7 +328,7 @@ dsa_score_hs(const float *__restrict__ iq, const float *__restrict__ iw, const f
     // below, so a lane past n reads token t0's key and writes nothing.
     constexpr int HPT = IH / HS;
     const int hs = threadIdx.x % HS, lane = threadIdx.x % 32;
-    const float *k[TPT];
+    const typename dsa_kt<KB>::T *k[TPT];
 #pragma unroll
     for (int i = 0; i < TPT; i++)
       k[i] = ikey + ((size_t)slots[b] * max_ctx + (t + i * KPR < n ? t + i * KPR : t0)) * IDIM;
@@ -367,9 +386,9 @@ __device__ __forceinline__ void dsa_mma_tf32(float (&c)[4], unsigned a0, unsigne
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-template <int IDIM, int IH, int WARPS>
+template <int IDIM, int IH, int WARPS, bool KB>
 __global__ void __launch_bounds__(WARPS * 32)
-dsa_score_tc(const float *__restrict__ iq, const float *__restrict__ iw, const float *__restrict__ ikey,
+dsa_score_tc(const float *__restrict__ iq, const float *__restrict__ iw, const typename dsa_kt<KB>::T *__restrict__ ikey,
              const int *__restrict__ slots, const int *__restrict__ poss, float *__restrict__ score, int idim_rt,
              int ih_rt, int max_ctx, int topk, float sscale) {
   MJ_GRIDDEP_WAIT();
@@ -405,13 +424,13 @@ dsa_score_tc(const float *__restrict__ iq, const float *__restrict__ iw, const f
   // Rows g and g + 8 of the tile; a row past n reads the row's last token
   // and writes nothing.
   const size_t row = (size_t)slots[b] * max_ctx;
-  const float *k0 = ikey + (row + (tb + g < n ? tb + g : n - 1)) * IDIM + 4 * c;
-  const float *k1 = ikey + (row + (tb + g + 8 < n ? tb + g + 8 : n - 1)) * IDIM + 4 * c;
+  const typename dsa_kt<KB>::T *k0 = ikey + (row + (tb + g < n ? tb + g : n - 1)) * IDIM + 4 * c;
+  const typename dsa_kt<KB>::T *k1 = ikey + (row + (tb + g + 8 < n ? tb + g + 8 : n - 1)) * IDIM + 4 * c;
   float4 x[IDIM / 16], y[IDIM / 16];
 #pragma unroll
-  for (int j = 0; j < IDIM / 16; j++) x[j] = __ldg(reinterpret_cast<const float4 *>(k0 + 16 * j));
+  for (int j = 0; j < IDIM / 16; j++) x[j] = dsa_ld4(k0 + 16 * j);
 #pragma unroll
-  for (int j = 0; j < IDIM / 16; j++) y[j] = __ldg(reinterpret_cast<const float4 *>(k1 + 16 * j));
+  for (int j = 0; j < IDIM / 16; j++) y[j] = dsa_ld4(k1 + 16 * j);
   float acc[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
@@ -420,13 +439,18 @@ dsa_score_tc(const float *__restrict__ iq, const float *__restrict__ iw, const f
     const float4 &xa = x[s / 2], &ya = y[s / 2];
     const float v0 = s % 2 ? xa.z : xa.x, v2 = s % 2 ? xa.w : xa.y;  // row g: columns c, c + 4
     const float v1 = s % 2 ? ya.z : ya.x, v3 = s % 2 ? ya.w : ya.y;  // row g + 8
+    // A bf16 key is a tf32 value (8 bits of mantissa in 10): its low part
+    // is 0 and its product with the queries' high part is left out.
     const unsigned a0 = dsa_tf32(v0), a1 = dsa_tf32(v1), a2 = dsa_tf32(v2), a3 = dsa_tf32(v3);
-    const unsigned l0 = dsa_tf32(v0 - __uint_as_float(a0)), l1 = dsa_tf32(v1 - __uint_as_float(a1));
-    const unsigned l2 = dsa_tf32(v2 - __uint_as_float(a2)), l3 = dsa_tf32(v3 - __uint_as_float(a3));
+    unsigned l0 = 0, l1 = 0, l2 = 0, l3 = 0;
+    if constexpr (!KB) {
+      l0 = dsa_tf32(v0 - __uint_as_float(a0)), l1 = dsa_tf32(v1 - __uint_as_float(a1));
+      l2 = dsa_tf32(v2 - __uint_as_float(a2)), l3 = dsa_tf32(v3 - __uint_as_float(a3));
+    }
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
       const uint4 f = qf[(s * NT + nt) * 32 + lane];
-      dsa_mma_tf32(acc[nt], l0, l1, l2, l3, f.x, f.y);
+      if constexpr (!KB) dsa_mma_tf32(acc[nt], l0, l1, l2, l3, f.x, f.y);
       dsa_mma_tf32(acc[nt], a0, a1, a2, a3, f.z, f.w);
       dsa_mma_tf32(acc[nt], a0, a1, a2, a3, f.x, f.y);
     }

@@ -6,7 +6,8 @@
 //   mla_prep  the input projection's outputs to the normalised q latent
 //             (bf16), the cache record of the token (normalised kv latent
 //             and rotated rope key, bf16) and, on indexer layers, the
-//             indexer key (LayerNorm + RoPE, f32) and head weights.
+//             indexer key (LayerNorm + RoPE; f32, or bf16 with KB) and
+//             head weights.
 //   mla_q     the absorbed query: per head W_uk^T q_nope (the W_uk rows of
 //             kv_b), then the rotated q_rope; the indexer query's RoPE.
 //
@@ -27,7 +28,7 @@
 // and sincosf is the accurate one (no fast math).
 //
 // Specialisation: template arguments bind the widths (mla_prep<QR, R, ROPE,
-// IDX_DIM>, mla_q<NOPE, ROPE, V, R, TB>); all zeros is the generic variant,
+// IDX_DIM, KB>, mla_q<NOPE, ROPE, V, R, TB>); all zeros is the generic variant,
 // which takes the same arguments and reads the widths from them.  The
 // specialised mla_q needs R % 64 == 0 (and 16-byte aligned weights): the
 // launcher asks for the generic variant for other shapes.  Launch geometry
@@ -106,13 +107,17 @@ __device__ __forceinline__ void mla_rs_step(float *v, int lane) {
 // Block (b, part) = blockIdx.x / 3, blockIdx.x % 3.  Part 0: qa; part 1: the
 // kv cache record; part 2: the indexer key and weights (nothing without an
 // indexer).  A row whose slot is negative or whose pos is outside
-// [0, max_ctx) writes no cache entry (qa and iw are still written).
-template <int QR, int R, int ROPE, int IDX_DIM>
+// [0, max_ctx) writes no cache entry (qa and iw are still written).  KB:
+// the indexer cache holds bf16 keys (each the f32 key rounded to nearest
+// even), else f32.
+template <bool KB> struct mla_kt { typedef float T; };
+template <> struct mla_kt<true> { typedef __nv_bfloat16 T; };
+template <int QR, int R, int ROPE, int IDX_DIM, bool KB>
 __global__ void __launch_bounds__(MLA_BLOCK)
 mla_prep(const float *__restrict__ P, int pw, const __nv_bfloat16 *__restrict__ q_a_norm,
          const __nv_bfloat16 *__restrict__ kv_a_norm, const __nv_bfloat16 *__restrict__ k_norm_w,
          const __nv_bfloat16 *__restrict__ k_norm_b, const int *__restrict__ slot, const int *__restrict__ pos,
-         const float *__restrict__ inv_freq, __nv_bfloat16 *__restrict__ kv, float *__restrict__ ikey,
+         const float *__restrict__ inv_freq, __nv_bfloat16 *__restrict__ kv, typename mla_kt<KB>::T *__restrict__ ikey,
          __nv_bfloat16 *__restrict__ qa, float *__restrict__ iw, int B, int q_rank, int kv_rank, int rope,
          int idx_dim, int idx_heads, int max_ctx, float eps, float wscale) {
   MJ_GRIDDEP_WAIT();
@@ -156,8 +161,11 @@ mla_prep(const float *__restrict__ P, int pw, const __nv_bfloat16 *__restrict__ 
     for (int j = t; j < di; j += MLA_BLOCK)
       ys[j] = (x[j] - mean) * rs * __bfloat162float(k_norm_w[j]) + __bfloat162float(k_norm_b[j]);
     __syncthreads();
-    float *o = ikey + entry * (size_t)di;
-    for (int j = dr + t; j < di; j += MLA_BLOCK) o[j] = ys[j];
+    typename mla_kt<KB>::T *o = ikey + entry * (size_t)di;
+    for (int j = dr + t; j < di; j += MLA_BLOCK) {
+      if constexpr (KB) o[j] = __float2bfloat16_rn(ys[j]);
+      else o[j] = ys[j];
+    }
     mla_rope(ys, o, dr, ps, inv_freq, t, MLA_BLOCK);
   }
 }

@@ -22,6 +22,14 @@
  * keys, in every layer that runs its own indexer: ties in the indexer's
  * scores are common in small models, and the set decides the logits.
  * Exit 77 (skip) while no fixture exists; 1 on any mismatch.
+ *
+ * Under MOEJIT_INDEXER_KEYS=bf16 (the indexer's keys rounded to bf16,
+ * model.h) the same fixtures measure what that rounding changes against
+ * transformers' f32 keys: a fixture where no query sees more than
+ * index_topk keys must still pass every check (the keys decide nothing
+ * there); where the selection is active the differences are counted and
+ * printed, not held, and the run must find at least one (else the switch
+ * did not reach the forward pass).
  */
 #define _XOPEN_SOURCE 700
 #include <dirent.h>
@@ -35,6 +43,11 @@
 #include "t.h"
 
 static const double TOL = 1e-4;
+
+/* MOEJIT_INDEXER_KEYS=bf16: what the fixtures with an active selection
+ * measure (see above). */
+static bool kb16;
+static int kb_fixtures, kb_moved, kb_checked, kb_sel_bad, kb_tok_bad;
 
 static uint32_t crc32_buf(uint32_t crc, const uint8_t *p, size_t n) {
   static uint32_t table[256];
@@ -237,8 +250,15 @@ static void check_fixture(const char *fixdir, const char *file, const char *moej
   }
   printf("  %lld positions, worst relative error %.3g, %d over %g, %d greedy tokens differ\n",
          (long long)(np + ns), rs.worst, rs.bad_pos, TOL, rs.bad_tok);
-  T_CHECK(rs.bad_pos == 0);
-  T_CHECK(rs.bad_tok == 0);
+  bool active = false; /* does a query see more keys than index_topk in a layer with an indexer? */
+  for (int64_t L = 0; L < NL; L++) active |= m->layers[L].has_indexer && np + ns > m->cfg.index_topk;
+  if (kb16 && active) {
+    kb_fixtures++, kb_moved += rs.bad_pos > 0, kb_tok_bad += rs.bad_tok;
+    printf("  (bf16 indexer keys, the selection active: measured, not held)\n");
+  } else {
+    T_CHECK(rs.bad_pos == 0);
+    T_CHECK(rs.bad_tok == 0);
+  }
   cpu_model_destroy(s);
   model_free(m);
   free(tok), free(got), free(layers), free(want), free(want_layers);
@@ -326,10 +346,16 @@ static void check_sweep(const char *fixdir, const json *fx, const char *moejit, 
   printf("  %lld positions, worst relative error %.3g, %d over %g; %d greedy tokens differ (%d more within a near "
          "tie); DSA selections: %d checked, %d differ\n",
          (long long)(np + ns), rs.worst, rs.bad_pos, TOL, rs.bad_tok, rs.near, sel_checked, sel_bad);
-  T_CHECK(rs.bad_pos == 0);
-  T_CHECK(rs.bad_tok == 0);
-  T_CHECK(sel_bad == 0);
   T_EQ_INT(sel_checked, (int)sels->len);
+  if (kb16 && sels->len > 0) {
+    kb_fixtures++, kb_moved += rs.bad_pos > 0, kb_checked += sel_checked, kb_sel_bad += sel_bad;
+    kb_tok_bad += rs.bad_tok;
+    printf("  (bf16 indexer keys, the selection active: measured, not held)\n");
+  } else {
+    T_CHECK(rs.bad_pos == 0);
+    T_CHECK(rs.bad_tok == 0);
+    T_CHECK(sel_bad == 0);
+  }
   cpu_model_destroy(s);
   model_free(m);
   free(tok), free(got), free(dump), free(want);
@@ -357,6 +383,7 @@ int main(void) {
     printf("no fidelity fixtures in %s: run tests/fidelity/make_fixtures.py on the GPU host (skipped)\n", fixdir);
     return 77;
   }
+  kb16 = model_ikey_bf16();
   char tmp[256];
   snprintf(tmp, sizeof tmp, "%s/moejit-fid.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
   if (!mkdtemp(tmp)) return 1;
@@ -367,5 +394,13 @@ int main(void) {
   }
   free(names);
   nftw(tmp, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+  if (kb16) {
+    t_current = "bf16 indexer keys";
+    printf("bf16 indexer keys against transformers' f32 keys, in the %d fixtures whose selection is active: %d of "
+           "%d DSA selections differ (sweep fixtures), %d fixtures with logits past %g, %d greedy tokens differ\n",
+           kb_fixtures, kb_sel_bad, kb_checked, kb_moved, TOL, kb_tok_bad);
+    T_CHECK(kb_fixtures > 0);
+    T_CHECK(kb_sel_bad > 0); /* the rounding reached the forward pass */
+  }
   return t_status();
 }

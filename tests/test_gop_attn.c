@@ -194,22 +194,28 @@ static void test_compile(void) {
   show(KT_mla_attend, "mla_attend_part<0, 0, 16, 256>");
   show(KT_mla_attend, "mla_attend_part<0, 0, 8, 256>");
   show(KT_mla_attend, "mla_attend_combine<0, 128>");
-  show(KT_dsa_select, "dsa_score<128, 32, 128>");
-  show(KT_dsa_select, "dsa_score<16, 2, 128>");
-  show(KT_dsa_select, "dsa_score<0, 0, 128>");
+  show(KT_dsa_select, "dsa_score<128, 32, 128, false>");
+  show(KT_dsa_select, "dsa_score<16, 2, 128, false>");
+  show(KT_dsa_select, "dsa_score<0, 0, 128, false>");
   show(KT_dsa_select, "dsa_topk<1024>");
-  show(KT_dsa_select, "dsa_score_hs<128, 32, 128, 4, 1>"); /* batch 1: 4 threads a token */
-  show(KT_dsa_select, "dsa_score_hs<128, 32, 128, 4, 2>"); /* and 2 or 4 tokens a thread */
-  show(KT_dsa_select, "dsa_score_hs<128, 32, 128, 4, 4>");
-  show(KT_dsa_select, "dsa_score_hs<16, 4, 128, 4, 1>");   /* gputest attn's small batch-1 shape */
-  show(KT_dsa_select, "dsa_score_hs<16, 4, 128, 4, 2>");
-  show(KT_dsa_select, "dsa_score_hs<16, 2, 128, 1, 1>");   /* 2 heads: HS 4 does not divide */
-  show(KT_dsa_select, "dsa_score_hs<0, 0, 128, 1, 1>");
+  show(KT_dsa_select, "dsa_score_hs<128, 32, 128, 4, 1, false>"); /* batch 1: 4 threads a token */
+  show(KT_dsa_select, "dsa_score_hs<128, 32, 128, 4, 2, false>"); /* and 2 or 4 tokens a thread */
+  show(KT_dsa_select, "dsa_score_hs<128, 32, 128, 4, 4, false>");
+  show(KT_dsa_select, "dsa_score_hs<16, 4, 128, 4, 1, false>");   /* gputest attn's small batch-1 shape */
+  show(KT_dsa_select, "dsa_score_hs<16, 4, 128, 4, 2, false>");
+  show(KT_dsa_select, "dsa_score_hs<16, 2, 128, 1, 1, false>");   /* 2 heads: HS 4 does not divide */
+  show(KT_dsa_select, "dsa_score_hs<0, 0, 128, 1, 1, false>");
   show(KT_dsa_select, "dsa_topk_smem<1024, false>");
   show(KT_dsa_select, "dsa_topk_smem<1024, true>"); /* placed by warp ranges */
-  show(KT_dsa_select, "dsa_score_tc<128, 32, 8>");  /* the scorer on the tensor cores (MOEJIT_DSA_TC=1) */
-  show(KT_dsa_select, "dsa_score_tc<16, 8, 8>");
-  show(KT_dsa_select, "dsa_score_tc<32, 8, 8>");  /* gputest attn's small batch-1 shape */
+  show(KT_dsa_select, "dsa_score_tc<128, 32, 8, false>");  /* the scorer on the tensor cores (MOEJIT_DSA_TC=1) */
+  show(KT_dsa_select, "dsa_score_tc<16, 8, 8, false>");
+  show(KT_dsa_select, "dsa_score_tc<32, 8, 8, false>");  /* gputest attn's small batch-1 shape */
+  /* the scorers on bf16 keys (MOEJIT_INDEXER_KEYS=bf16) */
+  show(KT_dsa_select, "dsa_score<128, 32, 128, true>");
+  show(KT_dsa_select, "dsa_score<0, 0, 128, true>");
+  show(KT_dsa_select, "dsa_score_hs<128, 32, 128, 4, 2, true>");
+  show(KT_dsa_select, "dsa_score_hs<0, 0, 128, 1, 1, true>");
+  show(KT_dsa_select, "dsa_score_tc<128, 32, 8, true>");
   DRY.arch = NULL;
 }
 

@@ -105,6 +105,16 @@ static void test_compile(void) {
   }
   T_EQ_INT(stat_of(CACHE_STAT_compiles), 12);
   T_EQ_INT(stat_of(CACHE_STAT_failures), 0);
+  /* bf16 indexer keys: mla_prep's other kernel (q and vout are the same). */
+  gop_dims g16 = glm5;
+  g16.ikey_bf16 = true;
+  T_EQ_INT(dry(&g16, 1, true, &err), 0);
+  T_EQ_INT(stat_of(CACHE_STAT_compiles), 13);
+  const jit_fn *f16 = NULL;
+  bool l16 = true;
+  T_EQ_INT(gop_get(&DRY, KT_mla_prep, "mla_prep<2048, 512, 64, 128, true>", NULL, 0, NULL, &f16, &l16, &err), 0);
+  T_CHECK(f16 && !f16->generic);
+  T_EQ_INT(stat_of(CACHE_STAT_compiles), 13); /* the one just compiled */
   /* Bad widths: one line, no compile. */
   gop_prep_w w = {0};
   gop_rows rows = {0};
@@ -115,7 +125,7 @@ static void test_compile(void) {
   bad.rope = 63;
   T_EQ_INT(gop_mla_vout(&bad, 0, 0, 0, 1, &DRY, &err), MJ_EINPUT);
   T_EQ_INT(gop_mla_q(&glm5, 0, 0, rows, 0, 0, 0, 0, &DRY, &err), MJ_EINPUT); /* B = 0 */
-  T_EQ_INT(stat_of(CACHE_STAT_compiles), 12);
+  T_EQ_INT(stat_of(CACHE_STAT_compiles), 13);
   DRY.arch = NULL;
   jit_shutdown();
 }
@@ -263,6 +273,29 @@ static void test_absorbed_equals_expanded(void) {
     touched += !written && dt_f32_bits(ikey[i]) != 0x7FC00001u;
   }
   T_EQ_INT(touched, 0);
+  /* With bf16 keys (MOEJIT_INDEXER_KEYS=bf16) each key value is the f32
+   * one rounded to bf16, and nothing else changes. */
+  ref_mla_dims d16 = d;
+  d16.ikey_bf16 = true;
+  float *ikey16 = malloc(4 * ik_n), *iw16 = malloc(4 * (size_t)T * d.idx_heads);
+  bf16 *kv16 = malloc(2 * cache_n), *qa16 = malloc(2 * (size_t)T * qr);
+  memcpy(kv16, kv, 2 * cache_n);
+  memcpy(ikey16, ikey, 4 * ik_n);
+  ref_mla_prep(&d16, P, pw, qnw, kvnw, knw, knb, slot, pos, inv, kv16, ikey16, qa16, iw16, T);
+  int off16 = 0, moved = 0;
+  for (size_t i = 0; i < ik_n; i++) {
+    size_t e = i / (size_t)di;
+    bool written = e / (size_t)d.max_ctx == SLOT && e % (size_t)d.max_ctx < T;
+    float want16 = written ? dt_bf16_to_f32(dt_f32_to_bf16(ikey[i])) : ikey[i]; /* poison stays */
+    off16 += dt_f32_bits(ikey16[i]) != dt_f32_bits(want16);
+    moved += dt_f32_bits(ikey16[i]) != dt_f32_bits(ikey[i]);
+  }
+  T_EQ_INT(off16, 0);
+  T_CHECK(moved > T * di / 2); /* most f32 keys are not bf16 values: the rounding is there */
+  T_EQ_INT(memcmp(kv16, kv, 2 * cache_n), 0);
+  T_EQ_INT(memcmp(qa16, qa, 2 * (size_t)T * qr), 0);
+  T_EQ_INT(memcmp(iw16, iw, 4 * (size_t)T * d.idx_heads), 0);
+  free(ikey16), free(iw16), free(kv16), free(qa16);
   /* A row with a negative slot writes qa but no cache entry. */
   int32_t nslot = -1, npos = 0;
   bf16 before = kv[0];

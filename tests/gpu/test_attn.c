@@ -101,8 +101,16 @@ static int cmp_int(const void *a, const void *b) {
 }
 
 typedef struct dev {
-  CUdeviceptr qlat, kv, slot, pos, sel, sel_in, olat, iq, iw, ikey, scratch;
+  CUdeviceptr qlat, kv, slot, pos, sel, sel_in, olat, iq, iw, ikey, ikey16, scratch;
 } dev;
+
+/* The keys as a bf16 cache holds them (MOEJIT_INDEXER_KEYS=bf16), and the
+ * values that cache's keys stand for (for the reference). */
+static bf16 *keys_bf16(const float *k, size_t n) {
+  bf16 *o = mj_xmalloc(n * 2);
+  dt_f32_to_bf16_n(k, o, n);
+  return o;
+}
 
 static int upload(CUdeviceptr *p, const void *h, size_t bytes, const char *what, mj_err *err) {
   if (cu_alloc(p, bytes, what, err)) return MJ_ECUDA;
@@ -186,6 +194,7 @@ out:
 #define DSA_TC_TOL 1e-5
 static int scorer_precision(const shape *s, const gop_dims *d, dev *g, gop_cache c, gop_rows rows, int sel_rows,
                             const float *iq, const float *iw, const float *ikey, mj_err *err) {
+  const bool kb = d->ikey_bf16; /* c.ikey is g->ikey16: the keys go there as bf16 */
   const int B = s->B, IH = s->idx_heads, ID = s->idx_dim, T = s->max_ctx, K = s->idx_topk, SLOTS = 8;
   size_t niq = (size_t)B * IH * ID, nkey = (size_t)SLOTS * T * ID, nsc = (size_t)B * T, nsel = (size_t)B * K;
   float *q2 = mj_xmalloc(niq * 4), *w2 = mj_xmalloc((size_t)B * IH * 4), *k2 = mj_xmalloc(nkey * 4);
@@ -194,10 +203,12 @@ static int scorer_precision(const shape *s, const gop_dims *d, dev *g, gop_cache
   for (size_t i = 0; i < niq; i++) q2[i] = 2 * uniform() - 1;
   for (int i = 0; i < B * IH; i++) w2[i] = uniform();
   for (size_t i = 0; i < nkey; i++) k2[i] = 2 * uniform() - 1;
+  bf16 *k16 = kb ? keys_bf16(k2, nkey) : NULL;
   int r = MJ_ECUDA;
   CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(g->iq, q2, niq * 4), out);
   CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(g->iw, w2, (size_t)B * IH * 4), out);
-  CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(g->ikey, k2, nkey * 4), out);
+  if (kb) CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(g->ikey16, k16, nkey * 2), out);
+  else CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(g->ikey, k2, nkey * 4), out);
   for (int run = 0; run < 2; run++) {
     CU_CHECK_GOTO(err, cu.cuMemsetD8(g->scratch, 0xFF, nsc * 4), out);
     if ((r = gop_dsa_select_on(run ? GOP_DSA_TC : GOP_DSA_FMA, d, g->iq, g->iw, c, rows, g->sel, g->scratch, B,
@@ -226,18 +237,24 @@ static int scorer_precision(const shape *s, const gop_dims *d, dev *g, gop_cache
     qsort(selt + (size_t)b * K, (size_t)K, 4, cmp_int);
     for (int i = 0; i < K; i++) differ += self[(size_t)b * K + i] != selt[(size_t)b * K + i];
   }
-  printf("%-14s uniform  B %d ctx %5d topk %4d  scores, tensor cores against FMA: rel %.2e over %d rows, %d selected "
-         "slots differ\n", s->name, B, T, K, worst, rows_cmp, differ);
+  printf("%-14s uniform  B %d ctx %5d topk %4d  scores, tensor cores against FMA%s: rel %.2e over %d rows, %d "
+         "selected slots differ\n", s->name, B, T, K, kb ? " (bf16 keys)" : "", worst, rows_cmp, differ);
   T_EQ_INT(bad, 0);
   T_EQ_INT(rows_cmp, sel_rows); /* every row past topk compared */
   T_CHECK(worst <= DSA_TC_TOL);
   r = MJ_ECUDA;
   CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(g->iq, iq, niq * 4), out);
   CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(g->iw, iw, (size_t)B * IH * 4), out);
-  CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(g->ikey, ikey, nkey * 4), out);
+  if (kb) {
+    free(k16);
+    k16 = keys_bf16(ikey, nkey);
+    CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(g->ikey16, k16, nkey * 2), out);
+  } else {
+    CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(g->ikey, ikey, nkey * 4), out);
+  }
   r = 0;
 out:
-  free(q2), free(w2), free(k2), free(sf), free(st), free(self), free(selt);
+  free(q2), free(w2), free(k2), free(sf), free(st), free(self), free(selt), free(k16);
   return r;
 }
 
@@ -281,6 +298,13 @@ static int run_shape(const shape *s, bool ties, mj_err *err) {
       upload(&g.olat, NULL, no * 4, "olat", err) || upload(&g.iq, iq, niq * 4, "iq", err) ||
       upload(&g.iw, iw, (size_t)B * IH * 4, "iw", err) || upload(&g.ikey, ikey, nkey * 4, "ikey", err))
     goto out;
+  /* The same keys in a bf16 cache: multiples of 1/8 in [-2, 2], which bf16
+   * holds exactly, so the selection must not change. */
+  bf16 *k16 = keys_bf16(ikey, nkey);
+  r = upload(&g.ikey16, k16, nkey * 2, "ikey16", err);
+  free(k16);
+  if (r) goto out;
+  r = MJ_ECUDA;
   size_t scratch = gop_mla_attend_scratch(&d, B);
   if (gop_dsa_select_scratch(&d, B) > scratch) scratch = gop_dsa_select_scratch(&d, B);
   if (upload(&g.scratch, NULL, scratch, "scratch", err)) goto out;
@@ -289,17 +313,24 @@ static int run_shape(const shape *s, bool ties, mj_err *err) {
 
   /* Selection, on the FMA scorers and, where the widths allow, the
    * tensor-core one (the same exact scores: the inputs are multiples of
-   * 1/8, which tf32 holds). */
+   * 1/8, which tf32 holds), from f32 keys and from bf16 ones. */
+  gop_dims d16 = d;
+  d16.ikey_bf16 = true;
+  gop_cache c16 = {g.kv, g.ikey16};
   int sel_rows = 0, sel_bad = 0;
   for (int b = 0; b < B; b++) {
     qsort(sel_ref + (size_t)b * K, (size_t)K, 4, cmp_int);
     sel_rows += s->pos[b] + 1 > K;
   }
   bool dsa_tc = ID % 16 == 0 && IH % 8 == 0;
-  for (int run = 0; run < (dsa_tc ? 2 : 1); run++) {
+  const int nscorer = dsa_tc ? 2 : 1;
+  for (int run2 = 0; run2 < 2 * nscorer; run2++) {
+    const int run = run2 % nscorer, kb = run2 / nscorer; /* run: the scorer; kb: bf16 keys */
     gop_dsa_kind dk = run ? GOP_DSA_TC : GOP_DSA_FMA;
     CU_CHECK_GOTO(err, cu.cuMemsetD8(g.sel, 0xFF, nsel * 4), out); /* -1 */
-    if ((r = gop_dsa_select_on(dk, &d, g.iq, g.iw, c, rows, g.sel, g.scratch, B, &(gop_ctx){0}, err))) goto out;
+    if ((r = gop_dsa_select_on(dk, kb ? &d16 : &d, g.iq, g.iw, kb ? c16 : c, rows, g.sel, g.scratch, B,
+                               &(gop_ctx){0}, err)))
+      goto out;
     r = MJ_ECUDA;
     CU_CHECK_GOTO(err, cu.cuCtxSynchronize(), out);
     CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(sel_got, g.sel, nsel * 4), out);
@@ -311,19 +342,21 @@ static int run_shape(const shape *s, bool ties, mj_err *err) {
       for (int i = 0; i < K; i++) off += gr[i] != rr[i];
       if (off) {
         bad_rows++;
-        fprintf(stderr, "  %s (%s scorer): row %d (pos %d): %d of %d selected tokens differ", s->name,
-                run ? "tensor-core" : "FMA", b, s->pos[b], off, K);
+        fprintf(stderr, "  %s (%s scorer, %s keys): row %d (pos %d): %d of %d selected tokens differ", s->name,
+                run ? "tensor-core" : "FMA", kb ? "bf16" : "f32", b, s->pos[b], off, K);
         for (int i = 0, shown = 0; i < K && shown < 4; i++)
           if (gr[i] != rr[i]) fprintf(stderr, "%s [%d] gpu %d ref %d", shown++ ? "," : ":", i, gr[i], rr[i]);
         fprintf(stderr, "\n");
       }
     }
-    printf("%-14s %-8s B %d ctx %5d topk %4d  select (%s scorer): rows %d, %d differ\n", s->name,
-           ties ? "ties" : "distinct", B, T, K, run ? "tensor-core" : "FMA", sel_rows, bad_rows);
+    printf("%-14s %-8s B %d ctx %5d topk %4d  select (%s scorer, %s keys): rows %d, %d differ\n", s->name,
+           ties ? "ties" : "distinct", B, T, K, run ? "tensor-core" : "FMA", kb ? "bf16" : "f32", sel_rows, bad_rows);
     T_EQ_INT(bad_rows, 0);
     sel_bad += bad_rows;
   }
-  if (dsa_tc && !ties && sel_rows > 0 && (r = scorer_precision(s, &d, &g, c, rows, sel_rows, iq, iw, ikey, err)))
+  if (dsa_tc && !ties && sel_rows > 0 &&
+      ((r = scorer_precision(s, &d, &g, c, rows, sel_rows, iq, iw, ikey, err)) ||
+       (r = scorer_precision(s, &d16, &g, c16, rows, sel_rows, iq, iw, ikey, err))))
     goto out;
 
   /* Attention, without and with the selection (the CPU's, in its order),
@@ -378,14 +411,17 @@ out:
 typedef struct timing {
   const gop_dims *d;
   const dev *g;
-  int B, which; /* 0 select, 1 attend over all, 2 attend with the selection */
+  int B, which; /* 0 select, 1 attend over all, 2 attend with the selection, 3 select from bf16 keys */
 } timing;
 
 static int time_launch(void *ctx, int i, CUstream s, mj_err *err) {
   const timing *t = ctx;
   gop_rows rows = {0, t->g->slot, t->g->pos};
-  gop_cache c = {t->g->kv, t->g->ikey};
-  if (t->which == 0) return gop_dsa_select(t->d, t->g->iq, t->g->iw, c, rows, t->g->sel, t->g->scratch, t->B, &(gop_ctx){.s = s}, err);
+  gop_cache c = {t->g->kv, t->which == 3 ? t->g->ikey16 : t->g->ikey};
+  gop_dims d16 = *t->d;
+  d16.ikey_bf16 = t->which == 3;
+  if (t->which == 0 || t->which == 3)
+    return gop_dsa_select(&d16, t->g->iq, t->g->iw, c, rows, t->g->sel, t->g->scratch, t->B, &(gop_ctx){.s = s}, err);
   return gop_mla_attend(t->d, t->g->qlat, c, rows, t->which == 2 ? t->g->sel : 0, 0.0625f, t->g->olat,
                         t->g->scratch, t->B, &(gop_ctx){.s = s}, err);
 }
@@ -424,6 +460,7 @@ static int time_glm5(mj_err *err) {
   float *ikey = mj_xmalloc(nkey * 4), *q = mj_xmalloc((size_t)64 * 64 * D * 4);
   for (size_t i = 0; i < nkv; i++) kv[i] = dt_f32_to_bf16(2 * uniform() - 1);
   for (size_t i = 0; i < nkey; i++) ikey[i] = 2 * uniform() - 1;
+  bf16 *k16 = keys_bf16(ikey, nkey);
   for (size_t i = 0; i < (size_t)64 * 64 * D; i++) q[i] = 2 * uniform() - 1;
   dev g = {0};
   int r = MJ_ECUDA;
@@ -439,7 +476,8 @@ static int time_glm5(mj_err *err) {
   int slot[64], pos[64];
   for (int b = 0; b < 64; b++) slot[b] = b;
   if (upload(&g.qlat, q, (size_t)64 * 64 * D * 4, "qlat", err) || upload(&g.kv, kv, nkv * 2, "kv", err) ||
-      upload(&g.ikey, ikey, nkey * 4, "ikey", err) || upload(&g.iq, q, (size_t)64 * 32 * 128 * 4, "iq", err) ||
+      upload(&g.ikey, ikey, nkey * 4, "ikey", err) || upload(&g.ikey16, k16, nkey * 2, "ikey16", err) ||
+      upload(&g.iq, q, (size_t)64 * 32 * 128 * 4, "iq", err) ||
       upload(&g.iw, q, (size_t)64 * 32 * 4, "iw", err) || upload(&g.slot, slot, sizeof slot, "slot", err) ||
       upload(&g.pos, NULL, sizeof pos, "pos", err) || upload(&g.sel, NULL, (size_t)64 * 2048 * 4, "sel", err) ||
       upload(&g.olat, NULL, (size_t)64 * 64 * 512 * 4, "olat", err) || upload(&g.scratch, NULL, scratch, "scratch", err))
@@ -450,21 +488,21 @@ static int time_glm5(mj_err *err) {
     d.max_ctx = T;
     for (int b = 0; b < B; b++) pos[b] = T - 1;
     CU_CHECK_GOTO(err, cu.cuMemcpyHtoD(g.pos, pos, (size_t)B * 4), out);
-    double us[3] = {0};
-    for (int w = 0; w < 3; w++) {
+    double us[4] = {0};
+    for (int w = 0; w < 4; w++) {
       timing t = {&d, &g, B, w};
       if ((r = time_one(&t, &us[w], err))) goto out;
       r = MJ_ECUDA;
     }
     double all = (double)B * T * D * 2, sel = (double)B * (T > 2048 ? 2048 : T) * D * 2;
-    printf("  B %2d ctx %5d: select %8.1f us | attend all %8.1f us (%6.0f GB/s) | attend sel %8.1f us (%6.0f GB/s)\n",
-           B, T, us[0], us[1], all / us[1] / 1e3, us[2], sel / us[2] / 1e3);
+    printf("  B %2d ctx %5d: select %8.1f us (bf16 keys %8.1f) | attend all %8.1f us (%6.0f GB/s) | attend sel %8.1f us "
+           "(%6.0f GB/s)\n", B, T, us[0], us[3], us[1], all / us[1] / 1e3, us[2], sel / us[2] / 1e3);
   }
   r = 0;
 out:
   for (CUdeviceptr *p = &g.qlat; p <= &g.scratch; p++)
     if (*p) cu.cuMemFree(*p);
-  free(kv), free(ikey), free(q);
+  free(kv), free(ikey), free(q), free(k16);
   return r;
 }
 

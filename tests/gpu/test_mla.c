@@ -42,6 +42,9 @@ typedef struct mcase {
 
 #define GLM5 {.hidden = 6144, .vocab = 154880, .heads = 64, .nope = 192, .rope = 64, .v = 256, .kv_rank = 512, \
               .q_rank = 2048, .idx_heads = 32, .idx_dim = 128, .idx_topk = 2048, .max_ctx = 4096, .rms_eps = 1e-5f}
+#define GLM5_K16 {.hidden = 6144, .vocab = 154880, .heads = 64, .nope = 192, .rope = 64, .v = 256, .kv_rank = 512, \
+                  .q_rank = 2048, .idx_heads = 32, .idx_dim = 128, .idx_topk = 2048, .max_ctx = 4096, .rms_eps = 1e-5f, \
+                  .ikey_bf16 = true}
 #define ODD {.hidden = 96, .vocab = 100, .heads = 3, .nope = 24, .rope = 8, .v = 40, .kv_rank = 48, .q_rank = 64, \
              .idx_heads = 2, .idx_dim = 16, .idx_topk = 4, .max_ctx = 16, .rms_eps = 1e-5f}
 
@@ -50,6 +53,8 @@ static const mcase cases[] = {
     {"glm5", GLM5, 1, true},   {"glm5", GLM5, 2, true},  {"glm5", GLM5, 3, true}, {"glm5", GLM5, 8, true},
     {"glm5", GLM5, 64, true},  {"glm5", GLM5, 130, true}, {"glm5", GLM5, 5, false}, {"odd", ODD, 1, true},
     {"odd", ODD, 5, true},     {"odd", ODD, 4, false},
+    /* the indexer cache in bf16 (MOEJIT_INDEXER_KEYS=bf16) */
+    {"glm5k16", GLM5_K16, 1, true}, {"glm5k16", GLM5_K16, 8, true},
 };
 
 enum { SLOTS = 3 };
@@ -93,7 +98,8 @@ static int run_case(const mcase *c, mj_err *err) {
   const int pw = qr + r + dr + (ix ? di + ih : 0), qw = nh * (dn + dr) + (ix ? ih * di : 0);
   const size_t kvw = (size_t)nh * (dn + dv), rec = (size_t)(r + dr);
   const size_t n_kv = (size_t)SLOTS * T * rec, n_ik = (size_t)SLOTS * T * di;
-  ref_mla_dims rd = {nh, dn, dr, dv, r, qr, ih, di, T};
+  ref_mla_dims rd = {nh, dn, dr, dv, r, qr, ih, di, T, d->ikey_bf16};
+  const size_t kb = d->ikey_bf16 ? 2 : 4; /* bytes a key value in the device's cache */
 
   /* Inputs. */
   float *P = mj_xmalloc(sizeof(float) * B * pw), *Q = mj_xmalloc(sizeof(float) * B * qw);
@@ -144,7 +150,7 @@ static int run_case(const mcase *c, mj_err *err) {
       dalloc(&db, &dql, 4 * (size_t)B * nh * rec, NULL, err) ||
       dalloc(&db, &dout, 2 * (size_t)B * nh * dv, NULL, err))
     goto out;
-  if (ix && (dalloc(&db, &dik, 4 * n_ik, NULL, err) || dalloc(&db, &diw, 4 * (size_t)B * ih, NULL, err) ||
+  if (ix && (dalloc(&db, &dik, kb * n_ik, NULL, err) || dalloc(&db, &diw, 4 * (size_t)B * ih, NULL, err) ||
              dalloc(&db, &diq, 4 * (size_t)B * ih * di, NULL, err)))
     goto out;
   gop_prep_w w = {dqn, dkvn, dkn, dkb};
@@ -161,7 +167,12 @@ static int run_case(const mcase *c, mj_err *err) {
   CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(ql_got, dql, 4 * (size_t)B * nh * rec), out);
   CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(o_got, dout, 2 * (size_t)B * nh * dv), out);
   if (ix) {
-    CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(ik_got, dik, 4 * n_ik), out);
+    CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(ik_got, dik, kb * n_ik), out);
+    if (kb == 2) /* widened in place, from the end (keeping a poisoned value's bits: 0xFFFF -> 0xFFFFFFFF) */
+      for (size_t i = n_ik; i-- > 0;) {
+        uint16_t u = ((const uint16_t *)ik_got)[i];
+        ik_got[i] = u == 0xFFFF ? dt_bits_f32(0xFFFFFFFFu) : dt_bf16_to_f32(u);
+      }
     CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(iw_got, diw, 4 * (size_t)B * ih), out);
     CU_CHECK_GOTO(err, cu.cuMemcpyDtoH(iq_got, diq, 4 * (size_t)B * ih * di), out);
   }

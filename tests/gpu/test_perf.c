@@ -348,14 +348,14 @@ static int perf_prep(perf *p, kt_id k, int B, mj_err *err) {
       (rc = rnd(p, &o.w.k_norm_w, (size_t)d->idx_dim, false, 0.9f, 1.1f, err)) ||
       (rc = rnd(p, &o.w.k_norm_b, (size_t)d->idx_dim, false, -0.1f, 0.1f, err)) ||
       (rc = rnd(p, &o.cache.kv, slots * (d->kv_rank + d->rope), false, -1, 1, err)) ||
-      (rc = rnd(p, &o.cache.ikey, slots * d->idx_dim, true, -1, 1, err)) ||
+      (rc = rnd(p, &o.cache.ikey, slots * d->idx_dim, !d->ikey_bf16, -1, 1, err)) ||
       (rc = rnd(p, &o.out, (size_t)B * d->q_rank, false, -1, 1, err)) ||
       (rc = rnd(p, &o.out2, (size_t)B * d->idx_heads, true, -1, 1, err)) || (rc = inv_freq(p, &o.inv, err)) ||
       (rc = last_rows(p, B, 1, d->max_ctx, &o.rows, err)))
     return rc;
   const double bytes = (double)B * o.pw * 4 + (d->q_rank + d->kv_rank + 2.0 * d->idx_dim) * 2 + d->rope / 2 * 4.0 +
                        B * 8.0 + (double)B * d->q_rank * 2 + (double)B * (d->kv_rank + d->rope) * 2 +
-                       (double)B * d->idx_dim * 4 + (double)B * d->idx_heads * 4;
+                       (double)B * d->idx_dim * (d->ikey_bf16 ? 2 : 4) + (double)B * d->idx_heads * 4;
   return row(p, k, "attn.prep", B, bytes, 1, prep_launch, &o, err);
 }
 
@@ -465,7 +465,7 @@ static int perf_attend(perf *p, kt_id k, int B, mj_err *err) {
 }
 
 /* dsa_select: past idx_topk, reads each row's indexer keys (B * ctx *
- * idx_dim * 4), iq (B * idx_heads * idx_dim * 4), iw (B * idx_heads * 4)
+ * idx_dim * 4, or 2 under MOEJIT_INDEXER_KEYS=bf16), iq (B * idx_heads * idx_dim * 4), iw (B * idx_heads * 4)
  * and the rows (B * 8), and writes sel (B * idx_topk * 4); within it, only
  * the rows' positions (B * 8, each kernel reading them).  The scores
  * (scratch) are not counted. */
@@ -476,20 +476,21 @@ static int select_launch(void *ctx, int i, CUstream s, mj_err *err) {
 }
 static int perf_select(perf *p, kt_id k, int B, mj_err *err) {
   for (int c = 0; c < ncontexts; c++) {
-    const int ctx = contexts[c], IH = p->d.idx_heads, ID = p->d.idx_dim;
+    const int ctx = contexts[c], IH = p->d.idx_heads, ID = p->d.idx_dim, KB = p->d.ikey_bf16 ? 2 : 4;
     attn_op o = {0};
     int rc;
-    if ((rc = attn_setup(p, B, ctx, (size_t)ID * 4, true, &o, err)) ||
+    if ((rc = attn_setup(p, B, ctx, (size_t)ID * KB, KB == 4, &o, err)) ||
         (rc = rnd(p, &o.q, (size_t)B * IH * ID, true, -1, 1, err)) ||
         (rc = rnd(p, &o.iw, (size_t)B * IH, true, -1, 1, err)) ||
         (rc = blank(p, &o.scratch, gop_dsa_select_scratch(&o.d, B), err)))
       return rc;
     const bool selects = ctx > o.d.idx_topk;
-    const double bytes = selects ? (double)B * ctx * ID * 4 + (double)B * IH * ID * 4 + (double)B * IH * 4 + B * 8.0 +
+    const double bytes = selects ? (double)B * ctx * ID * KB + (double)B * IH * ID * 4 + (double)B * IH * 4 + B * 8.0 +
                                        (double)B * o.d.idx_topk * 4
                                  : B * 8.0;
-    char op[64];
-    snprintf(op, sizeof op, "dsa.select ctx %d%s", ctx, selects ? "" : " (within idx_topk: returns at once)");
+    char op[96];
+    snprintf(op, sizeof op, "dsa.select ctx %d%s%s", ctx, KB == 2 ? " bf16 keys" : "",
+             selects ? "" : " (within idx_topk: returns at once)");
     if ((rc = row(p, k, op, B, bytes, o.copies, select_launch, &o, err))) return rc;
     release(p);
   }
