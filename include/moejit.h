@@ -39,11 +39,13 @@ extern "C" {
  * 4: moejit_request.stop_lens.  5: log probabilities (moejit_request.logprobs
  * and top_logprobs, moejit_event.has_logprob, logprob, top_logprobs and
  * n_top_logprobs, moejit_logprob), moejit_sampling.presence_penalty and
- * frequency_penalty.  Fields are only ever added at the end of a struct;
+ * frequency_penalty.  6: moejit_request.hold_events.
+ * 7: moejit_open_opts.prefill_chunk (prompts fed in parts beside the
+ * decode rows).  Fields are only ever added at the end of a struct;
  * a struct that holds another by value (moejit_open_opts' default_sampling)
  * sees its later fields move when that one grows: rebuild against the
  * header (the library is static). */
-#define MOEJIT_API_VERSION 6
+#define MOEJIT_API_VERSION 7
 
 /* The header's MOEJIT_API_VERSION the library was built with (a program
  * may check that it equals its own), and the package version ("0.1.0"). */
@@ -144,6 +146,16 @@ typedef struct moejit_open_opts {
    * process, before the first kernel is compiled: the kernel cache is one
    * per process); NULL (default): MOEJIT_CACHE_DIR, else ~/.cache/moejit. */
   const char *kernel_cache_dir;
+  /* (version 7) Prompt tokens one engine step takes beside the rows of the
+   * sequences already decoding (chunked prefill: a long prompt is fed in
+   * parts over several steps, so the others keep drawing tokens meanwhile;
+   * a sequence draws its first token with the part that ends its prompt,
+   * the same token as with the prompt run whole).  0 (default): on the GPU
+   * the rows the step has left below the largest graph batch size, at
+   * least half of it; on the CPU 32.  At most 65536.  < 0: each prompt
+   * whole, as a step of its own, before the next decode step (what a
+   * sharded engine always does). */
+  int32_t prefill_chunk;
 } moejit_open_opts;
 
 void moejit_open_opts_init(moejit_open_opts *o);
@@ -371,7 +383,8 @@ typedef struct moejit_stats {
   uint64_t generated_tokens;    /* tokens drawn (end-of-sequence ids included) */
   uint32_t queue_depth;         /* requests waiting for a slot now */
   uint32_t running;             /* sequences live now */
-  uint64_t prompt_steps;        /* engine steps that ran a prompt */
+  uint64_t prompt_steps;        /* engine steps that ran prompt tokens (a step that also ran decode rows
+                                   counts in decode_steps too: prefill_chunk) */
   uint64_t decode_steps;        /* engine steps that ran one row of each live sequence */
   uint64_t decode_rows;         /* rows of those steps (decode_rows / decode_steps: the mean batch) */
   double decode_step_ms_sum;    /* the time of all decode steps */

@@ -6,9 +6,14 @@
  * thread.  Every other thread talks to it through one mutex: submit appends
  * to a bounded FIFO wait queue, cancel sets a flag, and the engine, at each
  * step boundary, retires what was cancelled, admits waiting requests into
- * free slots one at a time (each prompt runs as its own step, as `moejit
- * generate` always did, so a batched sequence's tokens equal its run
- * alone), then runs one decode step with a row of every live sequence.
+ * free slots one at a time, then runs one step: a row of every decoding
+ * sequence and, beside them, the next part of the prompts being fed
+ * (chunked prefill: prefill_chunk, or the rule at prefill_budget), oldest
+ * admission first, so a long prompt no longer stalls the sequences already
+ * decoding; a prompt's sequence draws nothing (sess_hold) until the part
+ * that ends its prompt, so its tokens equal those of the prompt run whole.
+ * A sharded engine (followers replay rank 0's messages, ctl.h) and
+ * prefill_chunk < 0 run each prompt whole as a step of its own.
  * With nothing to do it sleeps on a condition variable that submit,
  * cancel and close signal: no polling anywhere.
  *
@@ -201,6 +206,8 @@ typedef struct api_req {
   /* the engine thread's */
   moejit_logprob top[MOEJIT_MAX_TOP_LOGPROBS]; /* the current event's top_logprobs */
   int slot;
+  size_t fed;       /* prompt tokens run so far (prompt.n: decoding) */
+  uint64_t adm;     /* admission order (the prompts' parts go oldest first) */
   int32_t next_tok; /* the token the next decode row feeds */
   int64_t n_gen;
   tok_stream ts;
@@ -236,6 +243,9 @@ struct moejit {
   int start_rc;
   mj_err start_err, eng_err; /* the session's creation; the first failure after it */
   api_req **owner;           /* [slots]: the request live in each slot (engine thread only) */
+  bool mix;                  /* prompts fed in parts beside the decode rows (engine thread only) */
+  int max_rows, rows_cap;    /* the session's rows an engine step; a step's rows at most */
+  uint64_t admitted;         /* admissions so far (api_req.adm) */
   double gap_from;           /* the end of the last decode step, 0 after a prompt or idle (engine thread only) */
   api_req **wake;            /* [slots]: polled requests given a token since the last wake_pollers */
   int nwake;                 /* (engine thread only; see deliver) */
@@ -490,6 +500,7 @@ static sample_params params_of(const moejit_sampling *s, uint64_t seed) {
   return p;
 }
 
+#define PREFILL_MAX 65536 /* moejit_open_opts.prefill_chunk, at most */
 static int check_open_opts(const moejit_open_opts *o, mj_err *err) {
   if ((unsigned)o->backend > MOEJIT_BACKEND_CUDA)
     return mj_fail(err, MJ_EUSAGE, "moejit_open: backend %d is not auto, cpu or cuda", (int)o->backend);
@@ -498,6 +509,9 @@ static int check_open_opts(const moejit_open_opts *o, mj_err *err) {
                    "moejit_open: context_length %d, max_parallel %d, max_queue %d, threads %d: each must be >= 0 "
                    "(max_parallel at most 1024)",
                    o->context_length, o->max_parallel, o->max_queue, o->threads);
+  if (o->prefill_chunk > PREFILL_MAX)
+    return mj_fail(err, MJ_EUSAGE, "moejit_open: prefill_chunk %d: at most %d tokens a step (< 0: each prompt whole)",
+                   o->prefill_chunk, PREFILL_MAX);
   if (o->n_graph_batch_sizes < 0 || o->n_graph_batch_sizes > GPU_MAX_GRAPHS ||
       (o->n_graph_batch_sizes > 0 && !o->graph_batch_sizes))
     return mj_fail(err, MJ_EUSAGE, "moejit_open: %d graph batch sizes (0 to %d, with the array)", o->n_graph_batch_sizes,
@@ -1157,33 +1171,51 @@ static void take(moejit *a, api_req *q, int32_t id) {
 /* ---- the engine thread ------------------------------------------------------------------- */
 static const double step_bounds[] = MOEJIT_STEP_BUCKETS_MS;
 
-/* The counters of a step that ran (under the lock): a prompt of n tokens
- * (its last row draws a token) or a decode step of n rows in ms. */
-static void count_prompt(moejit *a, int64_t n, bool ok) {
-  a->st.prompt_steps++;
-  a->st.prompt_tokens += (uint64_t)n;
-  a->st.generated_tokens += ok;
+/* The counters of a step that ran (under the lock): prompt tokens n_prompt
+ * (in a step of its own, or parts beside decode rows: a step with any
+ * counts as a prompt step), of which `drawn` ended a prompt and drew its
+ * first token, and n_dec decode rows in ms (a step with any counts as a
+ * decode step, its time in the histogram: what the decoding sequences
+ * waited). */
+static void count_step(moejit *a, int64_t n_prompt, int drawn, int n_dec, double ms, bool ok) {
+  if (n_prompt > 0) {
+    a->st.prompt_steps++;
+    a->st.prompt_tokens += (uint64_t)n_prompt;
+    if (ok) a->st.generated_tokens += (uint64_t)drawn;
+  }
+  if (n_dec > 0) {
+    a->st.decode_steps++;
+    a->st.decode_rows += (uint64_t)n_dec;
+    a->st.decode_step_ms_sum += ms;
+    for (int b = 0; b < MOEJIT_STEP_BUCKETS; b++)
+      a->st.decode_step_le[b] += b == MOEJIT_STEP_BUCKETS - 1 || ms <= step_bounds[b];
+    if (ok) a->st.generated_tokens += (uint64_t)n_dec;
+  }
 }
 
-static void count_decode(moejit *a, int n, double ms, bool ok) {
-  a->st.decode_steps++;
-  a->st.decode_rows += (uint64_t)n;
-  a->st.decode_step_ms_sum += ms;
-  for (int b = 0; b < MOEJIT_STEP_BUCKETS; b++) a->st.decode_step_le[b] += b == MOEJIT_STEP_BUCKETS - 1 || ms <= step_bounds[b];
-  if (ok) a->st.generated_tokens += (uint64_t)n;
-}
-
-/* Admit q (taken off the wait queue) and run its prompt as a step of its own. */
-static void run_prompt(moejit *a, api_req *q) {
+/* Admit q (taken off the wait queue) into a free slot; its prompt is fed
+ * by the steps (engine_step) or, unmixed, at once (run_prompt).  false
+ * when it ended (no slot could be had). */
+static bool admit(moejit *a, api_req *q) {
   mj_err e = {0};
   q->t_admit = mj_now_ms();
   if (sess_admit(a->S, &q->sp, &q->slot, &e)) {
     end_failed(a, q, &e);
     mj_err_clear(&e);
-    return;
+    return false;
   }
   a->owner[q->slot] = q;
   tok_stream_init(&q->ts, a->tok, true);
+  q->fed = 0;
+  q->adm = a->admitted++;
+  return true;
+}
+
+/* Admit q and run its whole prompt as a step of its own (a sharded
+ * engine: its followers admit and run the prompt from one message). */
+static void run_prompt(moejit *a, api_req *q) {
+  if (!admit(a, q)) return;
+  mj_err e = {0};
   size_t n = q->prompt.n;
   int32_t *slot = mj_xmalloc(n * sizeof *slot), *ids = mj_xmalloc(n * sizeof *ids);
   for (size_t i = 0; i < n; i++) slot[i] = q->slot;
@@ -1191,8 +1223,9 @@ static void run_prompt(moejit *a, api_req *q) {
   if (!rc) rc = sess_step(a->S, q->prompt.v, slot, (int)n, ids, NULL, &e);
   int32_t id = rc ? -1 : ids[n - 1]; /* a failed step wrote no ids */
   free(slot), free(ids);
+  q->fed = n;
   pthread_mutex_lock(&a->lock);
-  count_prompt(a, (int64_t)n, !rc);
+  count_step(a, (int64_t)n, 1, 0, 0, !rc);
   pthread_mutex_unlock(&a->lock);
   if (rc) {
     end_failed(a, q, &e);
@@ -1203,25 +1236,67 @@ static void run_prompt(moejit *a, api_req *q) {
   take(a, q, id);
 }
 
-/* One decode step: a row of every live sequence, in slot order.  Returns
- * the milliseconds spent handing out its tokens (events_ms_sum, which the
- * caller adds under the lock it takes next). */
-static double decode_step(moejit *a, int32_t *tk, int32_t *sl, int32_t *ids, api_req **who) {
+/* Prompt tokens a step takes beside nd decode rows: prefill_chunk when
+ * set; else, on the GPU, the rows left below the session's rows an engine
+ * step (the largest captured batch size) and at least half of them, so a
+ * step runs as one engine step, or two while many sequences decode; on
+ * the CPU (one slot's rows at a time) PREFILL_CPU. */
+#define PREFILL_CPU 32
+static int prefill_budget(const moejit *a, int nd) {
+  if (a->o.prefill_chunk > 0) return a->o.prefill_chunk;
+  if (a->backend != SESS_CUDA) return PREFILL_CPU;
+  int left = a->max_rows - nd, half = (a->max_rows + 1) / 2;
+  return left > half ? left : half;
+}
+
+/* One step: a row of every decoding sequence, in slot order, then the
+ * next parts of the prompts being fed, oldest admission first, up to
+ * prefill_budget tokens; a prompt whose part does not end it is held
+ * (draws nothing).  Returns the milliseconds spent handing out its tokens
+ * (events_ms_sum, which the caller adds under the lock it takes next). */
+static double engine_step(moejit *a, int32_t *tk, int32_t *sl, int32_t *ids, api_req **who) {
   int n = 0;
   for (int i = 0; i < a->slots; i++)
-    if (a->owner[i]) who[n] = a->owner[i], tk[n] = a->owner[i]->next_tok, sl[n] = i, n++;
+    if (a->owner[i] && a->owner[i]->fed == a->owner[i]->prompt.n)
+      who[n] = a->owner[i], tk[n] = a->owner[i]->next_tok, sl[n] = i, n++;
+  const int nd = n;
+  int budget = prefill_budget(a, nd), drawn = 0;
+  int64_t n_prompt = 0;
+  while (budget > 0) { /* the oldest prompt still being fed */
+    api_req *q = NULL;
+    for (int i = 0; i < a->slots; i++) {
+      api_req *o = a->owner[i];
+      if (o && o->fed < o->prompt.n && (!q || o->adm < q->adm)) q = o;
+    }
+    if (!q) break;
+    size_t left = q->prompt.n - q->fed, k = left < (size_t)budget ? left : (size_t)budget;
+    for (size_t j = 0; j < k; j++) who[n] = q, tk[n] = q->prompt.v[q->fed + j], sl[n] = q->slot, n++;
+    q->fed += k; /* (a failed step ends q: fed no longer matters) */
+    sess_hold(a->S, q->slot, k < left);
+    drawn += k == left;
+    n_prompt += (int64_t)k;
+    budget -= (int)k;
+    if (k < left) break; /* the budget is spent */
+  }
   if (!n) return 0;
   mj_err e = {0};
-  double t0 = mj_now_ms(), gap = a->gap_from > 0 ? t0 - a->gap_from : -1;
-  int rc = lead(a, CTL_STEP, -1, n, NULL, tk, sl, &e);
+  double t0 = mj_now_ms(), gap = a->gap_from > 0 && nd > 0 ? t0 - a->gap_from : -1;
+  int rc = lead(a, CTL_STEP, -1, n, NULL, tk, sl, &e); /* a sharded engine: decode rows only */
   if (!rc) rc = sess_step(a->S, tk, sl, n, ids, NULL, &e);
   double t1 = mj_now_ms(), ms = t1 - t0;
-  a->gap_from = t1;
+  a->gap_from = nd > 0 ? t1 : 0;
   pthread_mutex_lock(&a->lock);
   if (gap >= 0) a->st.decode_gap_ms_sum += gap, a->st.decode_gaps++;
-  count_decode(a, n, ms, !rc);
+  count_step(a, n_prompt, drawn, nd, ms, !rc);
   pthread_mutex_unlock(&a->lock);
-  for (int i = 0; i < n; i++) rc ? end_failed(a, who[i], &e) : take(a, who[i], ids[i]);
+  double now = drawn ? mj_now_ms() : 0;
+  for (int i = 0; i < n; i++) {
+    api_req *q = who[i];
+    if (i >= nd && i + 1 < n && who[i + 1] == q) continue; /* a prompt's part: its last row alone */
+    if (rc) end_failed(a, q, &e);
+    else if (i < nd) take(a, q, ids[i]);
+    else if (q->fed == q->prompt.n) q->t_first = now, take(a, q, ids[i]); /* the part that ended its prompt */
+  }
   mj_err_clear(&e);
   return mj_now_ms() - t1;
 }
@@ -1249,9 +1324,15 @@ static api_req *take_cancelled(moejit *a) {
 }
 
 static void engine_loop(moejit *a) {
-  int32_t *tk = mj_xmalloc((size_t)a->slots * sizeof *tk), *sl = mj_xmalloc((size_t)a->slots * sizeof *sl);
-  int32_t *ids = mj_xmalloc((size_t)a->slots * sizeof *ids);
-  api_req **who = mj_xmalloc((size_t)a->slots * sizeof *who);
+  sess_info si;
+  sess_get_info(a->S, &si);
+  a->max_rows = si.max_rows > 0 ? si.max_rows : 1;
+  a->mix = a->o.prefill_chunk >= 0 && !a->x.ctl; /* a sharded engine's followers take whole prompts */
+  int most = a->o.prefill_chunk > 0 ? a->o.prefill_chunk : a->max_rows > PREFILL_CPU ? a->max_rows : PREFILL_CPU;
+  a->rows_cap = a->slots + most;
+  size_t cap = (size_t)a->rows_cap;
+  int32_t *tk = mj_xmalloc(cap * sizeof *tk), *sl = mj_xmalloc(cap * sizeof *sl), *ids = mj_xmalloc(cap * sizeof *ids);
+  api_req **who = mj_xmalloc(cap * sizeof *who);
   pthread_mutex_lock(&a->lock);
   for (;;) {
     api_req *end = take_cancelled(a);
@@ -1269,15 +1350,19 @@ static void engine_loop(moejit *a) {
       q->wnext = NULL;
       a->nwait--, a->nrun++;
       q->state = REQ_RUNNING;
-      a->gap_from = 0; /* the next decode step's gap would hold this prompt */
       pthread_mutex_unlock(&a->lock);
-      run_prompt(a, q);
+      if (a->mix) {
+        admit(a, q); /* its prompt goes in parts with the next steps */
+      } else {
+        a->gap_from = 0; /* the next decode step's gap would hold this prompt */
+        run_prompt(a, q);
+      }
       pthread_mutex_lock(&a->lock);
       continue; /* its first token's poller: as a decode step's, below */
     }
     if (a->nrun > 0) {
       pthread_mutex_unlock(&a->lock);
-      double ev_ms = decode_step(a, tk, sl, ids, who);
+      double ev_ms = engine_step(a, tk, sl, ids, who);
       pthread_mutex_lock(&a->lock);
       a->st.events_ms_sum += ev_ms;
       /* This step's pollers wait for the next step to be queued (on_queued),
@@ -1348,7 +1433,7 @@ static void follow_loop(moejit *a) {
     if (rc) break;
     double ms = mj_now_ms() - t0;
     pthread_mutex_lock(&a->lock);
-    step ? count_decode(a, m.n, ms, true) : count_prompt(a, m.n, true);
+    step ? count_step(a, 0, 0, m.n, ms, true) : count_step(a, m.n, 1, 0, 0, true);
     pthread_mutex_unlock(&a->lock);
   }
   if (rc) {

@@ -79,7 +79,8 @@
     "                [--system TEXT] [--no-think]\n" \
     "                [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n" \
     "                [--seed S] [--backend auto|cpu|cuda] [--graph-batches 1,2,4,..] [--no-graphs]\n" \
-    "                [--threads T] [--ctx N] [--trace FILE.jsonl] [--json] [-q] [--tp N] [--ep M]\n" \
+    "                [--threads T] [--ctx N] [--prefill-chunk N] [--trace FILE.jsonl] [--json] [-q]\n" \
+    "                [--tp N] [--ep M]\n" \
     "  -m DIR       a Hugging Face GLM-5 folder (config.json, safetensors, tokenizer.json);\n" \
     "               without it, a built-in synthetic model written to the data folder\n" \
     "               (MOEJIT_DATA_DIR, else $XDG_DATA_HOME/moejit) on first use\n" \
@@ -98,6 +99,10 @@
     "               else the CPU), cpu, or cuda (the GPU or an error)\n"      \
     "  --graph-batches  batch sizes captured as CUDA graphs (default 1,2,4,8,16,32,64)\n" \
     "  --no-graphs  run every step eagerly (for comparison)\n"             \
+    "  --prefill-chunk N  prompt tokens a step takes beside the decoding sequences' rows,\n" \
+    "               so a long prompt is fed in parts while they go on (default 0: the rows\n" \
+    "               left below the largest graph batch, at least half of it; 32 on the CPU);\n" \
+    "               -1: each prompt whole, a step of its own\n" \
     "  --trace F    record each step's MoE shapes to F (docs/trace.md; GPU only)\n" \
     "  --json       print one JSON record instead of streaming\n"             \
     "  --tp N --ep M  tensor / expert parallel over max(N, M) GPUs, one process each\n" \
@@ -107,7 +112,7 @@
     "             [--api-key KEY] [--api-key-file F] [--served-model-name NAME]\n" \
     "             [--backend auto|cpu|cuda] [--max-queue N] [--max-body BYTES] [--ctx N]\n" \
     "             [--shutdown-timeout S] [--max-connections N] [--idle-timeout S]\n" \
-    "             [--request-timeout S] [--threads T] [--tp N] [--ep M] [-q]\n" \
+    "             [--request-timeout S] [--threads T] [--prefill-chunk N] [--tp N] [--ep M] [-q]\n" \
     "  routes: POST /v1/completions, POST /v1/chat/completions (stream true: server-sent\n" \
     "  events), GET /v1/models[/ID], GET /health, GET /version, GET /metrics (Prometheus),\n" \
     "  POST /tokenize, POST /detokenize; docs/serve.md\n" \
@@ -128,6 +133,8 @@
     "  --max-connections N  open connections (default 128)\n" \
     "  --idle-timeout S   close a connection silent for S s (default 60)\n" \
     "  --request-timeout S  a request's headers and body must arrive within S s (default 30)\n" \
+    "  --prefill-chunk N  prompt tokens a step takes beside the decoding sequences' rows\n" \
+    "                     (as moejit generate; default 0, the rule; -1: each prompt whole)\n" \
     "  --tp N --ep M      tensor / expert parallel over max(N, M) GPUs, one process each: rank 0\n" \
     "                     serves and the others replay its steps (docs/multigpu.md; not yet run\n" \
     "                     on several GPUs); SIGTERM to this process stops them all in order\n") \

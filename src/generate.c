@@ -37,7 +37,7 @@ static int api_fail(mj_err *err) { return mj_fail(err, api_last_code(), "%s", mo
 int cmd_generate(int argc, char **argv, mj_err *err) {
   const char *dir = NULL, *prompt = NULL, *system = NULL, *backend = "auto", *graph_s = NULL, *trace_path = NULL,
              *prompts_path = NULL;
-  int64_t n_predict = 64, top_k = 0, seed = -1, threads = 0, ctx = 0, parallel = 4, tp = 1, ep = 1;
+  int64_t n_predict = 64, top_k = 0, seed = -1, threads = 0, ctx = 0, parallel = 4, tp = 1, ep = 1, chunk = 0;
   double temp = 0.8, top_p = 0.95, min_p = 0.05, rep = 1.0;
   bool chat = false, no_think = false, as_json = false, quiet = false, no_graphs = false, ignore_eos = false;
   cli_opt opts[] = {
@@ -53,7 +53,7 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
       {"no-graphs", 0, CLI_FLAG, &no_graphs}, {"trace", 0, CLI_STR, &trace_path},
       {"prompts", 0, CLI_STR, &prompts_path}, {"parallel", 0, CLI_INT, &parallel},
       {"tp", 0, CLI_INT, &tp},             {"ep", 0, CLI_INT, &ep},
-      {"ignore-eos", 0, CLI_FLAG, &ignore_eos},
+      {"ignore-eos", 0, CLI_FLAG, &ignore_eos}, {"prefill-chunk", 0, CLI_INT, &chunk},
   };
   int r = cli_parse("generate", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (r) return r < 0 ? 0 : r;
@@ -72,9 +72,13 @@ int cmd_generate(int argc, char **argv, mj_err *err) {
     return mj_fail(err, MJ_EUSAGE, "moejit generate: --system and --no-think go with --chat");
   if (strcmp(backend, "cpu") && strcmp(backend, "cuda") && strcmp(backend, "auto"))
     return mj_fail(err, MJ_EUSAGE, "moejit generate: --backend must be auto, cpu or cuda, not '%s'", backend);
+  if (chunk < -1 || chunk > 65536)
+    return mj_fail(err, MJ_EUSAGE, "moejit generate: --prefill-chunk must be -1 (each prompt whole) to 65536, not %lld",
+                   (long long)chunk);
   moejit_open_opts oo;
   moejit_open_opts_init(&oo);
   oo.no_graphs = no_graphs;
+  oo.prefill_chunk = (int32_t)chunk;
   int32_t graphs[GPU_MAX_GRAPHS];
   if (graph_s) {
     int64_t v[GPU_MAX_GRAPHS];

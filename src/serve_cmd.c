@@ -213,7 +213,7 @@ static int keys_take(const char *flag, const char *file, mj_err *err) {
 int cmd_serve(int argc, char **argv, mj_err *err) {
   const char *dir = NULL, *host = "127.0.0.1", *api_key = NULL, *key_file = NULL, *backend = "auto", *served = NULL;
   int64_t port = 8000, parallel = 4, max_queue = 256, max_body = 1 << 20, ctx = 0, shutdown_s = 10, threads = 0,
-          max_conn = 128, idle_s = 60, request_s = 30, tp = 1, ep = 1;
+          max_conn = 128, idle_s = 60, request_s = 30, tp = 1, ep = 1, chunk = 0;
   bool quiet = false;
   cli_opt opts[] = {
       {"model", 'm', CLI_STR, &dir},          {"host", 0, CLI_STR, &host},
@@ -226,10 +226,14 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
       {"idle-timeout", 0, CLI_INT, &idle_s},  {"request-timeout", 0, CLI_INT, &request_s},
       {"tp", 0, CLI_INT, &tp},                {"ep", 0, CLI_INT, &ep},
       {"served-model-name", 0, CLI_STR, &served}, {"quiet", 'q', CLI_FLAG, &quiet},
+      {"prefill-chunk", 0, CLI_INT, &chunk},
   };
   int r = cli_parse("serve", argc, argv, opts, (int)MJ_ARRAY_LEN(opts), NULL, err);
   if (r) return r < 0 ? 0 : r;
   if (port < 0 || port > 65535) return mj_fail(err, MJ_EUSAGE, "moejit serve: --port must be 0..65535, not %lld", (long long)port);
+  if (chunk < -1 || chunk > 65536)
+    return mj_fail(err, MJ_EUSAGE, "moejit serve: --prefill-chunk must be -1 (each prompt whole) to 65536, not %lld",
+                   (long long)chunk);
   if (parallel < 1 || parallel > 1024)
     return mj_fail(err, MJ_EUSAGE, "moejit serve: --parallel must be 1..1024, not %lld", (long long)parallel);
   if (max_queue < 1 || max_queue > 1 << 20)
@@ -270,7 +274,7 @@ int cmd_serve(int argc, char **argv, mj_err *err) {
   /* every rank on its GPU, or an error (the test hook's ranks: on the CPU) */
   if (world > 1) oo.backend = cpu_ranks ? MOEJIT_BACKEND_CPU : MOEJIT_BACKEND_CUDA;
   oo.max_parallel = (int32_t)parallel, oo.max_queue = (int32_t)max_queue, oo.context_length = (int32_t)ctx;
-  oo.threads = (int32_t)threads, oo.quiet = quiet;
+  oo.threads = (int32_t)threads, oo.quiet = quiet, oo.prefill_chunk = (int32_t)chunk;
 
   /* Before any thread exists: the signals are this thread's alone, and a
    * write to a closed socket is an error return, not a signal. */

@@ -22,6 +22,7 @@
 typedef struct sess_seq {
   bool live;
   bool dev_sample; /* the device's draw (GPU, device filters, nothing host-only) */
+  bool hold;       /* draw nothing after its rows (sess_hold: a prompt fed in parts) */
   int32_t *hist;   /* the tokens run, oldest first */
   int64_t len, cap;
   sampler *smp;
@@ -184,6 +185,7 @@ int sess_admit(session *s, const sample_params *sp, int *slot, mj_err *err) {
   if (i == s->o.slots) return mj_fail(err, MJ_EUSAGE, "session: all %d slots hold live sequences", s->o.slots);
   sess_seq *q = &s->seq[i];
   q->live = true;
+  q->hold = false;
   q->len = 0;
   /* From sp, never from q->logprobs: a follower rank (no_logprobs) must
    * draw where rank 0 draws, or its token checks fail on GPUs. */
@@ -206,6 +208,10 @@ void sess_retire(session *s, int slot) {
   q->smp = NULL;
   q->live = false;
   q->len = 0;
+}
+
+void sess_hold(session *s, int slot, bool hold) {
+  if (slot >= 0 && slot < s->o.slots && s->seq[slot].live) s->seq[slot].hold = hold;
 }
 
 int sess_live(const session *s) {
@@ -280,7 +286,7 @@ static int step_gpu(session *s, const int32_t *token, const int32_t *slot, int n
     for (int i = i0; i < i0 + k; i++) {
       bool cont = i > i0 && slot[i - 1] == slot[i];
       s->pos[i - i0] = cont ? s->pos[i - i0 - 1] + 1 : (int32_t)s->seq[slot[i]].len;
-      host |= s->last[slot[i]] == i && !s->seq[slot[i]].dev_sample;
+      host |= s->last[slot[i]] == i && !s->seq[slot[i]].dev_sample && !s->seq[slot[i]].hold;
     }
     float *lg = logits ? logits + (size_t)i0 * V : host ? s->lg : NULL;
     int rc = gpu_step(s->g, token + i0, slot + i0, s->pos, k, s->out, lg, err);
@@ -289,7 +295,7 @@ static int step_gpu(session *s, const int32_t *token, const int32_t *slot, int n
     for (int i = i0; i < i0 + k; i++) {
       sess_seq *q = &s->seq[slot[i]];
       push(q, token[i]);
-      ids[i] = s->last[slot[i]] == i ? draw(q, s->out[i - i0], lg ? lg + (size_t)(i - i0) * V : NULL, V) : -1;
+      ids[i] = s->last[slot[i]] == i && !q->hold ? draw(q, s->out[i - i0], lg ? lg + (size_t)(i - i0) * V : NULL, V) : -1;
     }
   }
   return 0;
@@ -307,7 +313,7 @@ static int step_cpu(session *s, const int32_t *token, const int32_t *slot, int n
     int rc = cpu_forward(s->cm[k], token + i, j - i, q->len, lg, logits != NULL, err);
     if (rc) return rc;
     for (int r = i; r < j; r++) push(q, token[r]), ids[r] = -1;
-    ids[j - 1] = draw(q, -1, logits ? logits + (size_t)(j - 1) * V : s->lg, V);
+    ids[j - 1] = q->hold ? -1 : draw(q, -1, logits ? logits + (size_t)(j - 1) * V : s->lg, V);
     i = j;
   }
   return 0;

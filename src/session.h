@@ -88,6 +88,13 @@ int sess_close(session *s, mj_err *err);
 int sess_admit(session *s, const sample_params *sp, int *slot, mj_err *err);
 /* Free the slot (its cache is reused by the next admitted sequence). */
 void sess_retire(session *s, int slot);
+/* Hold (true) or release the draws of the sequence in slot: while held,
+ * its last row of a step draws nothing (ids -1, its sampler untouched, no
+ * logits copied for it).  The engine holds a sequence whose prompt it feeds
+ * in parts beside other sequences' decode rows and releases it for the
+ * part that ends the prompt, so the draw comes where the whole prompt's
+ * would.  Admission releases. */
+void sess_hold(session *s, int slot, bool hold);
 int sess_live(const session *s);                 /* sequences admitted and not retired */
 int64_t sess_len(const session *s, int slot);    /* tokens the sequence holds */
 

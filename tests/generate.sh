@@ -46,6 +46,16 @@ while IFS= read -r line; do
 done < "$tmp/prompts.txt"
 [ $k -eq 5 ] && [ "$(wc -l < "$tmp/many")" -eq 5 ] && [ $allsame = 1 ] &&
   ok "--prompts --parallel 2: 5 prompts, each as its single run" || bad "--prompts: $(cat "$tmp/many")"
+# chunked prefill: prompts fed 2 tokens a step beside the decoding rows,
+# or each whole as a step of its own: the same tokens
+for c in 2 -1; do
+  $MOEJIT generate -m "$tmp/m" --prompts "$tmp/prompts.txt" --parallel 2 --temp 0 -n 6 --json --prefill-chunk $c \
+    > "$tmp/many$c" 2> "$tmp/many$c.err" || bad "--prefill-chunk $c: $(cat "$tmp/many$c.err")"
+  [ "$(grep -o '"tokens":\[[^]]*\]' "$tmp/many")" = "$(grep -o '"tokens":\[[^]]*\]' "$tmp/many$c")" ] &&
+    [ "$(wc -l < "$tmp/many$c")" -eq 5 ] && ok "--prefill-chunk $c: the same tokens" || bad "--prefill-chunk $c: $(cat "$tmp/many$c")"
+done
+expect 1 "moejit: moejit generate: --prefill-chunk must be -1 (each prompt whole) to 65536, not -2" \
+  $MOEJIT generate -m "$tmp/m" -p x --prefill-chunk -2
 printf '\n\n' > "$tmp/empty.txt"
 
 # errors: one line, status 1

@@ -454,6 +454,8 @@ grep -q "^moejit: cancelling 2 requests" "$tmp/queue.err" && ok "shutdown cancel
 
 # ---- the command line ------------------------------------------------------------------
 expect 1 "moejit: moejit serve: --port must be 0..65535, not 70000" $MOEJIT serve --port 70000
+expect 1 "moejit: moejit serve: --prefill-chunk must be -1 (each prompt whole) to 65536, not 70000" \
+  $MOEJIT serve --prefill-chunk 70000
 expect 1 "moejit: moejit serve: --backend must be auto, cpu or cuda, not 'tpu'" $MOEJIT serve --backend tpu
 expect 1 "moejit: moejit serve: --max-body must be 1..1073741824 bytes, not 0" $MOEJIT serve --max-body 0
 expect 1 "moejit: moejit serve: --api-key-file $tmp: not a regular file" $MOEJIT serve --api-key-file "$tmp"

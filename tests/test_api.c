@@ -108,8 +108,9 @@ static uint64_t submit_ids(moejit *m, const moejit_sampling *s, int max_tokens, 
   return id;
 }
 
-/* The same sequence on a session driven by hand: n tokens. */
-static void by_hand(const moejit_sampling *s, int n, int32_t *out) {
+/* The sequence of prompt p (np tokens) on a session driven by hand, the
+ * prompt fed whole: n tokens. */
+static void by_hand_p(const int32_t *p, int np, const moejit_sampling *s, int n, int32_t *out) {
   model *M;
   mj_err err = {0};
   T_CHECK(model_load(dir, &M, &err) == 0);
@@ -123,14 +124,16 @@ static void by_hand(const moejit_sampling *s, int n, int32_t *out) {
   sp.presence_penalty = s->presence_penalty, sp.frequency_penalty = s->frequency_penalty;
   int slot;
   T_CHECK(sess_admit(S, &sp, &slot, &err) == 0);
-  int32_t sl[NPROMPT], ids[NPROMPT];
-  for (int i = 0; i < NPROMPT; i++) sl[i] = slot;
-  T_CHECK(sess_step(S, prompt, sl, NPROMPT, ids, NULL, &err) == 0);
-  out[0] = ids[NPROMPT - 1];
+  int32_t *sl = malloc((size_t)np * sizeof *sl), *ids = malloc((size_t)np * sizeof *ids);
+  for (int i = 0; i < np; i++) sl[i] = slot;
+  T_CHECK(sess_step(S, p, sl, np, ids, NULL, &err) == 0);
+  out[0] = ids[np - 1];
   for (int i = 1; i < n; i++) T_CHECK(sess_step(S, &out[i - 1], &slot, 1, &out[i], NULL, &err) == 0);
+  free(sl), free(ids);
   sess_destroy(S);
   model_free(M);
 }
+static void by_hand(const moejit_sampling *s, int n, int32_t *out) { by_hand_p(prompt, NPROMPT, s, n, out); }
 
 /* The logits of the prompt's last row and then of each of toks[0..n-1)
  * fed in turn, from a session driven by hand: n rows of vocab floats. */
@@ -932,6 +935,116 @@ static void test_release_running(void) {
   T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
 }
 
+/* Chunked prefill (moejit_open_opts.prefill_chunk): a long prompt admitted
+ * while another sequence decodes is fed in parts, one a step, beside that
+ * sequence's rows, so the other keeps drawing tokens meanwhile; both draw
+ * the tokens of their prompts run whole (by hand).  With prefill_chunk < 0
+ * the prompt runs whole as a step of its own: the other gets at most the
+ * token of a step already running when it came. */
+typedef struct order_log {
+  pthread_mutex_t mu;
+  uint64_t ids[256];
+  int32_t tok[256];
+  int n, finished;
+} order_log;
+static void log_event(const moejit_event *ev, void *user) {
+  order_log *l = user;
+  pthread_mutex_lock(&l->mu);
+  if (ev->token >= 0 && l->n < 256) l->ids[l->n] = ev->id, l->tok[l->n++] = ev->token;
+  l->finished += ev->finish != MOEJIT_FINISH_NONE;
+  pthread_mutex_unlock(&l->mu);
+}
+static int log_count(order_log *l, uint64_t id, int *finished) {
+  pthread_mutex_lock(&l->mu);
+  int n = 0;
+  for (int i = 0; i < l->n; i++) n += l->ids[i] == id;
+  if (finished) *finished = l->finished;
+  pthread_mutex_unlock(&l->mu);
+  return n;
+}
+static void run_chunked(int chunk, int *during, int32_t *toks_a, int32_t *toks_b, int *n_a, int *n_b,
+                        moejit_stats *st) {
+  enum { NA = 40, NB = 4, LONG = 40 };
+  moejit_open_opts o;
+  moejit_open_opts_init(&o);
+  o.backend = MOEJIT_BACKEND_CPU, o.context_length = 64, o.max_parallel = 2, o.threads = 1, o.quiet = true;
+  o.prefill_chunk = chunk;
+  moejit *m = NULL;
+  T_EQ_INT(moejit_open(dir, &o, &m), MOEJIT_OK);
+  if (!m) return;
+  order_log l = {.n = 0};
+  pthread_mutex_init(&l.mu, NULL);
+  moejit_sampling s = seeded(5);
+  int32_t longp[LONG];
+  for (int i = 0; i < LONG; i++) longp[i] = prompt[i % NPROMPT] + i;
+  moejit_request r;
+  moejit_request_init(&r);
+  r.prompt_ids = prompt, r.n_prompt_ids = NPROMPT, r.sampling = &s, r.max_tokens = NA, r.ignore_eos = true;
+  r.on_event = log_event, r.user = &l;
+  uint64_t a = 0, b = 0;
+  T_EQ_INT(moejit_submit(m, &r, &a), MOEJIT_OK);
+  while (log_count(&l, a, NULL) < 2) usleep(1000); /* a decodes */
+  r.prompt_ids = longp, r.n_prompt_ids = LONG, r.max_tokens = NB;
+  pthread_mutex_lock(&l.mu);
+  int at_submit = l.n; /* events so far */
+  pthread_mutex_unlock(&l.mu);
+  T_EQ_INT(moejit_submit(m, &r, &b), MOEJIT_OK);
+  int fin = 0;
+  while (log_count(&l, a, &fin), fin < 2) usleep(1000);
+  /* a's tokens after b's submission and before b's first */
+  *during = 0, *n_a = 0, *n_b = 0;
+  bool b_started = false;
+  for (int i = 0; i < l.n; i++) {
+    if (l.ids[i] == b) b_started = true;
+    if (l.ids[i] == a && i >= at_submit && !b_started) ++*during;
+    if (l.ids[i] == a && *n_a < NA) toks_a[(*n_a)++] = l.tok[i];
+    if (l.ids[i] == b && *n_b < NB) toks_b[(*n_b)++] = l.tok[i];
+  }
+  moejit_get_stats(m, st);
+  T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
+  pthread_mutex_destroy(&l.mu);
+}
+static void test_chunked_prefill(void) {
+  enum { NA = 40, NB = 4, LONG = 40 };
+  int32_t want_a[NA], want_b[NB], longp[LONG], a[NA], b[NB];
+  for (int i = 0; i < LONG; i++) longp[i] = prompt[i % NPROMPT] + i;
+  moejit_sampling s = seeded(5);
+  by_hand(&s, NA, want_a);
+  by_hand_p(longp, LONG, &s, NB, want_b);
+  static const int chunks[] = {4, 0, -1}; /* parts of 4; the rule (32 on the CPU); whole */
+  for (size_t c = 0; c < MJ_ARRAY_LEN(chunks); c++) {
+    int during = -1, na = 0, nb = 0;
+    moejit_stats st;
+    memset(&st, 0, sizeof st);
+    run_chunked(chunks[c], &during, a, b, &na, &nb, &st);
+    printf("  prefill_chunk %2d: a drew %d tokens while b's %d-token prompt was fed; prompt steps %llu\n", chunks[c],
+           during, LONG, (unsigned long long)st.prompt_steps);
+    T_EQ_INT(na, NA);
+    T_EQ_INT(nb, NB);
+    T_CHECK(!memcmp(a, want_a, sizeof a));
+    T_CHECK(!memcmp(b, want_b, sizeof b));
+    T_EQ_INT(st.prompt_tokens, NPROMPT + LONG);
+    T_EQ_INT(st.generated_tokens, NA + NB);
+    if (chunks[c] == 4) {
+      T_CHECK(during >= LONG / 4 - 1); /* a row of a's in each of b's 10 parts' steps (the last draws b's first) */
+      T_EQ_INT(st.prompt_steps, (NPROMPT + 3) / 4 + LONG / 4); /* a's 6 tokens: parts of 4 and 2 */
+    } else if (chunks[c] == 0) {
+      T_CHECK(during >= 1); /* 40 tokens: parts of 32 and 8 */
+      T_EQ_INT(st.prompt_steps, 1 + 2);
+    } else {
+      T_CHECK(during <= 1); /* at most a step already running */
+      T_EQ_INT(st.prompt_steps, 2);
+    }
+  }
+  /* bad values */
+  moejit_open_opts o;
+  moejit_open_opts_init(&o);
+  o.backend = MOEJIT_BACKEND_CPU, o.quiet = true, o.prefill_chunk = 65537;
+  moejit *m = NULL;
+  T_EQ_INT(moejit_open(dir, &o, &m), MOEJIT_EINVAL);
+  T_CHECK(strstr(moejit_last_error(), "prefill_chunk 65537") != NULL);
+}
+
 static void test_threads(void) {
   moejit *m = open_tiny(4, 64);
   pthread_t th[8];
@@ -956,7 +1069,9 @@ static void test_threads(void) {
   T_EQ_INT(st.requests_finished, 32);
   T_EQ_INT(st.generated_tokens, want);
   T_EQ_INT(st.prompt_tokens, 32 * NPROMPT);
-  T_EQ_INT(st.prompt_steps, 32);
+  /* each prompt whole in one step (6 tokens, a step's budget 32), some
+   * of them sharing a step */
+  T_CHECK(st.prompt_steps >= 8 && st.prompt_steps <= 32);
   T_EQ_INT(st.decode_rows, want - 32); /* the first token of each comes from its prompt's step */
   T_EQ_INT(st.decode_step_le[MOEJIT_STEP_BUCKETS - 1], st.decode_steps);
   T_CHECK(st.decode_steps < st.decode_rows); /* steps carried several sequences */
@@ -1379,6 +1494,7 @@ int main(void) {
   T_RUN(test_bad_arguments);
   T_RUN(test_thread_start_error);
   T_RUN(test_threads);
+  T_RUN(test_chunked_prefill);
   T_RUN(test_sharded_seedless);
   T_RUN(test_parked);
   T_RUN(test_many_known);
