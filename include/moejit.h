@@ -150,9 +150,12 @@ typedef struct moejit_open_opts {
    * sequences already decoding (chunked prefill: a long prompt is fed in
    * parts over several steps, so the others keep drawing tokens meanwhile;
    * a sequence draws its first token with the part that ends its prompt,
-   * the same token as with the prompt run whole).  0 (default): on the GPU
-   * the rows the step has left below the largest graph batch size, at
-   * least half of it; on the CPU 32.  At most 65536.  < 0: each prompt
+   * the same token as with the prompt run whole on the CPU; on the GPU the
+   * parts run at other batch sizes, whose kernels may round differently).
+   * 0 (default): on the GPU the rows the step has left below the rows of
+   * an engine step (the largest graph batch size, at least 64), at least
+   * half of them; on the CPU 32, or a whole prompt while no sequence
+   * decodes.  At most 65536.  < 0: each prompt
    * whole, as a step of its own, before the next decode step (what a
    * sharded engine always does). */
   int32_t prefill_chunk;
@@ -385,7 +388,8 @@ typedef struct moejit_stats {
   uint32_t running;             /* sequences live now */
   uint64_t prompt_steps;        /* engine steps that ran prompt tokens (a step that also ran decode rows
                                    counts in decode_steps too: prefill_chunk) */
-  uint64_t decode_steps;        /* engine steps that ran one row of each live sequence */
+  uint64_t decode_steps;        /* engine steps that ran one row of each decoding sequence (their time
+                                   includes the prompt parts fed beside them) */
   uint64_t decode_rows;         /* rows of those steps (decode_rows / decode_steps: the mean batch) */
   double decode_step_ms_sum;    /* the time of all decode steps */
   /* Decode steps whose time was <= MOEJIT_STEP_BUCKETS_MS[i], cumulative as

@@ -1238,13 +1238,15 @@ static void run_prompt(moejit *a, api_req *q) {
 
 /* Prompt tokens a step takes beside nd decode rows: prefill_chunk when
  * set; else, on the GPU, the rows left below the session's rows an engine
- * step (the largest captured batch size) and at least half of them, so a
- * step runs as one engine step, or two while many sequences decode; on
- * the CPU (one slot's rows at a time) PREFILL_CPU. */
+ * step (the largest captured batch size, at least 64) and at least half of
+ * them, so a step runs as one engine step, or two while many sequences
+ * decode; on the CPU (one slot's rows at a time) PREFILL_CPU, or with no
+ * sequence decoding a whole prompt (one forward call: the weights read
+ * once), the context's worth. */
 #define PREFILL_CPU 32
 static int prefill_budget(const moejit *a, int nd) {
   if (a->o.prefill_chunk > 0) return a->o.prefill_chunk;
-  if (a->backend != SESS_CUDA) return PREFILL_CPU;
+  if (a->backend != SESS_CUDA) return nd ? PREFILL_CPU : (int)a->ctx;
   int left = a->max_rows - nd, half = (a->max_rows + 1) / 2;
   return left > half ? left : half;
 }
@@ -1261,6 +1263,7 @@ static double engine_step(moejit *a, int32_t *tk, int32_t *sl, int32_t *ids, api
       who[n] = a->owner[i], tk[n] = a->owner[i]->next_tok, sl[n] = i, n++;
   const int nd = n;
   int budget = prefill_budget(a, nd), drawn = 0;
+  if (budget > a->rows_cap - nd) budget = a->rows_cap - nd; /* (never, by rows_cap's sizing) */
   int64_t n_prompt = 0;
   while (budget > 0) { /* the oldest prompt still being fed */
     api_req *q = NULL;
@@ -1328,7 +1331,13 @@ static void engine_loop(moejit *a) {
   sess_get_info(a->S, &si);
   a->max_rows = si.max_rows > 0 ? si.max_rows : 1;
   a->mix = a->o.prefill_chunk >= 0 && !a->x.ctl; /* a sharded engine's followers take whole prompts */
-  int most = a->o.prefill_chunk > 0 ? a->o.prefill_chunk : a->max_rows > PREFILL_CPU ? a->max_rows : PREFILL_CPU;
+  /* prefill_budget's most: the chunk, or the rule's largest (the GPU's
+   * rows, PREFILL_CPU, a context's worth) */
+  int most = a->o.prefill_chunk;
+  if (most <= 0) {
+    most = a->max_rows > PREFILL_CPU ? a->max_rows : PREFILL_CPU;
+    if (most < (int)a->ctx) most = (int)a->ctx;
+  }
   a->rows_cap = a->slots + most;
   size_t cap = (size_t)a->rows_cap;
   int32_t *tk = mj_xmalloc(cap * sizeof *tk), *sl = mj_xmalloc(cap * sizeof *sl), *ids = mj_xmalloc(cap * sizeof *ids);

@@ -101,7 +101,7 @@
     "  --no-graphs  run every step eagerly (for comparison)\n"             \
     "  --prefill-chunk N  prompt tokens a step takes beside the decoding sequences' rows,\n" \
     "               so a long prompt is fed in parts while they go on (default 0: the rows\n" \
-    "               left below the largest graph batch, at least half of it; 32 on the CPU);\n" \
+    "               left below an engine step's, at least half of them; 32 on the CPU);\n" \
     "               -1: each prompt whole, a step of its own\n" \
     "  --trace F    record each step's MoE shapes to F (docs/trace.md; GPU only)\n" \
     "  --json       print one JSON record instead of streaming\n"             \

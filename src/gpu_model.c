@@ -1207,7 +1207,7 @@ static int profile_step(gpu_model *g, int np, gpu_prof *prof, mj_err *err) {
       for (int r = 0; r < np; r++) {
         if (slot[r] == g->o.slots) continue; /* padding */
         double vis = pos[r] + 1;
-        if (l->indexer && vis > d->idx_topk) prof->bytes_kv += vis * d->idx_dim * 4;
+        if (l->indexer && vis > d->idx_topk) prof->bytes_kv += vis * (double)ikey_token_bytes(d, l);
         prof->bytes_kv += (vis > d->idx_topk && g->any_indexer ? d->idx_topk : vis) * (d->kv_rank + d->rope) * 2;
       }
       if (!l->sparse) {

@@ -67,7 +67,7 @@ typedef struct gop_dims {
   int hidden, vocab;
   int heads, nope, rope, v, kv_rank, q_rank; /* MLA: qk_nope, qk_rope, v_head_dim, ranks */
   int idx_heads, idx_dim, idx_topk;          /* DSA indexer */
-  bool ikey_bf16;                            /* the indexer cache's keys in bf16, else f32 (mj_ikey_bf16) */
+  bool ikey_bf16;                            /* the indexer cache's keys in bf16, else f32 (model_ikey_bf16) */
   int max_ctx;                               /* cache capacity per slot, tokens */
   float rms_eps;                             /* rms_norm_eps (the latent norms use 1e-6) */
 } gop_dims;

@@ -707,11 +707,12 @@ static enum MHD_Result metrics(srv *s, struct MHD_Connection *c) {
   metric(&b, "moejit_generation_tokens_total", "counter", "Tokens generated.", (double)st.generated_tokens);
   metric(&b, "moejit_queue_depth", "gauge", "Requests waiting for a slot.", st.queue_depth);
   metric(&b, "moejit_running_sequences", "gauge", "Sequences being decoded.", st.running);
-  metric(&b, "moejit_prompt_steps_total", "counter", "Engine steps that ran a prompt.", (double)st.prompt_steps);
+  metric(&b, "moejit_prompt_steps_total", "counter", "Engine steps that ran prompt tokens (with chunked prefill, some also ran decode rows).", (double)st.prompt_steps);
   metric(&b, "moejit_decode_rows_total", "counter", "Rows of decode steps (over steps: the mean batch).",
          (double)st.decode_rows);
   static const double le_ms[] = MOEJIT_STEP_BUCKETS_MS;
-  mj_buf_puts(&b, "# HELP moejit_decode_step_seconds Time of one decode step (a row of every live sequence).\n"
+  mj_buf_puts(&b, "# HELP moejit_decode_step_seconds Time of one decode step (a row of every decoding sequence, and any prompt "
+                  "part beside them).\n"
                   "# TYPE moejit_decode_step_seconds histogram\n");
   for (int i = 0; i < MOEJIT_STEP_BUCKETS; i++) {
     if (i < MOEJIT_STEP_BUCKETS - 1)

@@ -939,28 +939,38 @@ static void test_release_running(void) {
  * while another sequence decodes is fed in parts, one a step, beside that
  * sequence's rows, so the other keeps drawing tokens meanwhile; both draw
  * the tokens of their prompts run whole (by hand).  With prefill_chunk < 0
- * the prompt runs whole as a step of its own: the other gets at most the
- * token of a step already running when it came. */
+ * the prompt runs whole as a step of its own: the other draws nothing
+ * meanwhile.  a's callback holds the engine at its second token while b is
+ * submitted, so what follows does not depend on timing. */
 typedef struct order_log {
   pthread_mutex_t mu;
+  pthread_cond_t cv;
   uint64_t ids[256];
   int32_t tok[256];
-  int n, finished;
+  int n, finished, a_tokens;
+  bool entered, open;
 } order_log;
+static void log_add(order_log *l, const moejit_event *ev) {
+  if (ev->token >= 0 && l->n < 256) l->ids[l->n] = ev->id, l->tok[l->n++] = ev->token;
+  l->finished += ev->finish != MOEJIT_FINISH_NONE;
+  pthread_cond_broadcast(&l->cv);
+}
 static void log_event(const moejit_event *ev, void *user) {
   order_log *l = user;
   pthread_mutex_lock(&l->mu);
-  if (ev->token >= 0 && l->n < 256) l->ids[l->n] = ev->id, l->tok[l->n++] = ev->token;
-  l->finished += ev->finish != MOEJIT_FINISH_NONE;
+  log_add(l, ev);
   pthread_mutex_unlock(&l->mu);
 }
-static int log_count(order_log *l, uint64_t id, int *finished) {
+static void log_event_gated(const moejit_event *ev, void *user) { /* a's: holds the engine at its 2nd token */
+  order_log *l = user;
   pthread_mutex_lock(&l->mu);
-  int n = 0;
-  for (int i = 0; i < l->n; i++) n += l->ids[i] == id;
-  if (finished) *finished = l->finished;
+  log_add(l, ev);
+  if (ev->token >= 0 && ++l->a_tokens == 2) {
+    l->entered = true;
+    pthread_cond_broadcast(&l->cv);
+    while (!l->open) pthread_cond_wait(&l->cv, &l->mu);
+  }
   pthread_mutex_unlock(&l->mu);
-  return n;
 }
 static void run_chunked(int chunk, int *during, int32_t *toks_a, int32_t *toks_b, int *n_a, int *n_b,
                         moejit_stats *st) {
@@ -974,23 +984,27 @@ static void run_chunked(int chunk, int *during, int32_t *toks_a, int32_t *toks_b
   if (!m) return;
   order_log l = {.n = 0};
   pthread_mutex_init(&l.mu, NULL);
+  pthread_cond_init(&l.cv, NULL);
   moejit_sampling s = seeded(5);
   int32_t longp[LONG];
   for (int i = 0; i < LONG; i++) longp[i] = prompt[i % NPROMPT] + i;
   moejit_request r;
   moejit_request_init(&r);
   r.prompt_ids = prompt, r.n_prompt_ids = NPROMPT, r.sampling = &s, r.max_tokens = NA, r.ignore_eos = true;
-  r.on_event = log_event, r.user = &l;
+  r.on_event = log_event_gated, r.user = &l;
   uint64_t a = 0, b = 0;
   T_EQ_INT(moejit_submit(m, &r, &a), MOEJIT_OK);
-  while (log_count(&l, a, NULL) < 2) usleep(1000); /* a decodes */
-  r.prompt_ids = longp, r.n_prompt_ids = LONG, r.max_tokens = NB;
   pthread_mutex_lock(&l.mu);
-  int at_submit = l.n; /* events so far */
+  while (!l.entered) pthread_cond_wait(&l.cv, &l.mu); /* the engine waits in a's 2nd token */
+  int at_submit = l.n;
   pthread_mutex_unlock(&l.mu);
+  r.prompt_ids = longp, r.n_prompt_ids = LONG, r.max_tokens = NB, r.on_event = log_event;
   T_EQ_INT(moejit_submit(m, &r, &b), MOEJIT_OK);
-  int fin = 0;
-  while (log_count(&l, a, &fin), fin < 2) usleep(1000);
+  pthread_mutex_lock(&l.mu);
+  l.open = true;
+  pthread_cond_broadcast(&l.cv);
+  while (l.finished < 2) pthread_cond_wait(&l.cv, &l.mu);
+  pthread_mutex_unlock(&l.mu);
   /* a's tokens after b's submission and before b's first */
   *during = 0, *n_a = 0, *n_b = 0;
   bool b_started = false;
@@ -1003,6 +1017,7 @@ static void run_chunked(int chunk, int *during, int32_t *toks_a, int32_t *toks_b
   moejit_get_stats(m, st);
   T_EQ_INT(moejit_close(m, 0), MOEJIT_OK);
   pthread_mutex_destroy(&l.mu);
+  pthread_cond_destroy(&l.cv);
 }
 static void test_chunked_prefill(void) {
   enum { NA = 40, NB = 4, LONG = 40 };
@@ -1011,30 +1026,29 @@ static void test_chunked_prefill(void) {
   moejit_sampling s = seeded(5);
   by_hand(&s, NA, want_a);
   by_hand_p(longp, LONG, &s, NB, want_b);
-  static const int chunks[] = {4, 0, -1}; /* parts of 4; the rule (32 on the CPU); whole */
-  for (size_t c = 0; c < MJ_ARRAY_LEN(chunks); c++) {
+  /* parts of 4: b's prompt in 10 steps, each with a row of a's (its token
+   * ahead of b's in the step that ends b's prompt); the rule (32 on the
+   * CPU while a decodes): 32 and 8; whole: none of a's */
+  static const struct { int chunk, during, prompt_steps; } runs[] = {
+      {4, LONG / 4, (NPROMPT + 3) / 4 + LONG / 4}, /* a's own prompt: parts of 4 and 2 */
+      {0, 2, 1 + 2},                               /* a's whole: nothing decodes yet */
+      {-1, 0, 2},
+  };
+  for (size_t c = 0; c < MJ_ARRAY_LEN(runs); c++) {
     int during = -1, na = 0, nb = 0;
     moejit_stats st;
     memset(&st, 0, sizeof st);
-    run_chunked(chunks[c], &during, a, b, &na, &nb, &st);
-    printf("  prefill_chunk %2d: a drew %d tokens while b's %d-token prompt was fed; prompt steps %llu\n", chunks[c],
-           during, LONG, (unsigned long long)st.prompt_steps);
+    run_chunked(runs[c].chunk, &during, a, b, &na, &nb, &st);
+    printf("  prefill_chunk %2d: a drew %d tokens while b's %d-token prompt was fed; prompt steps %llu\n",
+           runs[c].chunk, during, LONG, (unsigned long long)st.prompt_steps);
     T_EQ_INT(na, NA);
     T_EQ_INT(nb, NB);
     T_CHECK(!memcmp(a, want_a, sizeof a));
     T_CHECK(!memcmp(b, want_b, sizeof b));
     T_EQ_INT(st.prompt_tokens, NPROMPT + LONG);
     T_EQ_INT(st.generated_tokens, NA + NB);
-    if (chunks[c] == 4) {
-      T_CHECK(during >= LONG / 4 - 1); /* a row of a's in each of b's 10 parts' steps (the last draws b's first) */
-      T_EQ_INT(st.prompt_steps, (NPROMPT + 3) / 4 + LONG / 4); /* a's 6 tokens: parts of 4 and 2 */
-    } else if (chunks[c] == 0) {
-      T_CHECK(during >= 1); /* 40 tokens: parts of 32 and 8 */
-      T_EQ_INT(st.prompt_steps, 1 + 2);
-    } else {
-      T_CHECK(during <= 1); /* at most a step already running */
-      T_EQ_INT(st.prompt_steps, 2);
-    }
+    T_EQ_INT(during, runs[c].during);
+    T_EQ_INT(st.prompt_steps, runs[c].prompt_steps);
   }
   /* bad values */
   moejit_open_opts o;
