@@ -248,9 +248,11 @@ int bench_decode(int argc, char **argv, mj_err *err) {
          dir ? dir : "synthetic GLM-5 (random weights made on the device)", (int)(dir ? m->cfg.num_hidden_layers : layers),
          dir ? "checkpoint" : "full width", d->hidden, d->vocab, dev->name, dev->arch, dev->sm_count);
   char wb[32];
-  printf("weights on the device: %s; set-up %.1f s; context %lld (each row attends to %lld tokens; caches of %lld)\n",
+  printf("weights on the device: %s; set-up %.1f s; context %lld (each row attends to %lld tokens; caches of %lld; "
+         "indexer keys %s)\n",
          mj_fmt_bytes((double)si.weight_bytes, wb, sizeof wb), (mj_now_ms() - t0) / 1e3, (long long)ctx,
-         (long long)ctx + 1, (long long)d->max_ctx); /* the step's own: what the attention's grid is sized for */
+         (long long)ctx + 1, (long long)d->max_ctx, /* the step's own: what the attention's grid is sized for */
+         d->ikey_bf16 ? "bf16" : "f32");
   printf("device copy bandwidth (same run): %.0f GB/s; programmatic dependent launch %s (MOEJIT_PDL)\n\n",
          copy_bps / 1e9, cu_pdl() ? "on" : "off");
   printf("| batch | step us (graph) | tok/s | step us (eager) | ops us (events) | GB moved | GB/s | %% of copy | experts/layer | check |\n");

@@ -122,7 +122,7 @@ fi
 # --max-ctx: a server's cache (the attention's grid sized for it), rows of --ctx
 $MOEJIT bench decode -m "$tmp/m" --batch 1 --ctx 64 --max-ctx 2048 --steps 1 --reps 1 > "$tmp/bdm" 2>&1
 st=$?
-if [ $st -eq 0 ] && grep -q "context 64 (each row attends to 65 tokens; caches of 2048)" "$tmp/bdm" &&
+if [ $st -eq 0 ] && grep -q "context 64 (each row attends to 65 tokens; caches of 2048; indexer keys f32)" "$tmp/bdm" &&
   grep -q "^| 1 | " "$tmp/bdm"; then
   ok "bench decode --max-ctx 2048 on the null GPU"
 else
