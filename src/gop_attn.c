@@ -91,8 +91,11 @@ static size_t att_tc_smem(const gop_dims *d, int ht) {
 
 #define DSA_MAX_TPT 4 /* dsa_score_hs's largest TPT (tokens a thread) */
 #define DSA_WR 0      /* dsa_topk_smem's placement by warp ranges (1) or block-wide rounds (0) */
-#define DSA_TC 0      /* the scorer on the tensor cores (dsa_score_tc, 1) or on FMAs (0) */
-#define DSA_TOPK_SMEM 0 /* dsa_topk_smem at every batch (1) or at batch 1 (0) */
+/* The tensor-core scorer and the shared-memory top-k at every batch: both
+ * correct and faster on an H100 at batch 1-32, ctx 8k-32k (TC 21-43%, the
+ * top-k 5-16% beside it at batch 8 and 32; bench/results/2026-12-06-h100-s18.md). */
+#define DSA_TC 1      /* the scorer on the tensor cores (dsa_score_tc, 1) or on FMAs (0), where the widths fit */
+#define DSA_TOPK_SMEM 1 /* dsa_topk_smem at every batch (1) or at batch 1 (0) */
 
 /* MOEJIT_ATTEND_BLOCKS (a count of blocks, 1..1024) and MOEJIT_ATTEND_HT
  * (1..ATT_TC_HT) replace ATT_TC_TARGET_BLOCKS and the choice of HT in the
@@ -475,8 +478,8 @@ int gop_dsa_select_on(gop_dsa_kind kind, const gop_dims *d, CUdeviceptr iq, CUde
   bool tc = kind == GOP_DSA_TC || (kind == GOP_DSA_AUTO && dsa_env_tc && tc_fits);
   int hs = one && spec && !tc && d->idx_heads % DSA_HS == 0 ? DSA_HS : 1;
   int tpt = hs > 1 ? gop_dsa_score_tpt(d->max_ctx, hs, 0) : 1;
-  /* The top-k that keeps the row's keys in shared memory: at batch 1, or
-   * at every batch under MOEJIT_DSA_TOPK_SMEM=1 (to be measured). */
+  /* The top-k that keeps the row's keys in shared memory: at every batch
+   * (DSA_TOPK_SMEM), or at batch 1 only under MOEJIT_DSA_TOPK_SMEM=0. */
   bool tsm = one || dsa_env_tsm;
   char e1[64], g1[64], e2[64];
   const char *kb = d->ikey_bf16 ? "true" : "false"; /* the cache's key type */

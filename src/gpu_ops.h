@@ -297,8 +297,8 @@ int gop_dsa_score_tpt(int max_ctx, int hs, int sm_count);
 int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache c, gop_rows rows, CUdeviceptr sel,
                    CUdeviceptr scratch, int B, const gop_ctx *cx, mj_err *err);
 /* gop_dsa_select on the scorer kind names: GOP_DSA_AUTO (what
- * gop_dsa_select does: the FMA scorers, or the tensor-core one where
- * MOEJIT_DSA_TC=1 and the widths fit), GOP_DSA_FMA (dsa_score,
+ * gop_dsa_select does: the tensor-core scorer where the widths fit and
+ * MOEJIT_DSA_TC is not 0, else the FMA scorers), GOP_DSA_FMA (dsa_score,
  * dsa_score_hs at batch 1), GOP_DSA_TC (dsa_score_tc: idx_dim % 16 == 0,
  * idx_heads % 8 == 0, else MJ_EINPUT; no generic variant stands in), for
  * the GPU tests. */
