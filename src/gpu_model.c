@@ -155,7 +155,7 @@ static size_t carve_weights(gpu_model *g, CUdeviceptr base) {
  * runs its own indexer. */
 static size_t kv_token_bytes(const gop_dims *d) { return (size_t)(d->kv_rank + d->rope) * 2; }
 static size_t ikey_token_bytes(const gop_dims *d, const gpu_layer *l) {
-  return l->indexer ? (size_t)d->idx_dim * (d->ikey_bf16 ? 2 : 4) : 0;
+  return l->indexer ? (size_t)d->idx_dim * gop_ikey_value_bytes(d) : 0;
 }
 
 /* The rows of a step, on the device and in pinned memory alike: i32

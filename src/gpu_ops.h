@@ -71,6 +71,8 @@ typedef struct gop_dims {
   int max_ctx;                               /* cache capacity per slot, tokens */
   float rms_eps;                             /* rms_norm_eps (the latent norms use 1e-6) */
 } gop_dims;
+/* Bytes of one value of the indexer cache's keys: 2 (bf16) or 4 (f32). */
+static inline size_t gop_ikey_value_bytes(const gop_dims *d) { return d->ikey_bf16 ? 2 : 4; }
 /* The widths of config c with a cache of max_ctx tokens per slot (all of
  * c's heads: a rank of a sharded model narrows heads itself). */
 gop_dims gop_dims_of(const model_config *c, int max_ctx);

@@ -99,7 +99,7 @@ static int run_case(const mcase *c, mj_err *err) {
   const size_t kvw = (size_t)nh * (dn + dv), rec = (size_t)(r + dr);
   const size_t n_kv = (size_t)SLOTS * T * rec, n_ik = (size_t)SLOTS * T * di;
   ref_mla_dims rd = {nh, dn, dr, dv, r, qr, ih, di, T, d->ikey_bf16};
-  const size_t kb = d->ikey_bf16 ? 2 : 4; /* bytes a key value in the device's cache */
+  const size_t kb = gop_ikey_value_bytes(d); /* bytes a key value in the device's cache */
 
   /* Inputs. */
   float *P = mj_xmalloc(sizeof(float) * B * pw), *Q = mj_xmalloc(sizeof(float) * B * qw);

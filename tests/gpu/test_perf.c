@@ -355,7 +355,7 @@ static int perf_prep(perf *p, kt_id k, int B, mj_err *err) {
     return rc;
   const double bytes = (double)B * o.pw * 4 + (d->q_rank + d->kv_rank + 2.0 * d->idx_dim) * 2 + d->rope / 2 * 4.0 +
                        B * 8.0 + (double)B * d->q_rank * 2 + (double)B * (d->kv_rank + d->rope) * 2 +
-                       (double)B * d->idx_dim * (d->ikey_bf16 ? 2 : 4) + (double)B * d->idx_heads * 4;
+                       (double)B * d->idx_dim * gop_ikey_value_bytes(d) + (double)B * d->idx_heads * 4;
   return row(p, k, "attn.prep", B, bytes, 1, prep_launch, &o, err);
 }
 
@@ -476,7 +476,7 @@ static int select_launch(void *ctx, int i, CUstream s, mj_err *err) {
 }
 static int perf_select(perf *p, kt_id k, int B, mj_err *err) {
   for (int c = 0; c < ncontexts; c++) {
-    const int ctx = contexts[c], IH = p->d.idx_heads, ID = p->d.idx_dim, KB = p->d.ikey_bf16 ? 2 : 4;
+    const int ctx = contexts[c], IH = p->d.idx_heads, ID = p->d.idx_dim, KB = (int)gop_ikey_value_bytes(&p->d);
     attn_op o = {0};
     int rc;
     if ((rc = attn_setup(p, B, ctx, (size_t)ID * KB, KB == 4, &o, err)) ||
