@@ -2,11 +2,15 @@
 # gpu-run.sh PHASE...: what one device call runs on the GPU host, after
 # `. scripts/gpu-env.sh`.  Each phase writes its log to $OUT/PHASE.log and
 # prints its tail, so one call checks, times and reports.
-#   tests         every GPU test (gputest NAME), a pass/fail table
+#   tests         every GPU test (gputest NAME), a pass/fail table (attn-cl,
+#                 attn-cl1: attn with batch 1's top-k over a cluster, and on
+#                 short rows too)
 #   dsa           the DSA selection's untried switches (MOEJIT_DSA_WR, MOEJIT_DSA_TC,
 #                 MOEJIT_DSA_TOPK_SMEM): gputest attn with them on, then
 #                 dsa_select timed with each; then bf16 indexer keys
 #                 (MOEJIT_INDEXER_KEYS=bf16): gputest mla, dsa_select timed
+#   dsa-cl        batch 1's top-k over a cluster of blocks (MOEJIT_DSA_CLUSTER):
+#                 gputest attn with it, then dsa_select timed against one block
 #   perf          gputest perf: every kernel family timed alone at GLM-5 width
 #                 (PERF_OPS: families to time, as `gputest perf gemv mla_vout`)
 #   decode        moejit bench decode (synthetic full-width GLM-5)
@@ -111,9 +115,36 @@ for phase in "$@"; do
         echo "bf16 keys, batch 1, 8 and 32, TC=$t: rc=$?" >> "$log"
         grep 'dsa.select' "$OUT/dsa-perf-k16-$t.log" | cut -d'|' -f3-5 >> "$log"
       done ;;
+    dsa-cl)
+      # batch 1's top-k over a cluster (MOEJIT_DSA_CLUSTER, opt-in until
+      # this passes): gputest attn with it (rows of ctx 32k and 64k split
+      # over 8 blocks) and with every row split (MOEJIT_DSA_CL_MIN=1), then
+      # dsa_select at batch 1, ctx 8k to 64k: clusters of 8 and 4 against
+      # one block, f32 and bf16 keys
+      G=/tmp/mj/tests/gpu/gputest
+      for m in 2048 1; do
+        MOEJIT_DSA_CLUSTER=8 MOEJIT_DSA_CL_MIN=$m T_NO_TIMING=1 timeout 150 $G attn > "$OUT/dsa-cl-attn-$m.log" 2>&1
+        echo "gputest attn, DSA_CLUSTER=8 DSA_CL_MIN=$m: rc=$? $(tail -1 "$OUT/dsa-cl-attn-$m.log")" >> "$log"
+      done
+      for kb in f32 bf16; do
+        for cl in 0 8 4; do
+          MOEJIT_DSA_CLUSTER=$cl MOEJIT_INDEXER_KEYS=$kb MOEJIT_PERF_BATCHES=1 MOEJIT_PERF_CONTEXTS=8192,16384,32768,65536 \
+            timeout 60 $G perf dsa_select > "$OUT/dsa-cl-perf-$kb-$cl.log" 2>&1
+          echo "keys $kb, cluster $cl: rc=$? $(grep -h 'copy bandwidth' "$OUT/dsa-cl-perf-$kb-$cl.log" | cut -c1-50)" >> "$log"
+          grep 'dsa.select' "$OUT/dsa-cl-perf-$kb-$cl.log" | cut -d'|' -f3-5 >> "$log"
+        done
+      done ;;
     tests)
-      for t in ${GPU_TESTS:-gemv rmsnorm moe dense mla attn decode replay}; do
-        timeout ${TEST_TIMEOUT:-420} /tmp/mj/tests/gpu/gputest "$t" > "$OUT/test-$t.log" 2>&1
+      # attn-cl: gputest attn with batch 1's top-k over a cluster of 8
+      # blocks (MOEJIT_DSA_CLUSTER=8: the rows of ctx 32k and 64k split, the
+      # short ones one block's); attn-cl1: every row split (MOEJIT_DSA_CL_MIN=1)
+      for t in ${GPU_TESTS:-gemv rmsnorm moe dense mla attn attn-cl attn-cl1 decode replay}; do
+        case $t in
+          attn-cl) MOEJIT_DSA_CLUSTER=8 timeout ${TEST_TIMEOUT:-420} /tmp/mj/tests/gpu/gputest attn > "$OUT/test-$t.log" 2>&1 ;;
+          attn-cl1) MOEJIT_DSA_CLUSTER=8 MOEJIT_DSA_CL_MIN=1 timeout ${TEST_TIMEOUT:-420} /tmp/mj/tests/gpu/gputest attn \
+                      > "$OUT/test-$t.log" 2>&1 ;;
+          *) timeout ${TEST_TIMEOUT:-420} /tmp/mj/tests/gpu/gputest "$t" > "$OUT/test-$t.log" 2>&1 ;;
+        esac
         echo "$t rc=$? $(tail -1 "$OUT/test-$t.log")"
       done > "$log" ;;
     perf) timeout 400 /tmp/mj/tests/gpu/gputest perf ${PERF_OPS:-} > "$log" 2>&1 ;;

@@ -96,6 +96,14 @@ static size_t att_tc_smem(const gop_dims *d, int ht) {
  * top-k 5-16% beside it at batch 8 and 32; bench/results/2026-12-06-h100-s18.md). */
 #define DSA_TC 1      /* the scorer on the tensor cores (dsa_score_tc, 1) or on FMAs (0), where the widths fit */
 #define DSA_TOPK_SMEM 1 /* dsa_topk_smem at every batch (1) or at batch 1 (0) */
+/* Batch 1's top-k over a cluster of blocks (dsa_topk_cl) stays opt-in
+ * (MOEJIT_DSA_CLUSTER=8) until gputest attn has passed with it on a GPU:
+ * an earlier form (the cluster at every batch, no short-row rule) ran on
+ * an H100 and took dsa.select at batch 1, ctx 32768, from ~31 to 24.8 us,
+ * but was slower at ctx 8192 and at batch 8 and 32
+ * (bench/results/2026-12-06-s19.md); its test results did not come back. */
+#define DSA_CLUSTER 0   /* dsa_topk_cl at batch 1: the row's top-k over a cluster of this many blocks (sm_90 on), or 0 */
+#define DSA_CL_MIN 2048 /* and the fewest tokens a block of it takes (a shorter row is one block's) */
 
 /* MOEJIT_ATTEND_BLOCKS (a count of blocks, 1..1024) and MOEJIT_ATTEND_HT
  * (1..ATT_TC_HT) replace ATT_TC_TARGET_BLOCKS and the choice of HT in the
@@ -103,7 +111,7 @@ static size_t att_tc_smem(const gop_dims *d, int ht) {
  * process, so the scratch and every launch agree.  A value that is not a
  * number in range is ignored with a warning (a sweep would otherwise time
  * the default under another name). */
-static int att_env_blocks, att_env_ht, dsa_env_tpt, dsa_env_wr, dsa_env_tc, dsa_env_tsm;
+static int att_env_blocks, att_env_ht, dsa_env_tpt, dsa_env_wr, dsa_env_tc, dsa_env_tsm, dsa_env_cl, dsa_env_clmin;
 static pthread_once_t att_env_once = PTHREAD_ONCE_INIT;
 static int env_int(const char *name, int lo, int hi, int dflt) {
   const char *v = getenv(name);
@@ -126,6 +134,10 @@ static void att_env_read(void) {
   dsa_env_tc = env_int("MOEJIT_DSA_TC", 0, 1, DSA_TC);
   /* and the top-k with the row's keys in shared memory at every batch (1), or at batch 1 only (0) */
   dsa_env_tsm = env_int("MOEJIT_DSA_TOPK_SMEM", 0, 1, DSA_TOPK_SMEM);
+  /* and batch 1's top-k over a cluster of that many blocks (sm_90 on; 0 or 1: dsa_topk_smem's one
+   * block), each taking at least MOEJIT_DSA_CL_MIN tokens (1 lets the tests' short rows use it) */
+  dsa_env_cl = env_int("MOEJIT_DSA_CLUSTER", 0, 8, DSA_CLUSTER);
+  dsa_env_clmin = env_int("MOEJIT_DSA_CL_MIN", 1, 1 << 20, DSA_CL_MIN);
 }
 
 /* The dynamic shared memory a block may have on arch: the device's when
@@ -409,6 +421,13 @@ int gop_mla_attend_on(gop_attend_kind kind, const gop_dims *d, CUdeviceptr qlat,
 }
 
 /* ---- the DSA indexer's selection ------------------------------------------------------- */
+/* The compute capability of arch (NULL: this GPU's), as 90 for sm_90a; 0 unknown. */
+static int target_sm(const char *arch) {
+  const cu_device *dv = arch ? NULL : cu_dev();
+  if (!arch) arch = dv ? dv->arch : NULL;
+  return arch && strncmp(arch, "sm_", 3) == 0 ? atoi(arch + 3) : 0;
+}
+
 #define DSA_SCORE_BLOCK 128 /* tokens (threads) per scoring block */
 #define DSA_TOPK_BLOCK 1024
 #define DSA_MAX_SPEC_HEADS 64 /* the specialised kernel keeps one dot product per head in registers */
@@ -491,7 +510,10 @@ int gop_dsa_select_on(gop_dsa_kind kind, const gop_dims *d, CUdeviceptr iq, CUde
     snprintf(g1, sizeof g1, "dsa_score<0, 0, %d, %s>", DSA_SCORE_BLOCK, kb);
     snprintf(e1, sizeof e1, "dsa_score<%d, %d, %d, %s>", d->idx_dim, d->idx_heads, DSA_SCORE_BLOCK, kb);
   }
-  if (tsm) snprintf(e2, sizeof e2, "dsa_topk_smem<%d, %s>", DSA_TOPK_BLOCK, dsa_env_wr ? "true" : "false");
+  /* Batch 1's top-k over a cluster (sm_90 on), under MOEJIT_DSA_CLUSTER (DSA_CLUSTER). */
+  int cl = one && dsa_env_cl >= 2 && target_sm(cx->arch) >= 90 ? dsa_env_cl : 0;
+  if (cl) snprintf(e2, sizeof e2, "dsa_topk_cl<%d, %d>", DSA_TOPK_BLOCK, cl);
+  else if (tsm) snprintf(e2, sizeof e2, "dsa_topk_smem<%d, %s>", DSA_TOPK_BLOCK, dsa_env_wr ? "true" : "false");
   else snprintf(e2, sizeof e2, "dsa_topk<%d>", DSA_TOPK_BLOCK);
   if (tc) snprintf(e1, sizeof e1, "dsa_score_tc<%d, %d, %d, %s>", d->idx_dim, d->idx_heads, DSA_TC_WARPS, kb);
   jit_spec gen1 = {g1, NULL, 0};
@@ -514,6 +536,17 @@ int gop_dsa_select_on(gop_dsa_kind kind, const gop_dims *d, CUdeviceptr iq, CUde
   int kpb = tc ? 16 * DSA_TC_WARPS : DSA_SCORE_BLOCK / hs * tpt; /* tokens a block */
   unsigned nblk = (unsigned)((max_ctx + kpb - 1) / kpb), nthr = tc ? 32 * DSA_TC_WARPS : DSA_SCORE_BLOCK;
   if ((rc = cu_launch_tpl(score->fn, nblk, (unsigned)B, 1, nthr, (unsigned)smem, cx->s, a1, err))) return rc;
+  if (cl) { /* a block's keys: its share of the longest row, or a row too short to share, up to max_ctx */
+    const cu_device *dv = cu_dev();
+    long share = (((long)max_ctx + cl - 1) / cl + 3) & ~3L, whole = (long)cl * dsa_env_clmin - 1;
+    long want = share > whole ? share : whole < max_ctx ? whole : max_ctx;
+    long fit = dv ? ((long)dv->max_smem_per_block_optin - DSA_TOPK_STATIC_SMEM * 2) / 4 : 0;
+    int cap = fit <= 0 ? 0 : (int)(fit < want ? fit : want), clmin = dsa_env_clmin;
+    size_t tsmem = (size_t)cap * 4;
+    if ((rc = set_smem(topk->fn, tsmem, err))) return rc;
+    void *a2[] = {&scratch, &rows.pos, &sel, &max_ctx, &k, &cap, &clmin};
+    return cu_launch_tpl(topk->fn, (unsigned)cl, (unsigned)B, 1, DSA_TOPK_BLOCK, (unsigned)tsmem, cx->s, a2, err);
+  }
   if (!tsm) {
     void *a2[] = {&scratch, &rows.pos, &sel, &max_ctx, &k};
     return cu_launch_tpl(topk->fn, (unsigned)B, 1, 1, DSA_TOPK_BLOCK, 0, cx->s, a2, err);

@@ -54,6 +54,8 @@
 //   ctx 8192 and 46.4 for 55.9 at 32768; at batch 8 and 32 they were 28-55%
 //   slower than the pair above (bench/results/2026-12-05-h100.md), hence the
 //   split by batch.
+//   dsa_topk_cl<BLOCK, CL>: batch 1's top-k over a cluster of CL blocks
+//     (sm_90 on; opt-in, MOEJIT_DSA_CLUSTER), below.
 // Every scorer takes KB as its last template argument: the cache's keys
 // in bf16 (MOEJIT_INDEXER_KEYS=bf16: 8 bytes for 4 dimensions) or f32.
 // Scratch: score f32 [B][max_ctx].
@@ -560,6 +562,58 @@ __device__ __forceinline__ void dsa_place_warps(const float *sc, const uint4 *sk
   }
 }
 
+// The placement by block-wide rounds: four consecutive tokens a thread, so
+// a scan places 4 BLOCK tokens a round, in ascending t (thread order is
+// token order).  The n keys are tokens lo.. of the row (sc and skeys4 from
+// lo on); base_gt and base_eq count the keys above kth and equal to it
+// before lo.
+template <int BLOCK>
+__device__ __forceinline__ void dsa_place_rounds(const float *sc, const uint4 *skeys4, bool cached, int n, int lo,
+                                                 unsigned kth, int base_gt, int base_eq, int above, int ties,
+                                                 int *out, int *warp_tot, int *total) {
+  for (int t0 = 0; t0 < n; t0 += 4 * BLOCK) {
+    const int tb = t0 + 4 * threadIdx.x;
+    unsigned u[4];
+    dsa_load4(sc, skeys4, cached, n, tb, u);
+    // Both counts in one scan (at most 4 BLOCK <= 4096 each).
+    const int ex = block_excl_scan<BLOCK>(dsa_count4(u, tb, n, kth), warp_tot, total);
+    const int tot = *total;
+    dsa_write4(u, lo + tb, lo + n, kth, base_gt + (ex & 0xffff), base_eq + (ex >> 16), above, ties, out);
+    base_gt += tot & 0xffff;
+    base_eq += tot >> 16;
+  }
+}
+
+// One radix pass's histogram of the n keys of a row (of a block's share)
+// whose digits above `shift` match prefix: the first pass (shift 24) reads
+// the scores (four loads a thread in flight) and, when cached, keeps their
+// keys in skeys for the other passes; hist is zeroed first.
+template <int BLOCK>
+__device__ __forceinline__ void dsa_hist_pass(const float *sc, unsigned *skeys, bool cached, int n, int shift,
+                                              unsigned prefix, unsigned mask, int *hist) {
+  const int tid = threadIdx.x;
+  for (int i = tid; i < DSA_BINS; i += BLOCK) hist[i] = 0;
+  __syncthreads();
+  if (shift == 24) {
+    for (int t0 = tid; t0 < n; t0 += 4 * BLOCK) {
+      unsigned u[4];
+#pragma unroll
+      for (int j = 0; j < 4; j++) u[j] = t0 + j * BLOCK < n ? dsa_key(sc[t0 + j * BLOCK]) : 0u;
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        if (t0 + j * BLOCK < n) {
+          if (cached) skeys[t0 + j * BLOCK] = u[j];
+          atomicAdd(&hist[u[j] >> 24], 1);
+        }
+    }
+  } else {
+    for (int t = tid; t < n; t += BLOCK) {
+      const unsigned u = cached ? skeys[t] : dsa_key(sc[t]);
+      if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 0xffu], 1);
+    }
+  }
+}
+
 template <int BLOCK, bool WR>
 __global__ void __launch_bounds__(BLOCK)
 dsa_topk_smem(const float *__restrict__ score, const int *__restrict__ poss, int *__restrict__ sel, int max_ctx,
@@ -588,26 +642,7 @@ dsa_topk_smem(const float *__restrict__ score, const int *__restrict__ poss, int
   unsigned prefix = 0u, mask = 0u;
   int rank = topk;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = tid; i < DSA_BINS; i += BLOCK) hist[i] = 0;
-    __syncthreads();
-    if (shift == 24) {
-      for (int t0 = tid; t0 < n; t0 += 4 * BLOCK) {
-        unsigned u[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) u[j] = t0 + j * BLOCK < n ? dsa_key(sc[t0 + j * BLOCK]) : 0u;
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-          if (t0 + j * BLOCK < n) {
-            if (cached) skeys[t0 + j * BLOCK] = u[j];
-            atomicAdd(&hist[u[j] >> 24], 1);
-          }
-      }
-    } else {
-      for (int t = tid; t < n; t += BLOCK) {
-        const unsigned u = cached ? skeys[t] : dsa_key(sc[t]);
-        if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 0xffu], 1);
-      }
-    }
+    dsa_hist_pass<BLOCK>(sc, skeys, cached, n, shift, prefix, mask, hist);
     dsa_pass_end(hist, warp, lane, shift, &found_bin, &found_rank, prefix, mask, rank);
   }
   // prefix is now the topk-th largest key; `rank` of its ties are kept.
@@ -618,18 +653,121 @@ dsa_topk_smem(const float *__restrict__ score, const int *__restrict__ poss, int
     dsa_place_warps<BLOCK>(sc, skeys4, cached, n, kth, above, ties, out, warp_tot, warp_eq);
     return;
   }
-  // Four consecutive tokens a thread, so a block-wide scan places 4 BLOCK
-  // tokens, in ascending t (thread order is token order).
-  int base_gt = 0, base_eq = 0;
-  for (int t0 = 0; t0 < n; t0 += 4 * BLOCK) {
-    const int tb = t0 + 4 * tid;
-    unsigned u[4];
-    dsa_load4(sc, skeys4, cached, n, tb, u);
-    // Both counts in one scan (at most 4 BLOCK <= 4096 each).
-    const int ex = block_excl_scan<BLOCK>(dsa_count4(u, tb, n, kth), warp_tot, &total);
-    const int tot = total;
-    dsa_write4(u, tb, n, kth, base_gt + (ex & 0xffff), base_eq + (ex >> 16), above, ties, out);
-    base_gt += tot & 0xffff;
-    base_eq += tot >> 16;
-  }
+  dsa_place_rounds<BLOCK>(sc, skeys4, cached, n, 0, kth, 0, 0, above, ties, out, warp_tot, &total);
 }
+
+// dsa_topk_cl<BLOCK, CL>: dsa_topk_smem spread over a cluster of CL blocks
+// (sm_90 on; grid (CL, B), one cluster a row; the launcher takes it at
+// batch 1, where the one block of dsa_topk_smem ran the row's passes on
+// one SM).  A row of at least CL x clmin tokens is split: block r owns the
+// tokens [r C, (r + 1) C), C = ceil(n / CL) rounded up to 4, and keeps
+// their keys in its shared memory (`cap` keys, else it reads its scores
+// again each pass).  Each radix pass counts the block's histogram, one
+// cluster barrier, and every block sums the CL histograms from the others'
+// shared memory (the same sum everywhere, so every block finds the same
+// digit); two histograms alternate, so a block rewrites one only after the
+// next barrier, when every reader is done with it.  The placement: each
+// block's count of keys above kth and equal to it, a barrier, and block r
+// places its tokens in ascending t after those of the blocks before it:
+// the same slots as dsa_topk_smem's.  A shorter row (whose barriers would
+// cost more than its passes) is block 0's alone, without a barrier; the
+// others return at once.
+#if __CUDA_ARCH__ >= 900
+// The cluster's PTX (no cooperative_groups: NVRTC's include path lacks
+// the headers it needs): this block's rank, the barrier of every thread of
+// the cluster (release / acquire: shared-memory writes before it are seen
+// by every block after it), and an int of block `rank`'s shared memory.
+__device__ __forceinline__ int dsa_cl_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return (int)r;
+}
+__device__ __forceinline__ void dsa_cl_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ int dsa_cl_ld(const int *p, int rank) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(p), ra;
+  int v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.s32 %0, [%1];" : "=r"(v) : "r"(ra) : "memory");
+  return v;
+}
+
+// (The explicit 1 block a SM: without it ptxas held the kernel to 32
+// registers and spilled.)
+template <int BLOCK, int CL>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(BLOCK, 1)
+dsa_topk_cl(const float *__restrict__ score, const int *__restrict__ poss, int *__restrict__ sel, int max_ctx,
+            int topk, int cap, int clmin) {
+  MJ_GRIDDEP_WAIT();
+  MJ_GRIDDEP_LAUNCH();
+  static_assert(BLOCK % 32 == 0 && BLOCK >= 64 && BLOCK <= 1024, "BLOCK: a multiple of 32 in [64, 1024]");
+  static_assert(CL >= 2 && CL <= 8, "CL: 2 to 8 blocks (the portable cluster size)");
+  __shared__ int hist[2][DSA_BINS], ghist[DSA_BINS];
+  __shared__ int warp_tot[32];
+  __shared__ int found_bin, found_rank, total, cnt[2], base[2];
+  extern __shared__ uint4 skeys4[];  // [cap]: the block's keys, when it has at most cap
+  unsigned *skeys = reinterpret_cast<unsigned *>(skeys4);
+  const int r = dsa_cl_rank(), b = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  int n = poss[b] + 1;
+  if (n > max_ctx) n = max_ctx;
+  if (n <= topk) return;  // the whole cluster: this row attends to everything
+  const int cl = n >= CL * clmin ? CL : 1;  // blocks that share the row (the same in every block)
+  if (r >= cl) return;
+  const int C = ((n + cl - 1) / cl + 3) & ~3;
+  const int lo = min(n, r * C), m = min(n, lo + C) - lo;
+  const float *sc = score + (size_t)b * max_ctx + lo;
+  const bool cached = m <= cap;
+
+  unsigned prefix = 0u, mask = 0u;
+  int rank = topk;
+  for (int shift = 24, p = 0; shift >= 0; shift -= 8, p++) {
+    int *h = hist[p & 1];
+    dsa_hist_pass<BLOCK>(sc, skeys, cached, m, shift, prefix, mask, h);
+    if (cl > 1) {
+      dsa_cl_sync();  // every block's histogram of this pass is whole
+      for (int i = tid; i < DSA_BINS; i += BLOCK) {
+        int sum = 0;
+#pragma unroll
+        for (int j = 0; j < CL; j++) sum += dsa_cl_ld(h + i, j);
+        ghist[i] = sum;
+      }
+    }
+    dsa_pass_end(cl > 1 ? ghist : h, warp, lane, shift, &found_bin, &found_rank, prefix, mask, rank);
+  }
+  const unsigned kth = prefix;
+  const int ties = rank, above = topk - ties;
+
+  // The block's keys above kth and equal to it, then those of the blocks
+  // before it.
+  int base_gt = 0, base_eq = 0;
+  if (cl > 1) {
+    int c = 0;
+    for (int t0 = 0; t0 < m; t0 += 4 * BLOCK) {
+      unsigned u[4];
+      const int tb = t0 + 4 * tid;
+      dsa_load4(sc, skeys4, cached, m, tb, u);
+      c += dsa_count4(u, tb, m, kth);
+    }
+    const int wg = dsa_warp_sum(c & 0xffff), we = dsa_warp_sum(c >> 16);
+    if (lane == 0) warp_tot[warp] = wg, hist[0][warp] = we;  // hist[0]: free since the last pass (p 3) used hist[1]
+    __syncthreads();
+    if (tid == 0) {
+      int g = 0, e = 0;
+      for (int w = 0; w < BLOCK / 32; w++) g += warp_tot[w], e += hist[0][w];
+      cnt[0] = g, cnt[1] = e;
+    }
+    dsa_cl_sync();  // every block's counts are in place
+    if (tid == 0) {
+      int g = 0, e = 0;
+      for (int j = 0; j < r; j++) g += dsa_cl_ld(cnt, j), e += dsa_cl_ld(cnt + 1, j);
+      base[0] = g, base[1] = e;
+    }
+    dsa_cl_sync();  // no block leaves while another may read its shared memory
+    base_gt = base[0], base_eq = base[1];
+  }
+  if (base_gt >= above && base_eq >= ties) return;  // nothing of this block is kept
+  dsa_place_rounds<BLOCK>(sc, skeys4, cached, m, lo, kth, base_gt, base_eq, above, ties, sel + (size_t)b * topk,
+                          warp_tot, &total);
+}
+#endif

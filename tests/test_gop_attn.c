@@ -207,6 +207,8 @@ static void test_compile(void) {
   show(KT_dsa_select, "dsa_score_hs<0, 0, 128, 1, 1, false>");
   show(KT_dsa_select, "dsa_topk_smem<1024, false>");
   show(KT_dsa_select, "dsa_topk_smem<1024, true>"); /* placed by warp ranges */
+  show(KT_dsa_select, "dsa_topk_cl<1024, 8>"); /* batch 1 on sm_90 on: the row over a cluster of 8 blocks */
+  show(KT_dsa_select, "dsa_topk_cl<1024, 4>");  /* MOEJIT_DSA_CLUSTER=4 */
   show(KT_dsa_select, "dsa_score_tc<128, 32, 8, false>");  /* the scorer on the tensor cores (MOEJIT_DSA_TC=1) */
   show(KT_dsa_select, "dsa_score_tc<16, 8, 8, false>");
   show(KT_dsa_select, "dsa_score_tc<32, 8, 8, false>");  /* gputest attn's small batch-1 shape */
