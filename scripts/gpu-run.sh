@@ -2,9 +2,7 @@
 # gpu-run.sh PHASE...: what one device call runs on the GPU host, after
 # `. scripts/gpu-env.sh`.  Each phase writes its log to $OUT/PHASE.log and
 # prints its tail, so one call checks, times and reports.
-#   tests         every GPU test (gputest NAME), a pass/fail table (attn-cl,
-#                 attn-cl1: attn with batch 1's top-k over a cluster, and on
-#                 short rows too)
+#   tests         every GPU test (gputest NAME), a pass/fail table
 #   dsa           the DSA selection's untried switches (MOEJIT_DSA_WR, MOEJIT_DSA_TC,
 #                 MOEJIT_DSA_TOPK_SMEM): gputest attn with them on, then
 #                 dsa_select timed with each; then bf16 indexer keys
@@ -121,10 +119,14 @@ for phase in "$@"; do
       # over 8 blocks) and with every row split (MOEJIT_DSA_CL_MIN=1), then
       # dsa_select at batch 1, ctx 8k to 64k: clusters of 8 and 4 against
       # one block, f32 and bf16 keys
+      # (CL_CAP 0: every block reads its scores from global memory each pass)
       G=/tmp/mj/tests/gpu/gputest
-      for m in 2048 1; do
-        MOEJIT_DSA_CLUSTER=8 MOEJIT_DSA_CL_MIN=$m T_NO_TIMING=1 timeout 150 $G attn > "$OUT/dsa-cl-attn-$m.log" 2>&1
-        echo "gputest attn, DSA_CLUSTER=8 DSA_CL_MIN=$m: rc=$? $(tail -1 "$OUT/dsa-cl-attn-$m.log")" >> "$log"
+      for v in "2048 -1" "1 -1" "1 0"; do
+        set -- $v
+        [ "$2" = -1 ] && cap= || cap=$2
+        MOEJIT_DSA_CLUSTER=8 MOEJIT_DSA_CL_MIN=$1 MOEJIT_DSA_CL_CAP=$cap T_NO_TIMING=1 timeout 150 $G attn \
+          > "$OUT/dsa-cl-attn-$1-$2.log" 2>&1
+        echo "gputest attn, DSA_CLUSTER=8 DSA_CL_MIN=$1 DSA_CL_CAP=$cap: rc=$? $(tail -1 "$OUT/dsa-cl-attn-$1-$2.log")" >> "$log"
       done
       for kb in f32 bf16; do
         for cl in 0 8 4; do
@@ -135,10 +137,11 @@ for phase in "$@"; do
         done
       done ;;
     tests)
-      # attn-cl: gputest attn with batch 1's top-k over a cluster of 8
-      # blocks (MOEJIT_DSA_CLUSTER=8: the rows of ctx 32k and 64k split, the
-      # short ones one block's); attn-cl1: every row split (MOEJIT_DSA_CL_MIN=1)
-      for t in ${GPU_TESTS:-gemv rmsnorm moe dense mla attn attn-cl attn-cl1 decode replay}; do
+      # (GPU_TESTS may also name attn-cl: gputest attn with batch 1's top-k
+      # over a cluster of 8 blocks, MOEJIT_DSA_CLUSTER=8: the rows of ctx 32k
+      # and 64k split, the short ones one block's; attn-cl1: every row
+      # split, MOEJIT_DSA_CL_MIN=1.  The dsa-cl phase runs both.)
+      for t in ${GPU_TESTS:-gemv rmsnorm moe dense mla attn decode replay}; do
         case $t in
           attn-cl) MOEJIT_DSA_CLUSTER=8 timeout ${TEST_TIMEOUT:-420} /tmp/mj/tests/gpu/gputest attn > "$OUT/test-$t.log" 2>&1 ;;
           attn-cl1) MOEJIT_DSA_CLUSTER=8 MOEJIT_DSA_CL_MIN=1 timeout ${TEST_TIMEOUT:-420} /tmp/mj/tests/gpu/gputest attn \

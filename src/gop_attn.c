@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dsl.h"
 #include "gpu_ops.h"
 
 /* ---- MLA attention ------------------------------------------------------------------ */
@@ -99,9 +100,10 @@ static size_t att_tc_smem(const gop_dims *d, int ht) {
 /* Batch 1's top-k over a cluster of blocks (dsa_topk_cl) stays opt-in
  * (MOEJIT_DSA_CLUSTER=8) until gputest attn has passed with it on a GPU:
  * an earlier form (the cluster at every batch, no short-row rule) ran on
- * an H100 and took dsa.select at batch 1, ctx 32768, from ~31 to 24.8 us,
- * but was slower at ctx 8192 and at batch 8 and 32
- * (bench/results/2026-12-06-s19.md); its test results did not come back. */
+ * an H100 and took dsa.select at batch 1, ctx 32768, to 24.8 us against
+ * 31.2 with one block (another run), slower at ctx 8192 and at batch 32,
+ * ~5% faster at batch 8, ctx 32768 (bench/results/2026-12-06-s19.md); its
+ * test results did not come back. */
 #define DSA_CLUSTER 0   /* dsa_topk_cl at batch 1: the row's top-k over a cluster of this many blocks (sm_90 on), or 0 */
 #define DSA_CL_MIN 2048 /* and the fewest tokens a block of it takes (a shorter row is one block's) */
 
@@ -111,7 +113,8 @@ static size_t att_tc_smem(const gop_dims *d, int ht) {
  * process, so the scratch and every launch agree.  A value that is not a
  * number in range is ignored with a warning (a sweep would otherwise time
  * the default under another name). */
-static int att_env_blocks, att_env_ht, dsa_env_tpt, dsa_env_wr, dsa_env_tc, dsa_env_tsm, dsa_env_cl, dsa_env_clmin;
+static int att_env_blocks, att_env_ht, dsa_env_tpt, dsa_env_wr, dsa_env_tc, dsa_env_tsm, dsa_env_cl, dsa_env_clmin,
+    dsa_env_clcap;
 static pthread_once_t att_env_once = PTHREAD_ONCE_INIT;
 static int env_int(const char *name, int lo, int hi, int dflt) {
   const char *v = getenv(name);
@@ -134,10 +137,17 @@ static void att_env_read(void) {
   dsa_env_tc = env_int("MOEJIT_DSA_TC", 0, 1, DSA_TC);
   /* and the top-k with the row's keys in shared memory at every batch (1), or at batch 1 only (0) */
   dsa_env_tsm = env_int("MOEJIT_DSA_TOPK_SMEM", 0, 1, DSA_TOPK_SMEM);
-  /* and batch 1's top-k over a cluster of that many blocks (sm_90 on; 0 or 1: dsa_topk_smem's one
-   * block), each taking at least MOEJIT_DSA_CL_MIN tokens (1 lets the tests' short rows use it) */
+  /* and batch 1's top-k over a cluster of 2, 4 or 8 blocks (sm_90 on; 0: dsa_topk_smem's one
+   * block); rows of at least the cluster x MOEJIT_DSA_CL_MIN tokens are split (1: every row, for
+   * the tests), and MOEJIT_DSA_CL_CAP caps the keys a block keeps in shared memory (0: none,
+   * so the tests read the scores from global memory each pass) */
   dsa_env_cl = env_int("MOEJIT_DSA_CLUSTER", 0, 8, DSA_CLUSTER);
+  if (dsa_env_cl != 0 && dsa_env_cl != 2 && dsa_env_cl != 4 && dsa_env_cl != 8) {
+    mj_warn("MOEJIT_DSA_CLUSTER=%d ignored: it takes 0, 2, 4 or 8", dsa_env_cl);
+    dsa_env_cl = DSA_CLUSTER;
+  }
   dsa_env_clmin = env_int("MOEJIT_DSA_CL_MIN", 1, 1 << 20, DSA_CL_MIN);
+  dsa_env_clcap = env_int("MOEJIT_DSA_CL_CAP", 0, 1 << 20, -1);
 }
 
 /* The dynamic shared memory a block may have on arch: the device's when
@@ -421,11 +431,11 @@ int gop_mla_attend_on(gop_attend_kind kind, const gop_dims *d, CUdeviceptr qlat,
 }
 
 /* ---- the DSA indexer's selection ------------------------------------------------------- */
-/* The compute capability of arch (NULL: this GPU's), as 90 for sm_90a; 0 unknown. */
+/* The compute capability of arch (NULL: this GPU's), by the DSL's table: 90 for sm_90a; 0 unknown. */
 static int target_sm(const char *arch) {
   const cu_device *dv = arch ? NULL : cu_dev();
   if (!arch) arch = dv ? dv->arch : NULL;
-  return arch && strncmp(arch, "sm_", 3) == 0 ? atoi(arch + 3) : 0;
+  return arch ? dsl_target_sm(arch) : 0;
 }
 
 #define DSA_SCORE_BLOCK 128 /* tokens (threads) per scoring block */
@@ -434,6 +444,7 @@ static int target_sm(const char *arch) {
 #define DSA_HS 4                /* batch 1: threads a token in dsa_score_hs (where the heads divide) */
 #define DSA_MAX_HS 8            /* the template's largest HS: its skew of 4 floats a head group */
 #define DSA_TOPK_STATIC_SMEM 2048 /* dsa_topk_smem's own shared memory (1.2 KB), rounded up */
+#define DSA_TOPK_CL_STATIC_SMEM 4096 /* dsa_topk_cl's (3.3 KB), rounded up */
 #define DSA_TC_WARPS 8          /* dsa_score_tc: warps a block, 16 tokens each */
 
 static int dsa_check(const gop_dims *d, int B, mj_err *err) {
@@ -540,7 +551,8 @@ int gop_dsa_select_on(gop_dsa_kind kind, const gop_dims *d, CUdeviceptr iq, CUde
     const cu_device *dv = cu_dev();
     long share = (((long)max_ctx + cl - 1) / cl + 3) & ~3L, whole = (long)cl * dsa_env_clmin - 1;
     long want = share > whole ? share : whole < max_ctx ? whole : max_ctx;
-    long fit = dv ? ((long)dv->max_smem_per_block_optin - DSA_TOPK_STATIC_SMEM * 2) / 4 : 0;
+    long fit = dv ? ((long)dv->max_smem_per_block_optin - DSA_TOPK_CL_STATIC_SMEM) / 4 : 0;
+    if (dsa_env_clcap >= 0 && fit > dsa_env_clcap) fit = dsa_env_clcap;
     int cap = fit <= 0 ? 0 : (int)(fit < want ? fit : want), clmin = dsa_env_clmin;
     size_t tsmem = (size_t)cap * 4;
     if ((rc = set_smem(topk->fn, tsmem, err))) return rc;

@@ -682,6 +682,11 @@ __device__ __forceinline__ int dsa_cl_rank() {
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
   return (int)r;
 }
+__device__ __forceinline__ int dsa_cl_size() {
+  unsigned n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return (int)n;
+}
 __device__ __forceinline__ void dsa_cl_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
@@ -704,11 +709,12 @@ dsa_topk_cl(const float *__restrict__ score, const int *__restrict__ poss, int *
   static_assert(BLOCK % 32 == 0 && BLOCK >= 64 && BLOCK <= 1024, "BLOCK: a multiple of 32 in [64, 1024]");
   static_assert(CL >= 2 && CL <= 8, "CL: 2 to 8 blocks (the portable cluster size)");
   __shared__ int hist[2][DSA_BINS], ghist[DSA_BINS];
-  __shared__ int warp_tot[32];
+  __shared__ int warp_tot[32], warp_eq[32];
   __shared__ int found_bin, found_rank, total, cnt[2], base[2];
   extern __shared__ uint4 skeys4[];  // [cap]: the block's keys, when it has at most cap
   unsigned *skeys = reinterpret_cast<unsigned *>(skeys4);
   const int r = dsa_cl_rank(), b = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  if (dsa_cl_size() != CL) __trap();  // launched without its cluster: never read a block that is not there
   int n = poss[b] + 1;
   if (n > max_ctx) n = max_ctx;
   if (n <= topk) return;  // the whole cluster: this row attends to everything
@@ -750,11 +756,11 @@ dsa_topk_cl(const float *__restrict__ score, const int *__restrict__ poss, int *
       c += dsa_count4(u, tb, m, kth);
     }
     const int wg = dsa_warp_sum(c & 0xffff), we = dsa_warp_sum(c >> 16);
-    if (lane == 0) warp_tot[warp] = wg, hist[0][warp] = we;  // hist[0]: free since the last pass (p 3) used hist[1]
+    if (lane == 0) warp_tot[warp] = wg, warp_eq[warp] = we;
     __syncthreads();
     if (tid == 0) {
       int g = 0, e = 0;
-      for (int w = 0; w < BLOCK / 32; w++) g += warp_tot[w], e += hist[0][w];
+      for (int w = 0; w < BLOCK / 32; w++) g += warp_tot[w], e += warp_eq[w];
       cnt[0] = g, cnt[1] = e;
     }
     dsa_cl_sync();  // every block's counts are in place

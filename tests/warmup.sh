@@ -40,6 +40,16 @@ MOEJIT_CACHE=assert-warm $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 8 > 
 st=$?
 if [ $st -eq 7 ] && [ "$(wc -l < "$tmp/e3")" -eq 1 ]; then ok "a cold size fails assert-warm: $(cat "$tmp/e3")"; else bad "assert-warm on a cold size: status $st: $(cat "$tmp/e3")"; fi
 
+# MOEJIT_DSA_CLUSTER=8: batch 1's DSA top-k over a cluster of blocks, on
+# sm_90 on: the warm cache lacks exactly that kernel; a value the launcher
+# does not take warns once and changes nothing (assert-warm passes).
+MOEJIT_DSA_CLUSTER=8 MOEJIT_CACHE=on $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 1,2 > "$tmp/w7" 2> "$tmp/e7" &&
+  grep -q ": $((kernels + 1)) kernels, 1 compiled, $kernels already cached, 0 failed" "$tmp/w7" &&
+  ok "MOEJIT_DSA_CLUSTER=8: one kernel more (the cluster top-k)" || bad "MOEJIT_DSA_CLUSTER=8: $(cat "$tmp/w7" "$tmp/e7")"
+MOEJIT_DSA_CLUSTER=3 MOEJIT_CACHE=assert-warm $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 1,2 > "$tmp/w8" 2> "$tmp/e8" &&
+  grep -q "MOEJIT_DSA_CLUSTER=3 ignored: it takes 0, 2, 4 or 8" "$tmp/e8" && grep -q " 0 compiled, " "$tmp/w8" &&
+  ok "MOEJIT_DSA_CLUSTER=3: $(head -1 "$tmp/e8")" || bad "MOEJIT_DSA_CLUSTER=3: $(cat "$tmp/w8" "$tmp/e8")"
+
 # --tp 2 --ep 2: every rank's kernels.  The ranks' route kernels differ (each
 # gives slots to its own experts: E0/EL), one per rank and size: 4; the one
 # combine adds to the bf16 shared expert's part in f32, as on one GPU; then
