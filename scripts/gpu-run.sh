@@ -137,17 +137,8 @@ for phase in "$@"; do
         done
       done ;;
     tests)
-      # (GPU_TESTS may also name attn-cl: gputest attn with batch 1's top-k
-      # over a cluster of 8 blocks, MOEJIT_DSA_CLUSTER=8: the rows of ctx 32k
-      # and 64k split, the short ones one block's; attn-cl1: every row
-      # split, MOEJIT_DSA_CL_MIN=1.  The dsa-cl phase runs both.)
       for t in ${GPU_TESTS:-gemv rmsnorm moe dense mla attn decode replay}; do
-        case $t in
-          attn-cl) MOEJIT_DSA_CLUSTER=8 timeout ${TEST_TIMEOUT:-420} /tmp/mj/tests/gpu/gputest attn > "$OUT/test-$t.log" 2>&1 ;;
-          attn-cl1) MOEJIT_DSA_CLUSTER=8 MOEJIT_DSA_CL_MIN=1 timeout ${TEST_TIMEOUT:-420} /tmp/mj/tests/gpu/gputest attn \
-                      > "$OUT/test-$t.log" 2>&1 ;;
-          *) timeout ${TEST_TIMEOUT:-420} /tmp/mj/tests/gpu/gputest "$t" > "$OUT/test-$t.log" 2>&1 ;;
-        esac
+        timeout ${TEST_TIMEOUT:-420} /tmp/mj/tests/gpu/gputest "$t" > "$OUT/test-$t.log" 2>&1
         echo "$t rc=$? $(tail -1 "$OUT/test-$t.log")"
       done > "$log" ;;
     perf) timeout 400 /tmp/mj/tests/gpu/gputest perf ${PERF_OPS:-} > "$log" 2>&1 ;;

@@ -522,7 +522,7 @@ int gop_dsa_select_on(gop_dsa_kind kind, const gop_dims *d, CUdeviceptr iq, CUde
     snprintf(e1, sizeof e1, "dsa_score<%d, %d, %d, %s>", d->idx_dim, d->idx_heads, DSA_SCORE_BLOCK, kb);
   }
   /* Batch 1's top-k over a cluster (sm_90 on), under MOEJIT_DSA_CLUSTER (DSA_CLUSTER). */
-  int cl = one && dsa_env_cl >= 2 && target_sm(cx->arch) >= 90 ? dsa_env_cl : 0;
+  int cl = one && dsa_env_cl && target_sm(cx->arch) >= 90 ? dsa_env_cl : 0;
   if (cl) snprintf(e2, sizeof e2, "dsa_topk_cl<%d, %d>", DSA_TOPK_BLOCK, cl);
   else if (tsm) snprintf(e2, sizeof e2, "dsa_topk_smem<%d, %s>", DSA_TOPK_BLOCK, dsa_env_wr ? "true" : "false");
   else snprintf(e2, sizeof e2, "dsa_topk<%d>", DSA_TOPK_BLOCK);
@@ -547,30 +547,27 @@ int gop_dsa_select_on(gop_dsa_kind kind, const gop_dims *d, CUdeviceptr iq, CUde
   int kpb = tc ? 16 * DSA_TC_WARPS : DSA_SCORE_BLOCK / hs * tpt; /* tokens a block */
   unsigned nblk = (unsigned)((max_ctx + kpb - 1) / kpb), nthr = tc ? 32 * DSA_TC_WARPS : DSA_SCORE_BLOCK;
   if ((rc = cu_launch_tpl(score->fn, nblk, (unsigned)B, 1, nthr, (unsigned)smem, cx->s, a1, err))) return rc;
-  if (cl) { /* a block's keys: its share of the longest row, or a row too short to share, up to max_ctx */
-    const cu_device *dv = cu_dev();
-    long share = (((long)max_ctx + cl - 1) / cl + 3) & ~3L, whole = (long)cl * dsa_env_clmin - 1;
-    long want = share > whole ? share : whole < max_ctx ? whole : max_ctx;
-    long fit = dv ? ((long)dv->max_smem_per_block_optin - DSA_TOPK_CL_STATIC_SMEM) / 4 : 0;
-    if (dsa_env_clcap >= 0 && fit > dsa_env_clcap) fit = dsa_env_clcap;
-    int cap = fit <= 0 ? 0 : (int)(fit < want ? fit : want), clmin = dsa_env_clmin;
-    size_t tsmem = (size_t)cap * 4;
-    if ((rc = set_smem(topk->fn, tsmem, err))) return rc;
-    void *a2[] = {&scratch, &rows.pos, &sel, &max_ctx, &k, &cap, &clmin};
-    return cu_launch_tpl(topk->fn, (unsigned)cl, (unsigned)B, 1, DSA_TOPK_BLOCK, (unsigned)tsmem, cx->s, a2, err);
-  }
-  if (!tsm) {
+  if (!tsm && !cl) {
     void *a2[] = {&scratch, &rows.pos, &sel, &max_ctx, &k};
     return cu_launch_tpl(topk->fn, (unsigned)B, 1, 1, DSA_TOPK_BLOCK, 0, cx->s, a2, err);
   }
-  /* dsa_topk_smem keeps the row's keys in shared memory when they fit: as
-   * many as the device lets a block have beside the kernel's own 2 KB, up
-   * to max_ctx. */
+  /* The shared-memory top-ks keep a block's keys in shared memory when they
+   * fit beside the kernel's own: dsa_topk_smem the whole row, up to
+   * max_ctx; dsa_topk_cl a block's share of the longest row, or a row too
+   * short to share (MOEJIT_DSA_CL_CAP caps it for the tests). */
+  long want = max_ctx, own = DSA_TOPK_STATIC_SMEM;
+  if (cl) {
+    long share = (((long)max_ctx + cl - 1) / cl + 3) & ~3L, whole = (long)cl * dsa_env_clmin - 1;
+    want = share > whole ? share : whole < max_ctx ? whole : max_ctx;
+    own = DSA_TOPK_CL_STATIC_SMEM;
+  }
   const cu_device *dv = cu_dev();
-  long fit = dv ? ((long)dv->max_smem_per_block_optin - DSA_TOPK_STATIC_SMEM) / 4 : 0;
-  int cap = fit <= 0 ? 0 : fit < max_ctx ? (int)fit : max_ctx;
+  long fit = dv ? ((long)dv->max_smem_per_block_optin - own) / 4 : 0;
+  if (cl && dsa_env_clcap >= 0 && fit > dsa_env_clcap) fit = dsa_env_clcap;
+  int cap = fit <= 0 ? 0 : (int)(fit < want ? fit : want), clmin = dsa_env_clmin;
   size_t tsmem = (size_t)cap * 4;
   if ((rc = set_smem(topk->fn, tsmem, err))) return rc;
-  void *a2[] = {&scratch, &rows.pos, &sel, &max_ctx, &k, &cap};
-  return cu_launch_tpl(topk->fn, (unsigned)B, 1, 1, DSA_TOPK_BLOCK, (unsigned)tsmem, cx->s, a2, err);
+  void *a2[] = {&scratch, &rows.pos, &sel, &max_ctx, &k, &cap, &clmin}; /* dsa_topk_smem takes the first six */
+  return cu_launch_tpl(topk->fn, cl ? (unsigned)cl : (unsigned)B, cl ? (unsigned)B : 1, 1, DSA_TOPK_BLOCK,
+                       (unsigned)tsmem, cx->s, a2, err);
 }

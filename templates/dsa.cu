@@ -507,6 +507,21 @@ __device__ __forceinline__ int dsa_count4(const unsigned *u, int tb, int n, unsi
   return gt | (eq << 16);
 }
 
+// A thread's count of the keys above kth (low 16 bits) and equal to it
+// (high) among the four from t0 + off on, for t0 = first, first + step,
+// ... < n.
+__device__ __forceinline__ int dsa_count_from(const float *sc, const uint4 *skeys4, bool cached, int n, int first,
+                                              int off, int step, unsigned kth) {
+  int c = 0;
+  for (int t0 = first; t0 < n; t0 += step) {
+    unsigned u[4];
+    const int tb = t0 + off;
+    dsa_load4(sc, skeys4, cached, n, tb, u);
+    c += dsa_count4(u, tb, n, kth);
+  }
+  return c;
+}
+
 // Their places: a key above kth at pg on, one equal to it at above + pe on
 // while pe < ties (the first ties of them in ascending t).
 __device__ __forceinline__ void dsa_write4(const unsigned *u, int tb, int n, unsigned kth, int pg, int pe, int above,
@@ -537,13 +552,7 @@ __device__ __forceinline__ void dsa_place_warps(const float *sc, const uint4 *sk
   const int lo = warp * R, hi = min(n, lo + R);
   // The lane's counts, greater in the low 16 bits, equal in the high: at
   // most R / 32 each (R < 2^19 for a row of 2^20 tokens in 2 warps).
-  int c = 0;
-  for (int t0 = lo; t0 < hi; t0 += 128) {
-    unsigned u[4];
-    const int tb = t0 + 4 * lane;
-    dsa_load4(sc, skeys4, cached, hi, tb, u);
-    c += dsa_count4(u, tb, hi, kth);
-  }
+  const int c = dsa_count_from(sc, skeys4, cached, hi, lo, 4 * lane, 128, kth);
   const int cg = dsa_warp_sum(c & 0xffff), ce = dsa_warp_sum(c >> 16);
   if (lane == 0) warp_gt[warp] = cg, warp_eq[warp] = ce;
   __syncthreads();
@@ -748,13 +757,7 @@ dsa_topk_cl(const float *__restrict__ score, const int *__restrict__ poss, int *
   // before it.
   int base_gt = 0, base_eq = 0;
   if (cl > 1) {
-    int c = 0;
-    for (int t0 = 0; t0 < m; t0 += 4 * BLOCK) {
-      unsigned u[4];
-      const int tb = t0 + 4 * tid;
-      dsa_load4(sc, skeys4, cached, m, tb, u);
-      c += dsa_count4(u, tb, m, kth);
-    }
+    const int c = dsa_count_from(sc, skeys4, cached, m, 0, 4 * tid, 4 * BLOCK, kth);
     const int wg = dsa_warp_sum(c & 0xffff), we = dsa_warp_sum(c >> 16);
     if (lane == 0) warp_tot[warp] = wg, warp_eq[warp] = we;
     __syncthreads();
