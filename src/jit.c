@@ -59,7 +59,17 @@ static int shard_k, shard_n = 1;
 static uint64_t shard_skipped;
 static bool compile_only;
 
-void jit_set_compile_only(bool on) { compile_only = on; }
+/* In a process forked after this one had opened the driver (`moejit warmup
+ * --tune -j N`: the tuning ran first), J is the parent's copy: its modules
+ * are the parent's and the driver may not be called here, so the entries
+ * already loaded stay as they are (never unloaded) and nothing more is
+ * loaded. */
+void jit_set_compile_only(bool on) {
+  pthread_mutex_lock(&jit_lock);
+  compile_only = on;
+  if (on) J.have_gpu = false;
+  pthread_mutex_unlock(&jit_lock);
+}
 
 void jit_set_shard(int k, int n) {
   shard_k = k, shard_n = n > 1 ? n : 1;

@@ -80,9 +80,9 @@ int jit_get(const jit_request *req, const jit_fn **out, mj_err *err);
  * is k modulo n; any other miss returns at once a jit_fn with no cubin and
  * no function, counted by jit_shard_skipped.  n <= 1: compile everything. */
 void jit_set_shard(int k, int n);
-/* Compile and store only, never touching the GPU (set before the first
- * jit_get): for processes forked after the driver was opened, where CUDA
- * may not be used (`moejit warmup -j`). */
+/* Compile and store only, never touching the GPU from now on (before or
+ * after the first jit_get): for processes forked after the driver was
+ * opened, where CUDA may not be used (`moejit warmup -j`, after --tune). */
 void jit_set_compile_only(bool on);
 uint64_t jit_shard_skipped(void);
 

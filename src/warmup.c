@@ -198,6 +198,10 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
       printf("warmup: tuned the attention's split at %d batch sizes, ctx %d, on %s in %.1f s\n", nb, dims.max_ctx, tt.gpu,
              (mj_now_ms() - tt0) / 1e3);
   }
+  /* The tuning's candidates leave the front door (nothing holds them now):
+   * the warm-up's counts are its own, and the compile processes forked
+   * below start without this process's modules and driver state. */
+  if (tune) jit_shutdown();
   double t0 = mj_now_ms();
   uint64_t child_compiles = 0, child_failures = 0;
   if (jobs > 1) {
@@ -213,15 +217,19 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
       pid_t pid = fork();
       if (pid == 0) {
         close(p[0]);
-        jit_set_compile_only(true); /* the parent may have opened the driver */
+        jit_set_compile_only(true); /* the parent may have opened the driver (--tune) */
         tune_set_quiet(true);       /* the parent's pass says any warning */
         jit_set_shard(k, (int)jobs);
+        /* The counts this child adds: after --tune the parent's own (the
+         * candidates it compiled) came along with the fork. */
+        cache_stats st0, st;
+        jit_stats(&st0);
         mj_err ce = {0};
         int crc = 0;
         for (int r = 0; r < world && !crc; r++) o.rank = r, crc = gpu_warm(&cfg, sh, &o, target, batches, nb, NULL, NULL, &ce);
-        cache_stats st;
         jit_stats(&st);
-        uint64_t r[2] = {st.v[CACHE_STAT_compiles], st.v[CACHE_STAT_failures]};
+        uint64_t r[2] = {st.v[CACHE_STAT_compiles] - st0.v[CACHE_STAT_compiles],
+                         st.v[CACHE_STAT_failures] - st0.v[CACHE_STAT_failures]};
         if (write(p[1], r, sizeof r) != (ssize_t)sizeof r) crc = 1;
         if (crc && !quiet) mj_err_print(&ce, stderr);
         jit_shutdown();

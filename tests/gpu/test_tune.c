@@ -20,10 +20,17 @@
  * CPU reference the same way: a tuned tile answers to the tolerance the
  * rule's does, whatever the run measured.
  * (d) The attention's split, the same way (test_attn, below).
+ * (e) A process forked after all this (`moejit warmup --tune -j N` forks
+ * its compilers after the tuning opened the driver) compiles and stores
+ * under jit_set_compile_only without a driver call (the CUDA driver may
+ * not be used after fork: it failed every load with
+ * CUDA_ERROR_NOT_INITIALIZED before), counting its own compile only; the
+ * parent then finds the kernel on disk and loads it.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -305,6 +312,42 @@ static void test_attn(void) {
   free(q), free(want), free(got), free(kv);
 }
 
+static void test_fork(void) {
+  char h[16];
+  snprintf(h, sizeof h, "%d", 1024 + 8 * (int)(rng % 997)); /* a width no step asks for: a miss */
+  dsl_define d[] = {{"H", h}, {"BLOCK", "256"}};
+  jit_request r = {.kernel = "embed.k", .spec = {NULL, d, 2}, .arch = target.arch}; /* as warmup names it */
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    jit_set_compile_only(true);
+    cache_stats s0, s1;
+    jit_stats(&s0);
+    const jit_fn *f = NULL;
+    mj_err e = {0};
+    int rc = jit_get(&r, &f, &e);
+    jit_stats(&s1);
+    int ok = rc == 0 && f && !f->fn && f->cubin_size > 0 && s1.v[CACHE_STAT_compiles] - s0.v[CACHE_STAT_compiles] == 1 &&
+             s1.v[CACHE_STAT_failures] == s0.v[CACHE_STAT_failures];
+    if (!ok) fprintf(stderr, "  child: rc %d (%s), loaded %d\n", rc, e.msg, f && f->fn);
+    _exit(ok ? 0 : 1);
+  }
+  T_CHECK(pid > 0);
+  if (pid <= 0) return;
+  int st = 0;
+  T_CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  cache_stats s0, s1;
+  jit_stats(&s0);
+  const jit_fn *f = NULL;
+  mj_err e = {0};
+  T_EQ_INT(jit_get(&r, &f, &e), 0);
+  jit_stats(&s1);
+  T_CHECK(f && f->fn);                                                     /* loaded here */
+  T_EQ_INT((int)(s1.v[CACHE_STAT_disk_hits] - s0.v[CACHE_STAT_disk_hits]), 1); /* the child's */
+  T_EQ_INT((int)(s1.v[CACHE_STAT_compiles] - s0.v[CACHE_STAT_compiles]), 0);
+  mj_err_clear(&e);
+}
+
 int gpu_test_tune(int argc, char **argv) {
   if (t_scratch_init("gputune")) return 1;
   setenv("MOEJIT_CACHE_DIR", t_root, 1);
@@ -320,6 +363,7 @@ int gpu_test_tune(int argc, char **argv) {
     T_RUN(test_run);
     T_RUN(test_candidates);
     T_RUN(test_attn);
+    T_RUN(test_fork);
   }
   for (size_t i = 0; i < MJ_ARRAY_LEN(shapes); i++) shape_free(&shapes[i]);
   jit_shutdown();
