@@ -31,7 +31,7 @@
     "moejit bench gemv [--n N] [--k K] [--configs THREADS:ROWS:UNROLL,...] \n" \
     "moejit bench moe [--batches 1,2,4,...] [--gu-configs ROWS:THREADS:CHAIN:GX[:PF[:MINB[:MMA]]],...]\n" \
     "                 [--dn-configs ROWS:THREADS:CHAIN:GX[:PF[:MINB[:MMA]]],...] [--mt N] [--sets N] [--copies N]\n" \
-    "                 [--check-tokens N] [--experts E] [--hidden H] [--inter I] [--plan builtin|tuned]\n" \
+    "                 [--check-tokens N] [--experts E] [--hidden H] [--inter I] [--plan builtin|tuned] [--seed S]\n" \
     "moejit bench decode [-m DIR | --synthetic glm5 [--layers N] [--dense D]] [--batch 1,8,32]\n" \
     "                 [--ctx N] [--steps N] [--reps N] [--seed S] [--no-graphs] [--profile-region]\n" \
     "                 [--tp N] [--ep M] [--rank R] [--allreduce-us US] [--head-whole] [--max-ctx N]\n" \
