@@ -8,7 +8,8 @@
 #                 dsa_select timed with each; then bf16 indexer keys
 #                 (MOEJIT_INDEXER_KEYS=bf16): gputest mla, dsa_select timed
 #   dsa-cl        batch 1's top-k over a cluster of blocks (MOEJIT_DSA_CLUSTER):
-#                 gputest attn with it, then dsa_select timed against one block
+#                 gputest attn with one block and with every row split, then
+#                 dsa_select timed: clusters of 8 and 4 against one block
 #   perf          gputest perf: every kernel family timed alone at GLM-5 width
 #                 (PERF_OPS: families to time, as `gputest perf gemv mla_vout`)
 #   decode        moejit bench decode (synthetic full-width GLM-5)
@@ -114,24 +115,24 @@ for phase in "$@"; do
         grep 'dsa.select' "$OUT/dsa-perf-k16-$t.log" | cut -d'|' -f3-5 >> "$log"
       done ;;
     dsa-cl)
-      # batch 1's top-k over a cluster (MOEJIT_DSA_CLUSTER, opt-in until
-      # this passes): gputest attn with it (rows of ctx 32k and 64k split
-      # over 8 blocks) and with every row split (MOEJIT_DSA_CL_MIN=1), then
-      # dsa_select at batch 1, ctx 8k to 64k: clusters of 8 and 4 against
-      # one block, f32 and bf16 keys
-      # (CL_CAP 0: every block reads its scores from global memory each pass)
+      # batch 1's top-k over a cluster (MOEJIT_DSA_CLUSTER, 8 by default):
+      # gputest attn with one block instead (MOEJIT_DSA_CLUSTER=0), with
+      # every row split (MOEJIT_DSA_CL_MIN=1), and with every row split and
+      # no keys kept in shared memory (MOEJIT_DSA_CL_CAP=0: every block reads
+      # its scores from global memory each pass); then dsa_select at batch 1,
+      # ctx 8k to 64k: clusters of 8 and 4 against one block, f32 and bf16 keys
       G=/tmp/mj/tests/gpu/gputest
-      for v in "2048 -1" "1 -1" "1 0"; do
+      for v in "0 2048 -1" "8 1 -1" "8 1 0"; do
         set -- $v
-        [ "$2" = -1 ] && cap= || cap=$2
-        MOEJIT_DSA_CLUSTER=8 MOEJIT_DSA_CL_MIN=$1 MOEJIT_DSA_CL_CAP=$cap T_NO_TIMING=1 timeout 150 $G attn \
-          > "$OUT/dsa-cl-attn-$1-$2.log" 2>&1
-        echo "gputest attn, DSA_CLUSTER=8 DSA_CL_MIN=$1 DSA_CL_CAP=$cap: rc=$? $(tail -1 "$OUT/dsa-cl-attn-$1-$2.log")" >> "$log"
+        [ "$3" = -1 ] && cap= || cap=$3
+        MOEJIT_DSA_CLUSTER=$1 MOEJIT_DSA_CL_MIN=$2 MOEJIT_DSA_CL_CAP=$cap T_NO_TIMING=1 timeout 90 $G attn \
+          > "$OUT/dsa-cl-attn-$1-$2$3.log" 2>&1
+        echo "gputest attn, DSA_CLUSTER=$1 DSA_CL_MIN=$2 DSA_CL_CAP=$cap: rc=$? $(tail -1 "$OUT/dsa-cl-attn-$1-$2$3.log")" >> "$log"
       done
       for kb in f32 bf16; do
         for cl in 0 8 4; do
           MOEJIT_DSA_CLUSTER=$cl MOEJIT_INDEXER_KEYS=$kb MOEJIT_PERF_BATCHES=1 MOEJIT_PERF_CONTEXTS=8192,16384,32768,65536 \
-            timeout 60 $G perf dsa_select > "$OUT/dsa-cl-perf-$kb-$cl.log" 2>&1
+            timeout 30 $G perf dsa_select > "$OUT/dsa-cl-perf-$kb-$cl.log" 2>&1
           echo "keys $kb, cluster $cl: rc=$? $(grep -h 'copy bandwidth' "$OUT/dsa-cl-perf-$kb-$cl.log" | cut -c1-50)" >> "$log"
           grep 'dsa.select' "$OUT/dsa-cl-perf-$kb-$cl.log" | cut -d'|' -f3-5 >> "$log"
         done
@@ -255,7 +256,7 @@ for phase in "$@"; do
       # TUNE_CTX: the cache's context the attention's split is tuned for
       # (a record holds for one; tune-decode's bench runs with it)
       timeout 500 moejit warmup --synthetic glm5 --batches "$bs" --ctx "${TUNE_CTX:-4096}" --tune -j 8 >> "$log" 2>&1
-      echo "warmup --tune: rc=$?" >> "$log"
+      echo "warmup --tune: rc=$? ($(grep -c 'warning' "$log") warnings; its summary: $(grep -o '[0-9]* kernels, .* failed' "$log" | tail -1))" >> "$log"
       moejit cache list | sed -n '/^tuning records/,$p' >> "$log"
       timeout ${TEST_TIMEOUT:-420} /tmp/mj/tests/gpu/gputest tune > "$OUT/test-tune.log" 2>&1
       echo "gputest tune: rc=$? $(tail -1 "$OUT/test-tune.log")" >> "$log"
@@ -269,13 +270,14 @@ for phase in "$@"; do
         /^## batch / { split($0, w, " "); b = w[3]; if (!(b in seen)) { seen[b] = 1; order[n++] = b } }
         /^\| gate_up \| [0-9]/ { g[p, b] = $5 + 0 }
         /^\| down \| [0-9]/ { d[p, b] = $5 + 0 }
-        /^\*\*batch / { split($0, w, " "); l[p, b] = w[4] + 0 }
+        /^\*\*batch / { split($0, w, " "); l[p, b] = w[4] + 0; c[p, b] = w[14] + 0 }
         END {
-          print "| batch | layer us built-in | layer us tuned | change | gate_up us b / t | down us b / t |"
-          print "|---|---|---|---|---|---|"
+          print "| batch | layer us built-in | layer us tuned | change | % of copy b / t | gate_up us b / t | down us b / t |"
+          print "|---|---|---|---|---|---|---|"
           for (i = 0; i < n; i++) { b = order[i]
-            printf "| %s | %.1f | %.1f | %+.1f%% | %.1f / %.1f | %.1f / %.1f |\n", b, l["b", b], l["t", b],
-              (l["b", b] > 0 ? 100 * (l["t", b] - l["b", b]) / l["b", b] : 0), g["b", b], g["t", b], d["b", b], d["t", b] }
+            printf "| %s | %.1f | %.1f | %+.1f%% | %.1f / %.1f | %.1f / %.1f | %.1f / %.1f |\n", b, l["b", b], l["t", b],
+              (l["b", b] > 0 ? 100 * (l["t", b] - l["b", b]) / l["b", b] : 0), c["b", b], c["t", b],
+              g["b", b], g["t", b], d["b", b], d["t", b] }
         }' "$OUT/tune-bench-builtin.log" "$OUT/tune-bench-tuned.log" >> "$log"
       MOEJIT_CACHE=assert-warm timeout 200 moejit warmup --synthetic glm5 --batches "$bs" --ctx "${TUNE_CTX:-4096}" >> "$log" 2>&1
       echo "assert-warm warmup (tuned plans, graphs captured): rc=$?" >> "$log" ;;

@@ -97,14 +97,14 @@ static size_t att_tc_smem(const gop_dims *d, int ht) {
  * top-k 5-16% beside it at batch 8 and 32; bench/results/2026-12-06-h100-s18.md). */
 #define DSA_TC 1      /* the scorer on the tensor cores (dsa_score_tc, 1) or on FMAs (0), where the widths fit */
 #define DSA_TOPK_SMEM 1 /* dsa_topk_smem at every batch (1) or at batch 1 (0) */
-/* Batch 1's top-k over a cluster of blocks (dsa_topk_cl) stays opt-in
- * (MOEJIT_DSA_CLUSTER=8) until gputest attn has passed with it on a GPU:
- * an earlier form (the cluster at every batch, no short-row rule) ran on
- * an H100 and took dsa.select at batch 1, ctx 32768, to 24.8 us against
- * 31.2 with one block (another run), slower at ctx 8192 and at batch 32,
- * ~5% faster at batch 8, ctx 32768 (bench/results/2026-12-06-s19.md); its
- * test results did not come back. */
-#define DSA_CLUSTER 0   /* dsa_topk_cl at batch 1: the row's top-k over a cluster of this many blocks (sm_90 on), or 0 */
+/* Batch 1's top-k over a cluster of 8 blocks (dsa_topk_cl): gputest attn
+ * passed with it on an H100 (rows split, every row split, no keys kept in
+ * shared memory), and it took dsa_select at batch 1 from 31.3 to 24.2 us at
+ * ctx 32768 and from 74.3 to 37.4 at 65536 (f32 keys), 0.6-0.9 us slower at
+ * ctx 8192 and 16384, where the row is block 0's alone
+ * (bench/results/2026-12-06-s20.md).  MOEJIT_DSA_CLUSTER=0 takes the one
+ * block of dsa_topk_smem. */
+#define DSA_CLUSTER 8   /* dsa_topk_cl at batch 1: the row's top-k over a cluster of this many blocks (sm_90 on), or 0 */
 #define DSA_CL_MIN 2048 /* and the fewest tokens a block of it takes (a shorter row is one block's) */
 
 /* MOEJIT_ATTEND_BLOCKS (a count of blocks, 1..1024) and MOEJIT_ATTEND_HT

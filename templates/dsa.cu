@@ -55,7 +55,7 @@
 //   slower than the pair above (bench/results/2026-12-05-h100.md), hence the
 //   split by batch.
 //   dsa_topk_cl<BLOCK, CL>: batch 1's top-k over a cluster of CL blocks
-//     (sm_90 on; opt-in, MOEJIT_DSA_CLUSTER), below.
+//     (sm_90 on; the default at batch 1, MOEJIT_DSA_CLUSTER), below.
 // Every scorer takes KB as its last template argument: the cache's keys
 // in bf16 (MOEJIT_INDEXER_KEYS=bf16: 8 bytes for 4 dimensions) or f32.
 // Scratch: score f32 [B][max_ctx].

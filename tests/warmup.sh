@@ -40,12 +40,17 @@ MOEJIT_CACHE=assert-warm $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 8 > 
 st=$?
 if [ $st -eq 7 ] && [ "$(wc -l < "$tmp/e3")" -eq 1 ]; then ok "a cold size fails assert-warm: $(cat "$tmp/e3")"; else bad "assert-warm on a cold size: status $st: $(cat "$tmp/e3")"; fi
 
-# MOEJIT_DSA_CLUSTER=8: batch 1's DSA top-k over a cluster of blocks, on
-# sm_90 on: the warm cache lacks exactly that kernel; a value the launcher
-# does not take warns once and changes nothing (assert-warm passes).
-MOEJIT_DSA_CLUSTER=8 MOEJIT_CACHE=on $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 1,2 > "$tmp/w7" 2> "$tmp/e7" &&
-  grep -q ": $((kernels + 1)) kernels, 1 compiled, $kernels already cached, 0 failed" "$tmp/w7" &&
-  ok "MOEJIT_DSA_CLUSTER=8: one kernel more (the cluster top-k)" || bad "MOEJIT_DSA_CLUSTER=8: $(cat "$tmp/w7" "$tmp/e7")"
+# Batch 1's DSA top-k runs over a cluster of 8 blocks on sm_90 on
+# (dsa_topk_cl<1024, 8>): MOEJIT_DSA_CLUSTER=0 takes the one-block top-k
+# batch 2 has already (one kernel fewer, none compiled); 4 compiles exactly
+# its own cluster kernel; a value the launcher does not take warns once and
+# changes nothing (assert-warm passes).
+MOEJIT_DSA_CLUSTER=0 MOEJIT_CACHE=assert-warm $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 1,2 > "$tmp/w6" 2> "$tmp/e6" &&
+  grep -q ": $((kernels - 1)) kernels, 0 compiled, $((kernels - 1)) already cached, 0 failed" "$tmp/w6" &&
+  ok "MOEJIT_DSA_CLUSTER=0: one kernel fewer (the one-block top-k of batch 2)" || bad "MOEJIT_DSA_CLUSTER=0: $(cat "$tmp/w6" "$tmp/e6")"
+MOEJIT_DSA_CLUSTER=4 MOEJIT_CACHE=on $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 1,2 > "$tmp/w7" 2> "$tmp/e7" &&
+  grep -q ": $kernels kernels, 1 compiled, $((kernels - 1)) already cached, 0 failed" "$tmp/w7" &&
+  ok "MOEJIT_DSA_CLUSTER=4: its own cluster kernel compiled" || bad "MOEJIT_DSA_CLUSTER=4: $(cat "$tmp/w7" "$tmp/e7")"
 MOEJIT_DSA_CLUSTER=3 MOEJIT_CACHE=assert-warm $MOEJIT warmup -m "$tmp/m" --arch sm_90a --batches 1,2 > "$tmp/w8" 2> "$tmp/e8" &&
   grep -q "MOEJIT_DSA_CLUSTER=3 ignored: it takes 0, 2, 4 or 8" "$tmp/e8" && grep -q " 0 compiled, " "$tmp/w8" &&
   ok "MOEJIT_DSA_CLUSTER=3: $(head -1 "$tmp/e8")" || bad "MOEJIT_DSA_CLUSTER=3: $(cat "$tmp/w8" "$tmp/e8")"
