@@ -257,6 +257,9 @@ for phase in "$@"; do
       # (a record holds for one; tune-decode's bench runs with it)
       timeout 500 moejit warmup --synthetic glm5 --batches "$bs" --ctx "${TUNE_CTX:-4096}" --tune -j 8 >> "$log" 2>&1
       echo "warmup --tune: rc=$? ($(grep -c 'warning' "$log") warnings; its summary: $(grep -o '[0-9]* kernels, .* failed' "$log" | tail -1))" >> "$log"
+      # its counts are the warm-up's own: no more compiled than kernels, none failed
+      grep -o '[0-9]* kernels, [0-9]* compiled, [0-9]* already cached, [0-9]* failed' "$log" | tail -1 |
+        awk '{ ok = $3 <= $1 && $8 == 0; print "warmup --tune counts: " (ok ? "ok" : "FAIL (compiled > kernels, or failures)") }' >> "$log"
       moejit cache list | sed -n '/^tuning records/,$p' >> "$log"
       timeout ${TEST_TIMEOUT:-420} /tmp/mj/tests/gpu/gputest tune > "$OUT/test-tune.log" 2>&1
       echo "gputest tune: rc=$? $(tail -1 "$OUT/test-tune.log")" >> "$log"

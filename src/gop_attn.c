@@ -100,8 +100,8 @@ static size_t att_tc_smem(const gop_dims *d, int ht) {
 /* Batch 1's top-k over a cluster of 8 blocks (dsa_topk_cl): gputest attn
  * passed with it on an H100 (rows split, every row split, no keys kept in
  * shared memory), and it took dsa_select at batch 1 from 31.3 to 24.2 us at
- * ctx 32768 and from 74.3 to 37.4 at 65536 (f32 keys), 0.6-0.9 us slower at
- * ctx 8192 and 16384, where the row is block 0's alone
+ * ctx 32768 and from 74.3 to 37.4 at 65536 (f32 keys), 0.9 us slower at ctx
+ * 8192 (the row block 0's alone) and 0.6 at 16384 (just split)
  * (bench/results/2026-12-06-s20.md).  MOEJIT_DSA_CLUSTER=0 takes the one
  * block of dsa_topk_smem. */
 #define DSA_CLUSTER 8   /* dsa_topk_cl at batch 1: the row's top-k over a cluster of this many blocks (sm_90 on), or 0 */

@@ -217,7 +217,7 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
       pid_t pid = fork();
       if (pid == 0) {
         close(p[0]);
-        jit_set_compile_only(true); /* the parent may have opened the driver (--tune) */
+        jit_set_compile_only(true); /* the parent has opened the driver where there is a GPU */
         tune_set_quiet(true);       /* the parent's pass says any warning */
         jit_set_shard(k, (int)jobs);
         /* The counts this child adds: after --tune the parent's own (the
