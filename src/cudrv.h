@@ -34,7 +34,7 @@
   X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy)                \
   X(cuGraphDestroy) X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize)   \
   X(cuEventElapsedTime) X(cuEventDestroy) X(cuGetErrorString)                 \
-  X(cuGetErrorName) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)          \
+  X(cuGetErrorName) X(cuOccupancyMaxActiveBlocksPerMultiprocessor) X(cuOccupancyMaxActiveClusters) \
   X(cuProfilerStart) X(cuProfilerStop)
 
 typedef struct cu_api {

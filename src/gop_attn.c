@@ -14,6 +14,7 @@
 #include <assert.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -475,6 +476,29 @@ size_t gop_dsa_select_scratch(const gop_dims *d, int B) {
   return (size_t)B * (size_t)d->max_ctx * sizeof(float);
 }
 
+/* Whether the GPU places a cluster of cl blocks of fn (grid (cl, B), tsmem
+ * bytes of dynamic shared memory each): cuOccupancyMaxActiveClusters above
+ * zero.  The last answer is kept (a step asks once a launch; eager steps
+ * launch every time). */
+static bool dsa_cluster_fits(CUfunction fn, int cl, int B, size_t tsmem) {
+  static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  static CUfunction last_fn;
+  static size_t last_smem;
+  static int last_b;
+  static bool last_fits;
+  pthread_mutex_lock(&lock);
+  if (fn != last_fn || tsmem != last_smem || B != last_b) {
+    CUlaunchConfig c = {.gridDimX = (unsigned)cl, .gridDimY = (unsigned)B, .gridDimZ = 1, .blockDimX = DSA_TOPK_BLOCK,
+                        .blockDimY = 1, .blockDimZ = 1, .sharedMemBytes = (unsigned)tsmem};
+    int n = 0;
+    last_fits = cu.cuOccupancyMaxActiveClusters(&n, fn, &c) == CUDA_SUCCESS && n > 0;
+    last_fn = fn, last_smem = tsmem, last_b = B;
+  }
+  bool fits = last_fits;
+  pthread_mutex_unlock(&lock);
+  return fits;
+}
+
 int gop_dsa_select(const gop_dims *d, CUdeviceptr iq, CUdeviceptr iw, gop_cache c, gop_rows rows, CUdeviceptr sel,
                    CUdeviceptr scratch, int B, const gop_ctx *cx, mj_err *err) {
   return gop_dsa_select_on(GOP_DSA_AUTO, d, iq, iw, c, rows, sel, scratch, B, cx, err);
@@ -555,19 +579,33 @@ int gop_dsa_select_on(gop_dsa_kind kind, const gop_dims *d, CUdeviceptr iq, CUde
    * fit beside the kernel's own: dsa_topk_smem the whole row, up to
    * max_ctx; dsa_topk_cl a block's share of the longest row, or a row too
    * short to share (MOEJIT_DSA_CL_CAP caps it for the tests). */
-  long want = max_ctx, own = DSA_TOPK_STATIC_SMEM;
-  if (cl) {
-    long share = (((long)max_ctx + cl - 1) / cl + 3) & ~3L, whole = (long)cl * dsa_env_clmin - 1;
-    want = share > whole ? share : whole < max_ctx ? whole : max_ctx;
-    own = DSA_TOPK_CL_STATIC_SMEM;
-  }
   const cu_device *dv = cu_dev();
-  long fit = dv ? ((long)dv->max_smem_per_block_optin - own) / 4 : 0;
-  if (cl && dsa_env_clcap >= 0 && fit > dsa_env_clcap) fit = dsa_env_clcap;
-  int cap = fit <= 0 ? 0 : (int)(fit < want ? fit : want), clmin = dsa_env_clmin;
-  size_t tsmem = (size_t)cap * 4;
-  if ((rc = set_smem(topk->fn, tsmem, err))) return rc;
-  void *a2[] = {&scratch, &rows.pos, &sel, &max_ctx, &k, &cap, &clmin}; /* dsa_topk_smem takes the first six */
-  return cu_launch_tpl(topk->fn, cl ? (unsigned)cl : (unsigned)B, cl ? (unsigned)B : 1, 1, DSA_TOPK_BLOCK,
-                       (unsigned)tsmem, cx->s, a2, err);
+  for (;;) {
+    long want = max_ctx, own = DSA_TOPK_STATIC_SMEM;
+    if (cl) {
+      long share = (((long)max_ctx + cl - 1) / cl + 3) & ~3L, whole = (long)cl * dsa_env_clmin - 1;
+      want = share > whole ? share : whole < max_ctx ? whole : max_ctx;
+      own = DSA_TOPK_CL_STATIC_SMEM;
+    }
+    long fit = dv ? ((long)dv->max_smem_per_block_optin - own) / 4 : 0;
+    if (cl && dsa_env_clcap >= 0 && fit > dsa_env_clcap) fit = dsa_env_clcap;
+    int cap = fit <= 0 ? 0 : (int)(fit < want ? fit : want), clmin = dsa_env_clmin;
+    size_t tsmem = (size_t)cap * 4;
+    if ((rc = set_smem(topk->fn, tsmem, err))) return rc;
+    if (cl && !dsa_cluster_fits(topk->fn, cl, B, tsmem)) {
+      /* A GPU that cannot place the cluster (a MIG slice, another part):
+       * the one-block top-k, with one warning a process. */
+      static atomic_flag warned = ATOMIC_FLAG_INIT;
+      if (!atomic_flag_test_and_set(&warned))
+        mj_warn("gop_dsa_select: this GPU places no cluster of %d blocks with %zu bytes of shared memory each; "
+                "batch 1's top-k runs on one block (MOEJIT_DSA_CLUSTER=0 says so without this warning)", cl, tsmem);
+      cl = 0;
+      snprintf(e2, sizeof e2, "dsa_topk_smem<%d, %s>", DSA_TOPK_BLOCK, dsa_env_wr ? "true" : "false");
+      if ((rc = gop_get(cx, KT_dsa_select, e2, NULL, 0, NULL, &topk, &launch, err))) return rc;
+      continue;
+    }
+    void *a2[] = {&scratch, &rows.pos, &sel, &max_ctx, &k, &cap, &clmin}; /* dsa_topk_smem takes the first six */
+    return cu_launch_tpl(topk->fn, cl ? (unsigned)cl : (unsigned)B, cl ? (unsigned)B : 1, 1, DSA_TOPK_BLOCK,
+                         (unsigned)tsmem, cx->s, a2, err);
+  }
 }
