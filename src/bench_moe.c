@@ -230,8 +230,17 @@ int bench_moe(int argc, char **argv, mj_err *err) {
       printf("|---|---|---|---|---|---|---|---|\n");
     }
     for (int mode = 0; mode < 2 && !plan_s; mode++) {
-      moe_tile *tl = mode ? dns : gus, best = tl[0];
-      int nt = mode ? ndn : ngu;
+      /* The built-in plan's tile first, then the list's others: the best
+       * tiles are never a slower choice than the engine's own. */
+      moe_tile tl[17], *list = mode ? dns : gus, best = mode ? plan.dn : plan.gu;
+      int nt = 0, nl = mode ? ndn : ngu;
+      char bt[64], lt[64];
+      tune_tile_text(&best, bt, sizeof bt);
+      tl[nt++] = best;
+      for (int i = 0; i < nl; i++) {
+        tune_tile_text(&list[i], lt, sizeof lt);
+        if (strcmp(lt, bt) != 0) tl[nt++] = list[i];
+      }
       double best_us = INFINITY, bytes = mode ? dn_bytes : gu_bytes;
       for (int i = 0; i < nt; i++) {
         moe_plan q = plan;
@@ -256,7 +265,8 @@ int bench_moe(int argc, char **argv, mj_err *err) {
         int id = mode ? MOE_K_down : MOE_K_gate_up;
         char tx[64];
         tune_tile_text(&tl[i], tx, sizeof tx);
-        printf("| %s | %s | %d | %d | %.1f | %.1f | %.0f | %.1f%% |\n", mode ? "down" : "gate_up", tx, kk.regs[id],
+        printf("| %s | %s%s | %d | %d | %.1f | %.1f | %.0f | %.1f%% |\n", mode ? "down" : "gate_up", tx,
+               i == 0 ? " (built-in)" : "", kk.regs[id],
                kk.spills[id], kk.compile_ms[id], us, bytes / us / 1e3, pct(bytes / us / 1e3, copy_bps));
         if (us < best_us) best_us = us, best = tl[i];
         moe_kernels_free(&kk);
