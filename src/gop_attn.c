@@ -478,23 +478,26 @@ size_t gop_dsa_select_scratch(const gop_dims *d, int B) {
 
 /* Whether the GPU places a cluster of cl blocks of fn (grid (cl, B), tsmem
  * bytes of dynamic shared memory each): cuOccupancyMaxActiveClusters above
- * zero.  The last answer is kept (a step asks once a launch; eager steps
- * launch every time). */
-static bool dsa_cluster_fits(CUfunction fn, int cl, int B, size_t tsmem) {
+ * zero (*res: the call's result).  The last answer is kept (a step asks
+ * once a launch; eager steps launch every time). */
+static bool dsa_cluster_fits(CUfunction fn, int cl, int B, size_t tsmem, CUresult *res) {
   static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
   static CUfunction last_fn;
   static size_t last_smem;
   static int last_b;
   static bool last_fits;
+  static CUresult last_res;
   pthread_mutex_lock(&lock);
   if (fn != last_fn || tsmem != last_smem || B != last_b) {
     CUlaunchConfig c = {.gridDimX = (unsigned)cl, .gridDimY = (unsigned)B, .gridDimZ = 1, .blockDimX = DSA_TOPK_BLOCK,
                         .blockDimY = 1, .blockDimZ = 1, .sharedMemBytes = (unsigned)tsmem};
     int n = 0;
-    last_fits = cu.cuOccupancyMaxActiveClusters(&n, fn, &c) == CUDA_SUCCESS && n > 0;
+    last_res = cu.cuOccupancyMaxActiveClusters(&n, fn, &c);
+    last_fits = last_res == CUDA_SUCCESS && n > 0;
     last_fn = fn, last_smem = tsmem, last_b = B;
   }
   bool fits = last_fits;
+  *res = last_res;
   pthread_mutex_unlock(&lock);
   return fits;
 }
@@ -559,7 +562,12 @@ int gop_dsa_select_on(gop_dsa_kind kind, const gop_dims *d, CUdeviceptr iq, CUde
   if (rc) return rc;
   rc = gop_get(cx, KT_dsa_select, e2, NULL, 0, NULL, &topk, &launch, err);
   if (rc) return rc;
-  if (!launch) return 0;
+  char e3[64]; /* the one-block top-k, which batch 1 falls back to where the GPU places no cluster */
+  snprintf(e3, sizeof e3, "dsa_topk_smem<%d, %s>", DSA_TOPK_BLOCK, dsa_env_wr ? "true" : "false");
+  if (!launch) { /* a dry step: the fallback is warmed too */
+    const jit_fn *fb;
+    return cl ? gop_get(cx, KT_dsa_select, e3, NULL, 0, NULL, &fb, &launch, err) : 0;
+  }
   if (score->generic) hs = tpt = 1, tc = false; /* the generic variant stands in: one thread a token */
 
   int idim = d->idx_dim, ih = d->idx_heads, max_ctx = d->max_ctx, k = d->idx_topk;
@@ -592,16 +600,23 @@ int gop_dsa_select_on(gop_dsa_kind kind, const gop_dims *d, CUdeviceptr iq, CUde
     int cap = fit <= 0 ? 0 : (int)(fit < want ? fit : want), clmin = dsa_env_clmin;
     size_t tsmem = (size_t)cap * 4;
     if ((rc = set_smem(topk->fn, tsmem, err))) return rc;
-    if (cl && !dsa_cluster_fits(topk->fn, cl, B, tsmem)) {
+    CUresult qr;
+    if (cl && !dsa_cluster_fits(topk->fn, cl, B, tsmem, &qr)) {
       /* A GPU that cannot place the cluster (a MIG slice, another part):
        * the one-block top-k, with one warning a process. */
       static atomic_flag warned = ATOMIC_FLAG_INIT;
-      if (!atomic_flag_test_and_set(&warned))
-        mj_warn("gop_dsa_select: this GPU places no cluster of %d blocks with %zu bytes of shared memory each; "
-                "batch 1's top-k runs on one block (MOEJIT_DSA_CLUSTER=0 says so without this warning)", cl, tsmem);
+      if (!atomic_flag_test_and_set(&warned)) {
+        const char *qe = "?";
+        if (qr != CUDA_SUCCESS) cu.cuGetErrorName(qr, &qe);
+        char why[96];
+        if (qr == CUDA_SUCCESS) snprintf(why, sizeof why, "this GPU places no cluster");
+        else snprintf(why, sizeof why, "cuOccupancyMaxActiveClusters failed (%s) for a cluster", qe ? qe : "?");
+        mj_warn("gop_dsa_select: %s of %d blocks with %zu bytes of shared memory each; batch 1's top-k runs on one "
+                "block (MOEJIT_DSA_CLUSTER=0 says so without this warning)", why, cl, tsmem);
+      }
       cl = 0;
-      snprintf(e2, sizeof e2, "dsa_topk_smem<%d, %s>", DSA_TOPK_BLOCK, dsa_env_wr ? "true" : "false");
-      if ((rc = gop_get(cx, KT_dsa_select, e2, NULL, 0, NULL, &topk, &launch, err))) return rc;
+      if ((rc = gop_get(cx, KT_dsa_select, e3, NULL, 0, NULL, &topk, &launch, err))) return rc;
+      if (!launch) return 0;
       continue;
     }
     void *a2[] = {&scratch, &rows.pos, &sel, &max_ctx, &k, &cap, &clmin}; /* dsa_topk_smem takes the first six */

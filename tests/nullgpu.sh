@@ -63,6 +63,19 @@ else
   bad "generate warm: status $st, $recs records, replays '${replays:-}': $(head -c 600 "$tmp/g.jsonl") $(cat "$tmp/ge")"
 fi
 
+! grep -q "gop_dsa_select: " "$tmp/ge" && ok "batch 1's DSA top-k over a cluster: no fallback warning" ||
+  bad "a fallback warning on a part that places clusters: $(grep gop_dsa_select "$tmp/ge")"
+
+# ---- a part that places no cluster: batch 1's DSA top-k on one block, warned once, warm ----
+NULLGPU_CLUSTERS=0 MOEJIT_CACHE=assert-warm $MOEJIT generate -m "$tmp/m" --backend cuda --ctx 1024 --prompts "$tmp/p1" \
+  -n 4 > /dev/null 2> "$tmp/gc"
+st=$?
+if [ $st -eq 0 ] && [ "$(grep -c 'gop_dsa_select: this GPU places no cluster of 8 blocks' "$tmp/gc")" -eq 1 ]; then
+  ok "no cluster placed: one warning, the one-block top-k from the warm cache: $(grep -o 'batch 1.s top-k runs on one block' "$tmp/gc")"
+else
+  bad "no cluster placed: status $st: $(cat "$tmp/gc")"
+fi
+
 # ---- serve: concurrent clients, warm ------------------------------------------------
 serve_bg srv env MOEJIT_CACHE=assert-warm $MOEJIT serve -m "$tmp/m" --backend cuda --ctx 1024 --parallel 8 --port 0
 body() { # body STREAM PROMPT: a completion of 10 tokens

@@ -18,7 +18,8 @@
  * L2 and opt-in shared memory (NULLGPU_CC=12.0 makes it an sm_120 part) and
  * names itself "moejit null GPU", so no tuning record of a real GPU applies
  * to it.  Graphs are recorded as counts of what was captured, and a replay
- * counts as that many launches.  NULLGPU_STATS=1 prints the counts to
+ * counts as that many launches.  NULLGPU_CLUSTERS=0 makes a part that places
+ * no thread-block cluster (cuOccupancyMaxActiveClusters).  NULLGPU_STATS=1 prints the counts to
  * stderr at exit.  Time: by default the device takes none.  With
  * NULLGPU_GRAPH_US=T (and NULLGPU_LAUNCH_US=L) a graph replay (a launch)
  * keeps the device busy T (L) microseconds after the work queued before it,
@@ -425,6 +426,15 @@ CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction fn, int 
   (void)smem;
   if (!fn || block < 1 || block > 1024) return CUDA_ERROR_INVALID_VALUE;
   *n = 2048 / block < 32 ? 2048 / block : 32;
+  return CUDA_SUCCESS;
+}
+
+/* Clusters: NULLGPU_CLUSTERS (default 16) of any size fit at once; 0 makes
+ * a part that places none (the DSA top-k's fallback to one block). */
+CUresult cuOccupancyMaxActiveClusters(int *n, CUfunction fn, const CUlaunchConfig *c) {
+  if (!n || !fn || !c || c->blockDimX < 1 || c->blockDimX > 1024) return CUDA_ERROR_INVALID_VALUE;
+  const char *e = getenv("NULLGPU_CLUSTERS");
+  *n = e && *e ? atoi(e) : 16;
   return CUDA_SUCCESS;
 }
 
