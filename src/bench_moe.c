@@ -248,8 +248,9 @@ int bench_moe(int argc, char **argv, mj_err *err) {
         else q.gu = tl[i];
         moe_kernels kk;
         if (moe_kernels_load(&kk, &q, d->arch, err)) {
-          printf("| %s | %d | %d | %d | %d | compile failed: %s |\n", mode ? "down" : "gate_up", tl[i].rows,
-                 tl[i].threads, tl[i].chain, tl[i].gx, err->msg);
+          char ft[64];
+          tune_tile_text(&tl[i], ft, sizeof ft);
+          printf("| %s | %s | compile failed: %s | | | | | |\n", mode ? "down" : "gate_up", ft, err->msg);
           mj_err_clear(err);
           continue;
         }
