@@ -10,6 +10,8 @@
 #   dsa-cl        batch 1's top-k over a cluster of blocks (MOEJIT_DSA_CLUSTER):
 #                 gputest attn with one block and with every row split, then
 #                 dsa_select timed: clusters of 8 and 4 against one block
+#   core          [batch-perf]'s evidence in ~200 s: gputest attn and tune,
+#                 bench decode (18 layers, ctx 1024 and 8192), bench moe --plan builtin
 #   perf          gputest perf: every kernel family timed alone at GLM-5 width
 #                 (PERF_OPS: families to time, as `gputest perf gemv mla_vout`)
 #   decode        moejit bench decode (synthetic full-width GLM-5)
@@ -441,6 +443,26 @@ for phase in "$@"; do
       timeout 120 moejit generate -p "x" -n 4 --backend cuda --ep "$n" > /dev/null 2> "$OUT/multi-second.err"
       echo "second job: rc=$? after $(( $(date +%s) - t1 )) s: $(tail -1 "$OUT/multi-second.err")" >> "$log"
       kill -TERM $lp 2> /dev/null; wait $lp ;;
+    core)
+      # [batch-perf]'s evidence in one short call (~200 s on an H200): the
+      # GPU tests of the newest kernel variants, the decode step at the
+      # issue's shapes (18 layers; 14 where the GPU holds less than ~100 GB)
+      # and the MoE layer with the built-in plan; one line a step in the
+      # log, which comes back under $OUT even from a call cut short
+      G=/tmp/mj/tests/gpu/gputest
+      L=18; [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -lt 100000 ] && L=14
+      for t in attn tune; do
+        T_NO_TIMING=1 timeout 100 $G $t > "$OUT/core-$t.log" 2>&1
+        echo "gputest $t: rc=$? $(tail -1 "$OUT/core-$t.log")" >> "$log"
+      done
+      for a in "--batch 1,8,32,64" "--batch 1,64 --ctx 8192"; do
+        timeout 60 moejit bench decode --layers $L $a > "$OUT/core-dec.log" 2>&1
+        echo "bench decode --layers $L $a: rc=$? $(grep -o 'bandwidth (same run): [0-9]* GB/s' "$OUT/core-dec.log")" >> "$log"
+        grep -E "^\| [0-9]+ \|" "$OUT/core-dec.log" | cut -d'|' -f1-3,9 >> "$log"
+      done
+      timeout 60 moejit bench moe --batches 1,8,64 --plan builtin > "$OUT/core-moe.log" 2>&1
+      echo "bench moe --plan builtin: rc=$? $(grep -o 'bandwidth (same run): [0-9]* GB/s' "$OUT/core-moe.log")" >> "$log"
+      grep "^\*\*batch" "$OUT/core-moe.log" | cut -d'(' -f1 >> "$log" ;;
     *) echo "gpu-run: unknown phase $phase" > "$log" ;;
   esac
   echo "== $phase ($(( $(date +%s) - t0 )) s)"
