@@ -232,7 +232,7 @@ int bench_moe(int argc, char **argv, mj_err *err) {
     for (int mode = 0; mode < 2 && !plan_s; mode++) {
       /* The built-in plan's tile first, then the list's others: the best
        * tiles are never a slower choice than the engine's own. */
-      moe_tile tl[17], *list = mode ? dns : gus, best = mode ? plan.dn : plan.gu;
+      moe_tile tl[MJ_ARRAY_LEN(gus) + 1], *list = mode ? dns : gus, best = mode ? plan.dn : plan.gu;
       int nt = 0, nl = mode ? ndn : ngu;
       char bt[64], lt[64];
       tune_tile_text(&best, bt, sizeof bt);

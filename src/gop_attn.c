@@ -476,25 +476,25 @@ size_t gop_dsa_select_scratch(const gop_dims *d, int B) {
   return (size_t)B * (size_t)d->max_ctx * sizeof(float);
 }
 
-/* Whether the GPU places a cluster of cl blocks of fn (grid (cl, B), tsmem
- * bytes of dynamic shared memory each): cuOccupancyMaxActiveClusters above
- * zero (*res: the call's result).  The last answer is kept (a step asks
- * once a launch; eager steps launch every time). */
-static bool dsa_cluster_fits(CUfunction fn, int cl, int B, size_t tsmem, CUresult *res) {
+/* Whether the GPU places one cluster of fn (cl blocks, the cluster size
+ * its template fixes, so fn names it; tsmem bytes of dynamic shared memory
+ * each): cuOccupancyMaxActiveClusters above zero (*res: the call's result).
+ * The last answer is kept (a step asks once a launch; eager steps launch
+ * every time). */
+static bool dsa_cluster_fits(CUfunction fn, int cl, size_t tsmem, CUresult *res) {
   static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
   static CUfunction last_fn;
   static size_t last_smem;
-  static int last_b;
   static bool last_fits;
   static CUresult last_res;
   pthread_mutex_lock(&lock);
-  if (fn != last_fn || tsmem != last_smem || B != last_b) {
-    CUlaunchConfig c = {.gridDimX = (unsigned)cl, .gridDimY = (unsigned)B, .gridDimZ = 1, .blockDimX = DSA_TOPK_BLOCK,
+  if (fn != last_fn || tsmem != last_smem) {
+    CUlaunchConfig c = {.gridDimX = (unsigned)cl, .gridDimY = 1, .gridDimZ = 1, .blockDimX = DSA_TOPK_BLOCK,
                         .blockDimY = 1, .blockDimZ = 1, .sharedMemBytes = (unsigned)tsmem};
     int n = 0;
     last_res = cu.cuOccupancyMaxActiveClusters(&n, fn, &c);
     last_fits = last_res == CUDA_SUCCESS && n > 0;
-    last_fn = fn, last_smem = tsmem, last_b = B;
+    last_fn = fn, last_smem = tsmem;
   }
   bool fits = last_fits;
   *res = last_res;
@@ -601,7 +601,7 @@ int gop_dsa_select_on(gop_dsa_kind kind, const gop_dims *d, CUdeviceptr iq, CUde
     size_t tsmem = (size_t)cap * 4;
     if ((rc = set_smem(topk->fn, tsmem, err))) return rc;
     CUresult qr;
-    if (cl && !dsa_cluster_fits(topk->fn, cl, B, tsmem, &qr)) {
+    if (cl && !dsa_cluster_fits(topk->fn, cl, tsmem, &qr)) {
       /* A GPU that cannot place the cluster (a MIG slice, another part):
        * the one-block top-k, with one warning a process. */
       static atomic_flag warned = ATOMIC_FLAG_INIT;

@@ -220,16 +220,12 @@ int cmd_warmup(int argc, char **argv, mj_err *err) {
         jit_set_compile_only(true); /* the parent has opened the driver where there is a GPU */
         tune_set_quiet(true);       /* the parent's pass says any warning */
         jit_set_shard(k, (int)jobs);
-        /* The counts this child adds: after --tune the parent's own (the
-         * candidates it compiled) came along with the fork. */
-        cache_stats st0, st;
-        jit_stats(&st0);
         mj_err ce = {0};
         int crc = 0;
         for (int r = 0; r < world && !crc; r++) o.rank = r, crc = gpu_warm(&cfg, sh, &o, target, batches, nb, NULL, NULL, &ce);
+        cache_stats st; /* this child's alone: the front door is fresh here (closed after --tune) */
         jit_stats(&st);
-        uint64_t r[2] = {st.v[CACHE_STAT_compiles] - st0.v[CACHE_STAT_compiles],
-                         st.v[CACHE_STAT_failures] - st0.v[CACHE_STAT_failures]};
+        uint64_t r[2] = {st.v[CACHE_STAT_compiles], st.v[CACHE_STAT_failures]};
         if (write(p[1], r, sizeof r) != (ssize_t)sizeof r) crc = 1;
         if (crc && !quiet) mj_err_print(&ce, stderr);
         jit_shutdown();
