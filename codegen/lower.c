@@ -82,7 +82,13 @@ static LLVMValueRef sreg(lw *L, const char *name) {
   return call_intrinsic(L, name, NULL, 0, NULL, 0);
 }
 
-/* Inline PTX: asm text with $N operands, constraints in LLVM form. */
+/* Inline PTX: asm text with $N operands, constraints in LLVM form.
+ * Every call is convergent, as clang makes inline asm for GPUs: LLVM does
+ * not look inside the text, which may be a warp-collective instruction
+ * (mma.sync, shfl.sync, a cluster barrier), and a pure call whose result
+ * only some lanes use may otherwise be sunk into the branch those lanes
+ * take: moe_expert.k's down kernel at MT 1 had all 64 of its mma.sync sunk
+ * under "tq == 0", run by 8 lanes of 32 (wrong output on an H100). */
 static LLVMValueRef inline_asm(lw *L, LLVMTypeRef ret, const char *text, const char *cons,
                                LLVMValueRef *args, int nargs, bool side_effects) {
   LLVMTypeRef at[16];
@@ -91,7 +97,11 @@ static LLVMValueRef inline_asm(lw *L, LLVMTypeRef ret, const char *text, const c
   LLVMTypeRef fty = LLVMFunctionType(ret, at, (unsigned)nargs, 0);
   LLVMValueRef fn = LLVMGetInlineAsm(fty, (char *)text, strlen(text), (char *)cons, strlen(cons),
                                      side_effects, 0, LLVMInlineAsmDialectATT, 0);
-  return LLVMBuildCall2(L->b, fty, fn, args, (unsigned)nargs, "");
+  LLVMValueRef call = LLVMBuildCall2(L->b, fty, fn, args, (unsigned)nargs, "");
+  static unsigned convergent;
+  if (!convergent) convergent = LLVMGetEnumAttributeKindForName("convergent", 10);
+  LLVMAddCallSiteAttribute(call, LLVMAttributeFunctionIndex, LLVMCreateEnumAttribute(L->ctx, convergent, 0));
+  return call;
 }
 
 /* ---- helpers ---------------------------------------------------------------------- */

@@ -202,6 +202,30 @@ static void test_griddep(void) {
   T_EQ_INT(dsl_target_sm("gfx90a"), 0);
 }
 
+/* Inline asm is convergent: a warp-collective instruction whose result
+ * only lane 0 uses stays where the source puts it, before the branch, run
+ * by every lane.  Without the attribute LLVM sank it under the branch (a
+ * shfl.sync here; all 64 mma.sync of moe_expert.k's down kernel at MT 1,
+ * which then ran on 8 lanes of 32 and gave wrong output on an H100). */
+static void test_asm_convergent(void) {
+  const char *src = "kernel void k(global const u32* restrict p, global u32* restrict q) {\n"
+                    "  u32 r;\n"
+                    "  asm(\"shfl.sync.idx.b32 %0, %1, 0, 31, -1;\" : \"=r\"(r) : \"r\"(p[threadIdx.x]));\n"
+                    "  if (lane_id() == 0) q[blockIdx.x] = r;\n}\n";
+  dsl_options o = {.arch = "sm_90a", .opt_level = 3};
+  dsl_result r;
+  mj_err err = {0};
+  T_EQ_INT(dsl_compile("k.k", src, strlen(src), NULL, 0, &o, &r, &err), 0);
+  if (err.code) {
+    fprintf(stderr, "  %s\n", err.msg);
+    mj_err_clear(&err);
+    return;
+  }
+  const char *sh = strstr(r.ptx, "shfl.sync.idx.b32"), *br = strstr(r.ptx, " bra");
+  T_CHECK(sh && br && sh < br);
+  dsl_result_free(&r);
+}
+
 /* The compiler takes (pointer, length): a source that ends in a number with
  * no NUL after it must not be read past (found by fuzzing; the sanitizer
  * build turns an overread into a failure). */
@@ -285,5 +309,6 @@ int main(void) {
   T_RUN(test_check_fold);
   T_RUN(test_pipeline);
   T_RUN(test_griddep);
+  T_RUN(test_asm_convergent);
   return t_status();
 }
