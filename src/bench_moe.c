@@ -62,7 +62,7 @@ static int parse_tiles(const char *s, moe_tile *t, int max, mj_err *err) {
   while (*s && n < max) {
     int used = tune_tile_parse(s, &t[n]);
     if (!used)
-      return -mj_fail(err, MJ_EUSAGE, "moejit bench moe: a tile is ROWS:THREADS:CHAIN:GX[:PREFETCH[:MINB[:MMA]]] (at '%s')", s);
+      return -mj_fail(err, MJ_EUSAGE, "moejit bench moe: a tile is ROWS:THREADS:CHAIN:GX[:PREFETCH[:MINB[:MMA[:XG]]]] (at '%s')", s);
     s += used + (s[used] == ',');
     n++;
   }
@@ -84,11 +84,13 @@ static double pct(double gbs, double copy) { return 100.0 * gbs * 1e9 / copy; }
 
 int bench_moe(int argc, char **argv, mj_err *err) {
   const char *batches_s = "1,2,4,8,16,32,64,128";
-  /* The FMA tiles, then the tensor-core ones (ROWS 16, 7th field KJ). */
+  /* The FMA tiles, then the tensor-core ones (ROWS 16, 7th field KJ; an
+   * 8th, 1, reads x from L1: XG). */
   const char *gu_s = "2:256:8:0,2:256:8:64,4:256:8:0,2:128:8:0,2:512:8:0,2:256:4:0,"
-                     "16:256:8:0:0:0:4,16:256:8:0:0:0:6,16:128:8:0:0:0:4,16:256:8:0:0:2:4";
+                     "16:256:8:0:0:0:4,16:256:8:0:0:0:6,16:128:8:0:0:0:4,16:256:8:0:0:2:4,"
+                     "16:128:8:0:0:0:4:1,16:256:8:0:0:2:4:1,16:128:8:0:0:0:8:1";
   const char *dn_s = "4:256:8:0,4:256:8:48,2:256:8:0,8:256:8:0,4:128:8:0,4:256:4:0,"
-                     "16:256:8:0:0:0:4,16:256:8:0:0:0:8,16:128:8:0:0:0:4,16:256:8:0:0:2:4";
+                     "16:256:8:0:0:0:4,16:256:8:0:0:0:8,16:128:8:0:0:0:4,16:256:8:0:0:2:4,16:256:8:0:0:0:8:1";
   const model_moe_cfg glm5 = model_moe_glm5();
   const char *plan_s = NULL; /* builtin | tuned: that plan's tiles, no sweep */
   int64_t seed = 1, mt = 0, nsets = 8, ncopies = 4, check_tokens = 2, E = glm5.n_experts, H = glm5.hidden, I = glm5.inter;
@@ -226,7 +228,7 @@ int bench_moe(int argc, char **argv, mj_err *err) {
     double gu_bytes = (avg_experts + 1) * (double)gub, dn_bytes = (avg_experts + 1) * (double)dnb;
     /* Tile variants of each expert kernel, alone (routing as left by set 0). */
     if (!plan_s) {
-      printf("\n| kernel | tile (ROWS:THREADS:CHAIN:GX:PF:MINB:MMA) | regs | spills | compile ms | time us | GB/s | %% of copy |\n");
+      printf("\n| kernel | tile (ROWS:THREADS:CHAIN:GX:PF:MINB:MMA[:XG]) | regs | spills | compile ms | time us | GB/s | %% of copy |\n");
       printf("|---|---|---|---|---|---|---|---|\n");
     }
     for (int mode = 0; mode < 2 && !plan_s; mode++) {

@@ -29,8 +29,8 @@
     "  MOEJIT_DUMP=tokens,ast,llvm-raw,llvm,ptx prints those stages to stderr\n") \
   X(bench, "GPU benchmarks: time kernels against the measured copy bandwidth", \
     "moejit bench gemv [--n N] [--k K] [--configs THREADS:ROWS:UNROLL,...] \n" \
-    "moejit bench moe [--batches 1,2,4,...] [--gu-configs ROWS:THREADS:CHAIN:GX[:PF[:MINB[:MMA]]],...]\n" \
-    "                 [--dn-configs ROWS:THREADS:CHAIN:GX[:PF[:MINB[:MMA]]],...] [--mt N] [--sets N] [--copies N]\n" \
+    "moejit bench moe [--batches 1,2,4,...] [--gu-configs ROWS:THREADS:CHAIN:GX[:PF[:MINB[:MMA[:XG]]]],...]\n" \
+    "                 [--dn-configs ROWS:THREADS:CHAIN:GX[:PF[:MINB[:MMA[:XG]]]],...] [--mt N] [--sets N] [--copies N]\n" \
     "                 [--check-tokens N] [--experts E] [--hidden H] [--inter I] [--plan builtin|tuned] [--seed S]\n" \
     "moejit bench decode [-m DIR | --synthetic glm5 [--layers N] [--dense D]] [--batch 1,8,32]\n" \
     "                 [--ctx N] [--steps N] [--reps N] [--seed S] [--no-graphs] [--profile-region]\n" \

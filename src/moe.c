@@ -101,23 +101,32 @@ void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p) {
    * (bench/results/2026-12-02-moe-2.md: 15% over the uncapped tiles), the
    * rest `moejit warmup --tune`'s winners over the capture set
    * (bench/results/2026-12-04-tune.md). */
+  /* From bucket 32 gate_up reads x from L1 (XG): its 96 KiB of staged x
+   * held an SM to two blocks, each waiting for its staging before its
+   * first weight load; on an H100 the XG tile took gate_up from 72.9% to
+   * 85.0% of copy at 64, from 77.4% to 89.4% at 32 and 10-12% faster at
+   * 128, and lost 4-6% at 8 and 16 (bench/results/2026-12-06-s21.md; not
+   * yet measured on the H200). */
   static const moe_tile gu4 = {.rows = 4, .threads = 256, .chain = 8, .minb = 2},
                         dn1 = {.rows = 4, .threads = 256, .chain = 8, .minb = 3},
-                        gu64 = {.rows = 16, .threads = 256, .chain = 8, .minb = 2, .mma = 4},
+                        guxg = {.rows = 16, .threads = 128, .chain = 8, .mma = 4, .xg = 1},
                         mma8 = {.rows = 16, .threads = 256, .chain = 8, .mma = 8},
                         dn32 = {.rows = 16, .threads = 256, .chain = 8, .minb = 2, .mma = 4};
   static const struct {
     int bcap;
     const moe_tile *gu, *dn;
   } measured[] = {{1, &gu4, &dn1},  {2, &gu4, &mma8},  {4, &mma4, &mma8}, {8, &gu4, &mma8},
-                  {16, &gu4, &mma8}, {32, &mma4, &dn32}, {64, &gu64, &mma8}};
+                  {16, &gu4, &mma8}, {32, &guxg, &dn32}, {64, &guxg, &mma8}};
   for (size_t i = 0; i < MJ_ARRAY_LEN(measured); i++)
     if (measured[i].bcap == bcap) p->gu = *measured[i].gu, p->dn = *measured[i].dn;
+  if (bcap > 64) p->gu = guxg;
   p->router_tb = bcap < 8 ? bcap : 8;
-  /* MOEJIT_MOE_PATH=fma|mma forces one path for every bucket (diagnosis). */
+  /* MOEJIT_MOE_PATH=fma|mma forces one path for every bucket, =staged
+   * keeps the plan's tiles but stages x in shared memory (diagnosis). */
   const char *force = getenv("MOEJIT_MOE_PATH");
   if (force && !strcmp(force, "fma") && (p->gu.mma || p->dn.mma)) p->gu = fma_gu, p->dn = fma_dn;
   if (force && !strcmp(force, "mma")) p->gu = p->dn = mma4;
+  if (force && !strcmp(force, "staged")) p->gu.xg = p->dn.xg = 0;
 }
 
 void moe_plan_engine(const model_moe_cfg *c, int bcap, bool bf16_shared, moe_plan *p) {
@@ -189,6 +198,7 @@ static int load_one(moe_kernels *k, int id, const char *file, const defs *d, con
 int moe_kernel_mt(const moe_plan *p, int mode, const char *arch) {
   if (!arch && !cu_dev()) return p->mt; /* no target yet: jit_get will name the GPU's or fail without one */
   if (!arch) arch = cu_dev()->arch;     /* the front door's target: the GPU's */
+  if ((mode ? &p->dn : &p->gu)->xg) return p->mt; /* no x in shared memory */
   int K = mode ? p->cfg.inter : p->cfg.hidden, fit = dsl_target_static_smem(arch) / (2 * K);
   return p->mt < fit ? p->mt : fit > 1 ? fit : 1;
 }
@@ -214,6 +224,7 @@ static void plan_defs(const moe_plan *p, const char *arch, defs d[MOE_NK]) {
     if (t->prefetch) def_i(r, "PREFETCH", 1);
     if (t->minb > 1) def_i(r, "MINB", t->minb);
     if (t->mma > 0) def_i(r, "MMA", 1), def_i(r, "KJ", t->mma);
+    if (t->xg) def_i(r, "XG", 1);
   }
   r = &d[MOE_K_combine];
   def_i(r, "N", c->hidden), def_i(r, "TOPK", c->topk);

@@ -52,19 +52,23 @@ static int parse_ints(const char *s, int *v, int max, int *n) {
 }
 
 int tune_tile_parse(const char *s, moe_tile *t) {
-  int v[7] = {0, 0, 0, 0, 0, 0, 0}, n;
-  int used = parse_ints(s, v, 7, &n);
+  int v[8] = {0, 0, 0, 0, 0, 0, 0, 0}, n;
+  int used = parse_ints(s, v, 8, &n);
   if (used < 0 || n < 4) return 0;
-  *t = (moe_tile){.rows = v[0], .threads = v[1], .chain = v[2], .gx = v[3], .prefetch = v[4], .minb = v[5], .mma = v[6]};
+  *t = (moe_tile){.rows = v[0], .threads = v[1], .chain = v[2], .gx = v[3], .prefetch = v[4], .minb = v[5], .mma = v[6],
+                  .xg = v[7]};
   /* What the launch arithmetic needs; the template judges the rest. */
   if (t->rows < 1 || t->rows > 64 || t->threads < 32 || t->threads > 1024 || t->threads % 32 || t->minb > 32 ||
-      t->mma > 16 || t->prefetch > 1)
+      t->mma > 16 || t->prefetch > 1 || t->xg > 1 || (t->xg && !t->mma))
     return 0;
   return used;
 }
 
+/* Seven fields, an eighth (XG) only where it is set: the texts of every
+ * tile before XG are unchanged, in the tuning store too. */
 void tune_tile_text(const moe_tile *t, char *out, size_t cap) {
-  snprintf(out, cap, "%d:%d:%d:%d:%d:%d:%d", t->rows, t->threads, t->chain, t->gx, t->prefetch, t->minb, t->mma);
+  int n = snprintf(out, cap, "%d:%d:%d:%d:%d:%d:%d", t->rows, t->threads, t->chain, t->gx, t->prefetch, t->minb, t->mma);
+  if (t->xg && n > 0 && (size_t)n < cap) snprintf(out + n, cap - (size_t)n, ":%d", t->xg);
 }
 
 /* ---- whose tuning ------------------------------------------------------------------------ */
@@ -361,13 +365,20 @@ int tune_gemv_plan(const tune_target *t, int B, int N, int K, gop_gemv_tiles *ta
  * gate_up's 16:256:8:0:0:2:8 (8 chunks a load batch under the 2-block
  * register cap: 110 registers, ptxas) is there because the tensor-core
  * path at bucket 64 ran at half the copy bandwidth with 4 (2 records x 4
- * chunks of 16 bytes in flight a lane; down took 8 and won). */
+ * chunks of 16 bytes in flight a lane; down took 8 and won).  The XG
+ * tiles (x from L1, no shared memory) are there because at bucket 64
+ * gate_up's 96 KiB of staged x held the SM to two blocks and every block
+ * waited for its staging before its first weight load (Nsight on an
+ * H100: 25% occupancy, 49% of the stalls on its own loads); MINB 3 fits
+ * three blocks in 80 registers (ptxas). */
 static const char *const gu_candidates =
     "2:256:8:0,4:256:8:0:0:2,2:256:8:0:0:2,2:128:8:0,2:256:4:0,"
-    "16:256:8:0:0:0:4,16:256:8:0:0:2:4,16:256:8:0:0:0:6,16:128:8:0:0:0:4,16:256:8:0:0:2:8";
+    "16:256:8:0:0:0:4,16:256:8:0:0:2:4,16:256:8:0:0:0:6,16:128:8:0:0:0:4,16:256:8:0:0:2:8,"
+    "16:256:8:0:0:2:4:1,16:256:8:0:0:3:4:1,16:256:8:0:0:3:8:1";
 static const char *const dn_candidates =
     "4:256:8:0,4:256:8:0:0:3,2:256:8:0,8:256:8:0,"
-    "16:256:8:0:0:0:4,16:256:8:0:0:0:8,16:256:8:0:0:2:4,16:128:8:0:0:0:4";
+    "16:256:8:0:0:0:4,16:256:8:0:0:0:8,16:256:8:0:0:2:4,16:128:8:0:0:0:4,"
+    "16:256:8:0:0:0:8:1,16:256:8:0:0:3:8:1,16:256:8:0:0:3:4:1";
 
 #define TUNE_SETS 4
 #define TUNE_MAXCOPIES 4

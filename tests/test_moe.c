@@ -209,24 +209,30 @@ static void test_plan_paths(void) {
      * only: as measured (moe_plan_default says where) */
     T_EQ_INT(p.gu.mma > 0, bcap >= 4 && bcap != 8 && bcap != 16);
     T_EQ_INT(p.dn.mma > 0, bcap >= 2);
+    /* gate_up reads x from L1 from bucket 32 (XG, as measured) */
+    T_EQ_INT(p.gu.xg, bcap >= 32);
+    T_EQ_INT(p.dn.xg, 0);
     for (int mode = 0; mode < 2; mode++) {
       const moe_tile *t = mode ? &p.dn : &p.gu;
       int K = mode ? c.inter : c.hidden;
       if (!t->mma) continue;
       T_EQ_INT(t->rows, 16);
       T_EQ_INT(K % (128 * t->mma), 0);
-      /* x of MT rows in static shared memory, as each target declares it */
+      /* x of MT rows in static shared memory, as each target declares it
+       * (none for XG tiles) */
       T_CHECK(p.mt <= 8);
+      if (t->xg) continue;
       T_CHECK((size_t)moe_kernel_mt(&p, mode, "sm_90a") * K * 2 <= 227 * 1024);
       T_CHECK((size_t)moe_kernel_mt(&p, mode, "sm_120") * K * 2 <= 48 * 1024);
     }
-    /* MT 8 from bucket 32 (as measured); gate_up's 96 KiB of x at MT 8
-     * only where the target declares it: MT 4 on sm_120 and sm_90 */
+    /* MT 8 from bucket 32 (as measured); gate_up's 96 KiB of staged x at
+     * MT 8 only where the target declares it: MT 4 on sm_120 and sm_90,
+     * where an XG tile (no staging) keeps the plan's MT */
     T_EQ_INT(p.mt, bcap == 1 ? 1 : bcap <= 16 ? 2 : 8);
     T_EQ_INT(moe_kernel_mt(&p, 0, "sm_90a"), p.mt);
     T_EQ_INT(moe_kernel_mt(&p, 0, "sm_100a"), p.mt);
-    T_EQ_INT(moe_kernel_mt(&p, 0, "sm_120"), p.mt < 4 ? p.mt : 4);
-    T_EQ_INT(moe_kernel_mt(&p, 0, "sm_90"), p.mt < 4 ? p.mt : 4);
+    T_EQ_INT(moe_kernel_mt(&p, 0, "sm_120"), p.gu.xg || p.mt < 4 ? p.mt : 4);
+    T_EQ_INT(moe_kernel_mt(&p, 0, "sm_90"), p.gu.xg || p.mt < 4 ? p.mt : 4);
     T_EQ_INT(moe_kernel_mt(&p, 1, "sm_120"), p.mt); /* down: K 2048, 32 KiB at MT 8 */
   }
 }

@@ -150,8 +150,14 @@ static void test_tiles(void) {
   char s[64];
   tune_tile_text(&t, s, sizeof s);
   T_EQ_STR(s, "4:256:8:64:0:0:0");
-  const char *bad[] = {"",           "abc",        "4:256:8",    "4:0:8:0",    "4:100:8:0",
-                       "0:256:8:0",  "4:256:8:0x", "4:256:8:-1", "4:2048:8:0", "16:256:8:0:0:0:4:1"};
+  /* XG, the eighth field: read, and written only where it is set. */
+  T_EQ_INT(tune_tile_parse("16:256:8:0:0:3:4:1", &t), 18);
+  T_CHECK(t.mma == 4 && t.minb == 3 && t.xg == 1);
+  tune_tile_text(&t, s, sizeof s);
+  T_EQ_STR(s, "16:256:8:0:0:3:4:1");
+  const char *bad[] = {"",           "abc",        "4:256:8",    "4:0:8:0",            "4:100:8:0",
+                       "0:256:8:0",  "4:256:8:0x", "4:256:8:-1", "4:2048:8:0",         "16:256:8:0:0:0:4:2",
+                       "2:256:8:0:0:0:0:1" /* XG without tensor cores */, "16:256:8:0:0:0:4:1:0"};
   for (size_t i = 0; i < MJ_ARRAY_LEN(bad); i++) T_EQ_INT(tune_tile_parse(bad[i], &t), 0);
 }
 
@@ -583,6 +589,17 @@ static void test_moe_candidates(void) {
       }
     }
   printf("  %d candidate kernels compiled\n", compiled);
+  /* XG tiles stage no x, so shared memory caps their MT nowhere: at
+   * bucket 64 on sm_120 (48 KiB of static shared memory) the staged
+   * gate_up takes MT 4, the XG one keeps the plan's 8, and compiles. */
+  moe_plan x;
+  moe_plan_default(&c, 64, &x);
+  x.gu = (moe_tile){.rows = 16, .threads = 256, .chain = 8, .minb = 2, .mma = 4};
+  T_EQ_INT(moe_kernel_mt(&x, 0, "sm_120"), 4);
+  x.gu.xg = 1;
+  T_EQ_INT(moe_kernel_mt(&x, 0, "sm_120"), 8);
+  T_EQ_INT(moe_kernel_check(&x, MOE_K_gate_up, "sm_120", &err), 0);
+  mj_err_clear(&err);
   /* What the list leaves out, the kernel refuses (its outputs, one a lane,
    * would not fit a warp): down's 8-record FMA tile at bucket 64 (MT 8). */
   moe_plan q;
