@@ -444,8 +444,8 @@ for phase in "$@"; do
       echo "second job: rc=$? after $(( $(date +%s) - t1 )) s: $(tail -1 "$OUT/multi-second.err")" >> "$log"
       kill -TERM $lp 2> /dev/null; wait $lp ;;
     core)
-      # [batch-perf]'s evidence in one short call (~200 s by the times of its
-      # parts in session 20's H100 runs; not yet run as one phase): the
+      # [batch-perf]'s evidence in one short call (~320 s by the times of its
+      # parts in sessions 20-21's H100 runs; not yet run as one phase): the
       # GPU tests of the newest kernel variants, the decode step at the
       # issue's shapes (18 layers; 14 where the GPU holds less than ~100 GB)
       # and the MoE layer with the built-in plan; one line a step in the
@@ -456,12 +456,15 @@ for phase in "$@"; do
         T_NO_TIMING=1 timeout 100 $G $t > "$OUT/core-$t.log" 2>&1
         echo "gputest $t: rc=$? $(tail -1 "$OUT/core-$t.log")" >> "$log"
       done
+      # the XG expert tiles (x from L1), MT 1 to 8 (~120 s on an H100)
+      T_ONLY=test_xg T_NO_TIMING=1 timeout 200 $G moe > "$OUT/core-xg.log" 2>&1
+      echo "gputest moe test_xg: rc=$? $(tail -1 "$OUT/core-xg.log")" >> "$log"
       for a in "--batch 1,8,32,64" "--batch 1,64 --ctx 8192"; do
         timeout 60 moejit bench decode --layers $L $a > "$OUT/core-dec.log" 2>&1
         echo "bench decode --layers $L $a: rc=$? $(grep -o 'bandwidth (same run): [0-9]* GB/s' "$OUT/core-dec.log")" >> "$log"
         grep -E "^\| [0-9]+ \|" "$OUT/core-dec.log" | cut -d'|' -f1-3,9 >> "$log"
       done
-      timeout 60 moejit bench moe --batches 1,8,64 --plan builtin > "$OUT/core-moe.log" 2>&1
+      timeout 80 moejit bench moe --batches 1,8,32,64 --plan builtin > "$OUT/core-moe.log" 2>&1
       echo "bench moe --plan builtin: rc=$? $(grep -o 'bandwidth (same run): [0-9]* GB/s' "$OUT/core-moe.log")" >> "$log"
       grep "^\*\*batch" "$OUT/core-moe.log" | cut -d'(' -f1 >> "$log" ;;
     *) echo "gpu-run: unknown phase $phase" > "$log" ;;
