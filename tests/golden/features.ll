@@ -193,7 +193,7 @@ attributes #0 = { convergent nocallback nounwind memory(inaccessiblemem: readwri
 attributes #1 = { mustprogress nocallback nofree nosync nounwind speculatable willreturn memory(none) }
 attributes #2 = { convergent nocallback nounwind }
 attributes #3 = { mustprogress nocallback nofree nosync nounwind willreturn memory(none) }
-attributes #4 = { nounwind }
+attributes #4 = { convergent nounwind }
 
 !nvvm.annotations = !{!0, !1, !2}
 

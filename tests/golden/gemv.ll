@@ -449,7 +449,7 @@ declare noundef i32 @llvm.nvvm.read.ptx.sreg.tid.x() #0
 
 attributes #0 = { mustprogress nocallback nofree nosync nounwind speculatable willreturn memory(none) }
 attributes #1 = { convergent nocallback nounwind memory(inaccessiblemem: readwrite) }
-attributes #2 = { nounwind }
+attributes #2 = { convergent nounwind }
 
 !nvvm.annotations = !{!0, !1}
 
