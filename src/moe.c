@@ -105,17 +105,21 @@ void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p) {
    * held an SM to two blocks, each waiting for its staging before its
    * first weight load; on an H100 the XG tile took gate_up from 72.9% to
    * 85.0% of copy at 64, from 77.4% to 89.4% at 32 and 10-12% faster at
-   * 128, and lost 4-6% at 8 and 16 (bench/results/2026-12-06-s21.md; not
-   * yet measured on the H200). */
+   * 128, and lost 4-6% at 8 and 16 to the staged FMA tile; bucket 8's FMA
+   * tile with x from L1 in turn gained 3.9% alone (286.7 against 298.2 us,
+   * the layer 85.0% of copy) (bench/results/2026-12-06-s21.md; not yet
+   * measured on the H200; at bucket 1 the FMA XG tiles' gains alone, 0-4%,
+   * did not show in the layer, so bucket 1 stays staged). */
   static const moe_tile gu4 = {.rows = 4, .threads = 256, .chain = 8, .minb = 2},
                         dn1 = {.rows = 4, .threads = 256, .chain = 8, .minb = 3},
+                        gu4xg = {.rows = 4, .threads = 256, .chain = 8, .minb = 2, .xg = 1},
                         guxg = {.rows = 16, .threads = 128, .chain = 8, .mma = 4, .xg = 1},
                         mma8 = {.rows = 16, .threads = 256, .chain = 8, .mma = 8},
                         dn32 = {.rows = 16, .threads = 256, .chain = 8, .minb = 2, .mma = 4};
   static const struct {
     int bcap;
     const moe_tile *gu, *dn;
-  } measured[] = {{1, &gu4, &dn1},  {2, &gu4, &mma8},  {4, &mma4, &mma8}, {8, &gu4, &mma8},
+  } measured[] = {{1, &gu4, &dn1},  {2, &gu4, &mma8},  {4, &mma4, &mma8}, {8, &gu4xg, &mma8},
                   {16, &gu4, &mma8}, {32, &guxg, &dn32}, {64, &guxg, &mma8}};
   for (size_t i = 0; i < MJ_ARRAY_LEN(measured); i++)
     if (measured[i].bcap == bcap) p->gu = *measured[i].gu, p->dn = *measured[i].dn;

@@ -48,7 +48,7 @@ typedef struct moe_tile {
   int minb;     /* MINB: blocks per SM the registers must allow (0: no bound) */
   int mma;      /* 0: bf16x2 FMAs; n > 0: tensor cores (MMA=1, KJ=n chunks per load batch,
                  * rows must be 16) */
-  int xg;       /* XG (tensor cores only): x read from global memory through L1, no
+  int xg;       /* XG: x read from global memory through L1, no
                  * shared memory, so MT is not capped by it */
 } moe_tile;
 

@@ -59,7 +59,7 @@ int tune_tile_parse(const char *s, moe_tile *t) {
                   .xg = v[7]};
   /* What the launch arithmetic needs; the template judges the rest. */
   if (t->rows < 1 || t->rows > 64 || t->threads < 32 || t->threads > 1024 || t->threads % 32 || t->minb > 32 ||
-      t->mma > 16 || t->prefetch > 1 || t->xg > 1 || (t->xg && !t->mma))
+      t->mma > 16 || t->prefetch > 1 || t->xg > 1)
     return 0;
   return used;
 }
@@ -370,15 +370,16 @@ int tune_gemv_plan(const tune_target *t, int B, int N, int K, gop_gemv_tiles *ta
  * gate_up's 96 KiB of staged x held the SM to two blocks and every block
  * waited for its staging before its first weight load (Nsight on an
  * H100: 25% occupancy, 49% of the stalls on its own loads); MINB 3 fits
- * three blocks in 80 registers (ptxas). */
+ * three blocks in 80 registers (ptxas).  The FMA XG tiles are bucket 1's
+ * and 8's built-in FMA tiles with x from L1. */
 static const char *const gu_candidates =
     "2:256:8:0,4:256:8:0:0:2,2:256:8:0:0:2,2:128:8:0,2:256:4:0,"
     "16:256:8:0:0:0:4,16:256:8:0:0:2:4,16:256:8:0:0:0:6,16:128:8:0:0:0:4,16:256:8:0:0:2:8,"
-    "16:256:8:0:0:2:4:1,16:256:8:0:0:3:4:1,16:256:8:0:0:3:8:1";
+    "16:256:8:0:0:2:4:1,16:256:8:0:0:3:4:1,16:256:8:0:0:3:8:1,4:256:8:0:0:2:0:1";
 static const char *const dn_candidates =
     "4:256:8:0,4:256:8:0:0:3,2:256:8:0,8:256:8:0,"
     "16:256:8:0:0:0:4,16:256:8:0:0:0:8,16:256:8:0:0:2:4,16:128:8:0:0:0:4,"
-    "16:256:8:0:0:0:8:1,16:256:8:0:0:3:8:1,16:256:8:0:0:3:4:1";
+    "16:256:8:0:0:0:8:1,16:256:8:0:0:3:8:1,16:256:8:0:0:3:4:1,4:256:8:0:0:3:0:1";
 
 #define TUNE_SETS 4
 #define TUNE_MAXCOPIES 4

@@ -209,8 +209,9 @@ static void test_plan_paths(void) {
      * only: as measured (moe_plan_default says where) */
     T_EQ_INT(p.gu.mma > 0, bcap >= 4 && bcap != 8 && bcap != 16);
     T_EQ_INT(p.dn.mma > 0, bcap >= 2);
-    /* gate_up reads x from L1 from bucket 32 (XG, as measured) */
-    T_EQ_INT(p.gu.xg, bcap >= 32);
+    /* gate_up reads x from L1 at bucket 8 (FMA) and from 32 (tensor
+     * cores) (XG, as measured) */
+    T_EQ_INT(p.gu.xg, bcap == 8 || bcap >= 32);
     T_EQ_INT(p.dn.xg, 0);
     for (int mode = 0; mode < 2; mode++) {
       const moe_tile *t = mode ? &p.dn : &p.gu;

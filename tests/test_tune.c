@@ -103,7 +103,7 @@ static void test_record_text(void) {
   T_EQ_STR(back.gpu, "Test GPU 141GB");
   T_EQ_STR(back.shape, "gate_up hidden=2048 inter=1024 experts=64 topk=8 bucket=8 mt=2");
   T_EQ_STR(back.choice, "16:256:8:0:0:0:4");
-  T_EQ_STR(back.builtin, "4:256:8:0:0:2:0");
+  T_EQ_STR(back.builtin, "4:256:8:0:0:2:0:1"); /* bucket 8: the FMA XG tile */
   T_NEAR(back.us, 250.5, 1e-9);
   T_NEAR(back.builtin_us, 264.25, 1e-9);
   T_EQ_INT(back.date, 1764790000);
@@ -157,7 +157,7 @@ static void test_tiles(void) {
   T_EQ_STR(s, "16:256:8:0:0:3:4:1");
   const char *bad[] = {"",           "abc",        "4:256:8",    "4:0:8:0",            "4:100:8:0",
                        "0:256:8:0",  "4:256:8:0x", "4:256:8:-1", "4:2048:8:0",         "16:256:8:0:0:0:4:2",
-                       "2:256:8:0:0:0:0:1" /* XG without tensor cores */, "16:256:8:0:0:0:4:1:0"};
+                       "16:256:8:0:0:0:4:1:0"};
   for (size_t i = 0; i < MJ_ARRAY_LEN(bad); i++) T_EQ_INT(tune_tile_parse(bad[i], &t), 0);
 }
 

@@ -23,13 +23,16 @@
 #include "t.h"
 
 /* Which expert path a case runs: the plan's, or forced. */
-enum { PATH_PLAN, PATH_FMA, PATH_MMA, PATH_XG };
+enum { PATH_PLAN, PATH_FMA, PATH_MMA, PATH_XG, PATH_XG_FMA };
 static const moe_tile fma_gu = {.rows = 2, .threads = 256, .chain = 8}, fma_dn = {.rows = 4, .threads = 256, .chain = 8};
 static const moe_tile mma_t = {.rows = 16, .threads = 256, .chain = 8, .mma = 4};
 /* The tensor-core path with x read from global memory (XG): gate_up's at
  * three blocks a SM, down's with 8 chunks a load batch. */
 static const moe_tile xg_gu = {.rows = 16, .threads = 256, .chain = 8, .minb = 3, .mma = 4, .xg = 1},
                       xg_dn = {.rows = 16, .threads = 256, .chain = 8, .mma = 8, .xg = 1};
+/* The FMA path with x from global memory: bucket 1's tiles. */
+static const moe_tile xgf_gu = {.rows = 4, .threads = 256, .chain = 8, .minb = 2, .xg = 1},
+                      xgf_dn = {.rows = 4, .threads = 256, .chain = 8, .minb = 3, .xg = 1};
 
 /* One batch: run the layer, check logits, choices, weights and output.
  * path forces the FMA or the tensor-core expert kernels; mt > 0 forces MT. */
@@ -42,6 +45,7 @@ static void run_case(const layer *L, const moe_weights *w, int B, int bcap, int 
   if (path == PATH_FMA) p.gu = fma_gu, p.dn = fma_dn;
   if (path == PATH_MMA) p.gu = mma_t, p.dn = mma_t;
   if (path == PATH_XG) p.gu = xg_gu, p.dn = xg_dn;
+  if (path == PATH_XG_FMA) p.gu = xgf_gu, p.dn = xgf_dn;
   if (mt > 0) p.mt = mt;
   moe_kernels k;
   moe_bufs b;
@@ -119,7 +123,8 @@ static void run_case(const layer *L, const moe_weights *w, int B, int bcap, int 
   double e = ref_rel_err(got, refs, (size_t)nt * H);
   printf("  moe H=%d I=%d E=%d top%d groups %d/%d  B=%3d (bucket %3d, MT %d, gate_up %s, down %s): logits %.1e,"
          " choices %d wrong %d tie, weights %.1e, out rel err %.2e over %d tokens, unwritten %d\n",
-         H, c->inter, E, K, c->n_group, c->topk_group, B, bcap, p.mt, p.gu.xg ? "xg" : p.gu.mma ? "mma" : "fma", p.dn.xg ? "xg" : p.dn.mma ? "mma" : "fma",
+         H, c->inter, E, K, c->n_group, c->topk_group, B, bcap, p.mt, p.gu.mma ? (p.gu.xg ? "mma xg" : "mma") : p.gu.xg ? "fma xg" : "fma",
+         p.dn.mma ? (p.dn.xg ? "mma xg" : "mma") : p.dn.xg ? "fma xg" : "fma",
          elog, wrong, ties, werr, e, nt, unwritten);
   T_CHECK(elog < 1e-5);
   T_EQ_INT(wrong, 0);
@@ -228,9 +233,10 @@ static void test_full_width(void) {
   layer_free(&L);
 }
 
-/* The tensor-core path with x read from global memory (XG) for both expert
- * kernels: one row, a small batch in a large bucket, several passes of a
- * slot (MT 3 at bucket 128), a full MT 8, and GLM-5's width at 64.  Batch 1
+/* x read from global memory (XG) for both expert kernels, on the
+ * tensor-core path: one row, a small batch in a large bucket, several passes of a
+ * slot (MT 3 at bucket 128), a full MT 8, and GLM-5's width at 64; on the
+ * FMA path at MT 1 and 2, and GLM-5's width at batch 1.  Batch 1
  * (MT 1) is the case that found the compiler's sunk mma.sync (lower.c:
  * inline asm is convergent).
  * Its own case, so that T_ONLY=test_xg runs it alone. */
@@ -245,6 +251,9 @@ static void test_xg(void) {
   run_case(&L, &L.w, 3, 64, 1 << 30, PATH_XG, 0);
   run_case(&L, &L.w, 128, 128, 1 << 30, PATH_XG, 3);
   run_case(&L, &L.w, 64, 64, 1 << 30, PATH_XG, 8);
+  /* the FMA path: one row, MT 2 (two rows a pass, several passes) */
+  run_case(&L, &L.w, 1, 1, 1 << 30, PATH_XG_FMA, 0);
+  run_case(&L, &L.w, 8, 8, 1 << 30, PATH_XG_FMA, 0);
   layer_free(&L);
   c.hidden = 6144, c.inter = 2048, c.n_experts = 256;
   layer_make(&L, &c, NPOOL);
@@ -255,6 +264,7 @@ static void test_xg(void) {
     return;
   }
   run_case(&L, &L.w, 64, 64, 3, PATH_XG, 0);
+  run_case(&L, &L.w, 1, 1, 1, PATH_XG_FMA, 0);
   layer_free(&L);
 }
 
