@@ -98,8 +98,7 @@ static LLVMValueRef inline_asm(lw *L, LLVMTypeRef ret, const char *text, const c
   LLVMValueRef fn = LLVMGetInlineAsm(fty, (char *)text, strlen(text), (char *)cons, strlen(cons),
                                      side_effects, 0, LLVMInlineAsmDialectATT, 0);
   LLVMValueRef call = LLVMBuildCall2(L->b, fty, fn, args, (unsigned)nargs, "");
-  static unsigned convergent;
-  if (!convergent) convergent = LLVMGetEnumAttributeKindForName("convergent", 10);
+  unsigned convergent = LLVMGetEnumAttributeKindForName("convergent", 10);
   LLVMAddCallSiteAttribute(call, LLVMAttributeFunctionIndex, LLVMCreateEnumAttribute(L->ctx, convergent, 0));
   return call;
 }

@@ -444,7 +444,7 @@ for phase in "$@"; do
       echo "second job: rc=$? after $(( $(date +%s) - t1 )) s: $(tail -1 "$OUT/multi-second.err")" >> "$log"
       kill -TERM $lp 2> /dev/null; wait $lp ;;
     core)
-      # [batch-perf]'s evidence in one short call (~320 s by the times of its
+      # [batch-perf]'s evidence in one short call (~350 s by the times of its
       # parts in sessions 20-21's H100 runs; not yet run as one phase): the
       # GPU tests of the newest kernel variants, the decode step at the
       # issue's shapes (18 layers; 14 where the GPU holds less than ~100 GB)
@@ -456,7 +456,8 @@ for phase in "$@"; do
         T_NO_TIMING=1 timeout 100 $G $t > "$OUT/core-$t.log" 2>&1
         echo "gputest $t: rc=$? $(tail -1 "$OUT/core-$t.log")" >> "$log"
       done
-      # the XG expert tiles (x from L1), MT 1 to 8 (~120 s on an H100)
+      # the XG expert tiles (x from L1), MT 1 to 8 (153 s on an H100 in
+      # session 21, most of it the CPU references at GLM-5 width)
       T_ONLY=test_xg T_NO_TIMING=1 timeout 200 $G moe > "$OUT/core-xg.log" 2>&1
       echo "gputest moe test_xg: rc=$? $(tail -1 "$OUT/core-xg.log")" >> "$log"
       for a in "--batch 1,8,32,64" "--batch 1,64 --ctx 8192"; do

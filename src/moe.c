@@ -85,8 +85,9 @@ void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p) {
    * at bucket 32 and up no longer hits in L2: MT 8 (the tensor-core tile's n)
    * took the layer from 55.6% to 62.9% of copy at 32 and from 47.5% to
    * 55.6% at 64 against MT 4 on the H200 (bench/results/2026-12-05-moe-mt.md).  Where a target cannot declare
-   * MT rows of x (gate_up's 96 KiB at MT 8 needs sm_90a or sm_100a),
-   * moe_kernel_mt takes fewer. */
+   * MT rows of staged x (gate_up's 96 KiB at MT 8 needs sm_90a or
+   * sm_100a), moe_kernel_mt takes fewer for a staged tile; XG tiles stage
+   * nothing and keep MT. */
   p->mt = bcap <= 1 ? 1 : bcap <= 16 ? 2 : 8;
   /* Buckets not measured follow the instruction count: from MT 2 the
    * bf16x2 FMAs (0.5 a weight per row of the pass) cost more than the
@@ -104,7 +105,7 @@ void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p) {
   /* From bucket 32 gate_up reads x from L1 (XG): its 96 KiB of staged x
    * held an SM to two blocks, each waiting for its staging before its
    * first weight load; on an H100 the XG tile took gate_up from 72.9% to
-   * 85.0% of copy at 64, from 77.4% to 89.4% at 32 and 10-12% faster at
+   * 85.0% of copy at 64, from 77.4% to 89.4% at 32 and 10.8% faster at
    * 128, and lost 4-6% at 8 and 16 to the staged FMA tile; bucket 8's FMA
    * tile with x from L1 in turn gained 3.9% alone (286.7 against 298.2 us,
    * the layer 85.0% of copy) (bench/results/2026-12-06-s21.md; not yet
@@ -123,7 +124,7 @@ void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p) {
                   {16, &gu4, &mma8}, {32, &guxg, &dn32}, {64, &guxg, &mma8}};
   for (size_t i = 0; i < MJ_ARRAY_LEN(measured); i++)
     if (measured[i].bcap == bcap) p->gu = *measured[i].gu, p->dn = *measured[i].dn;
-  if (bcap > 64) p->gu = guxg;
+  if (bcap > 64) p->gu = guxg; /* one XG tile from 32 up: at 128 its KJ 8 twin ran 2.8% faster, once */
   p->router_tb = bcap < 8 ? bcap : 8;
   /* MOEJIT_MOE_PATH=fma|mma forces one path for every bucket, =staged
    * keeps the plan's tiles but stages x in shared memory (diagnosis). */
@@ -158,8 +159,8 @@ const char *const moe_kernel_names[MOE_NK] = {
 };
 
 typedef struct defs {
-  dsl_define d[12];
-  char v[12][24];
+  dsl_define d[16];
+  char v[16][24];
   int n;
 } defs;
 static void def_i(defs *d, const char *name, long v) {

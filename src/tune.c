@@ -366,20 +366,21 @@ int tune_gemv_plan(const tune_target *t, int B, int N, int K, gop_gemv_tiles *ta
  * register cap: 110 registers, ptxas) is there because the tensor-core
  * path at bucket 64 ran at half the copy bandwidth with 4 (2 records x 4
  * chunks of 16 bytes in flight a lane; down took 8 and won).  The XG
- * tiles (x from L1, no shared memory) are there because at bucket 64
- * gate_up's 96 KiB of staged x held the SM to two blocks and every block
- * waited for its staging before its first weight load (Nsight on an
- * H100: 25% occupancy, 49% of the stalls on its own loads); MINB 3 fits
- * three blocks in 80 registers (ptxas).  The FMA XG tiles are bucket 1's
- * and 8's built-in FMA tiles with x from L1. */
+ * tiles (x from L1, no shared memory) are there because every block of
+ * a staged tile waited for its staging before its first weight load
+ * (gate_up at bucket 64: 72.9% -> 85.0% of copy on an H100); the three
+ * tensor-core ones came within 2% of each other at buckets 4 to 128
+ * (bench/results/2026-12-06-s21.md; capping them at three blocks an SM,
+ * MINB 3, lost about 30% and spilled, so none is here).  The FMA XG tiles
+ * are bucket 1's and 8's built-in FMA tiles with x from L1. */
 static const char *const gu_candidates =
     "2:256:8:0,4:256:8:0:0:2,2:256:8:0:0:2,2:128:8:0,2:256:4:0,"
     "16:256:8:0:0:0:4,16:256:8:0:0:2:4,16:256:8:0:0:0:6,16:128:8:0:0:0:4,16:256:8:0:0:2:8,"
-    "16:256:8:0:0:2:4:1,16:256:8:0:0:3:4:1,16:256:8:0:0:3:8:1,4:256:8:0:0:2:0:1";
+    "16:128:8:0:0:0:4:1,16:128:8:0:0:0:8:1,16:64:8:0:0:0:4:1,4:256:8:0:0:2:0:1";
 static const char *const dn_candidates =
     "4:256:8:0,4:256:8:0:0:3,2:256:8:0,8:256:8:0,"
     "16:256:8:0:0:0:4,16:256:8:0:0:0:8,16:256:8:0:0:2:4,16:128:8:0:0:0:4,"
-    "16:256:8:0:0:0:8:1,16:256:8:0:0:3:8:1,16:256:8:0:0:3:4:1,4:256:8:0:0:3:0:1";
+    "16:256:8:0:0:0:8:1,4:256:8:0:0:3:0:1";
 
 #define TUNE_SETS 4
 #define TUNE_MAXCOPIES 4
@@ -462,7 +463,8 @@ static int verdict(const tune_target *t, cache_tune *rec, char (*text)[64], cons
 int tune_moe_candidates(int mode, int mt, const moe_tile *bt, moe_tile out[TUNE_MOE_MAXCAND]) {
   int nc = 0;
   out[nc++] = *bt;
-  for (const char *s = mode ? dn_candidates : gu_candidates; *s && nc < TUNE_MOE_MAXCAND;) {
+  const char *s = mode ? dn_candidates : gu_candidates;
+  while (*s && nc < TUNE_MOE_MAXCAND) {
     int used = tune_tile_parse(s, &out[nc]);
     if (!used) return 0; /* a bad list: test_tune says where */
     bool skip = !out[nc].mma && (mode ? out[nc].rows : out[nc].rows / 2) * mt > 32;
@@ -470,7 +472,7 @@ int tune_moe_candidates(int mode, int mt, const moe_tile *bt, moe_tile out[TUNE_
     nc += !skip;
     s += used + (s[used] == ',');
   }
-  return nc;
+  return *s ? 0 : nc; /* a list longer than TUNE_MOE_MAXCAND is a bad list, never cut short */
 }
 
 /* One expert kernel of one bucket: the built-in tile, then each candidate;
@@ -479,6 +481,9 @@ static int tune_one(const tune_target *t, rig *r, const moe_plan *base, int mode
                     FILE *log, mj_err *err) {
   const moe_tile *bt = mode ? &base->dn : &base->gu;
   moe_tile cand[TUNE_MOE_MAXCAND];
+  /* The built-in tile's MT filters the FMA candidates; an XG candidate
+   * compiles with the plan's uncapped MT (moe_kernel_mt), which only
+   * differs on targets whose shared memory caps a staged gate_up. */
   int nc = tune_moe_candidates(mode, moe_kernel_mt(base, mode, t->arch), bt, cand);
   if (nc < 1) return mj_fail(err, MJ_EINTERNAL, "tune: bad built-in candidate list of %s", mode ? "down" : "gate_up");
   moe_kernel_id id = mode ? MOE_K_down : MOE_K_gate_up;

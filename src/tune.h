@@ -44,10 +44,11 @@ typedef struct tune_target {
  * t->on is false.  Opens no GPU (it reads what cu_init found). */
 void tune_target_here(const char *arch, tune_target *t);
 
-/* A tile in bench moe's words, ROWS:THREADS:CHAIN:GX[:PREFETCH[:MINB[:MMA]]]
+/* A tile in bench moe's words, ROWS:THREADS:CHAIN:GX[:PREFETCH[:MINB[:MMA[:XG]]]]
  * ("16:256:8:0:0:0:4"); parse returns the characters read (then ',' or
  * the end may follow), or 0 for text that is not a tile of sane values
- * (the kernel judges the rest).  text writes all seven fields. */
+ * (the kernel judges the rest).  text writes seven fields, and the eighth
+ * (XG) only where it is set. */
 int tune_tile_parse(const char *s, moe_tile *t);
 void tune_tile_text(const moe_tile *t, char *out, size_t cap);
 
@@ -57,7 +58,8 @@ void tune_tile_text(const moe_tile *t, char *out, size_t cap);
  * tensor-core ones with more chunks in flight), distinct, without the FMA
  * tiles whose outputs a warp cannot hold at mt (one a lane: ROWS x MT, half
  * the ROWS for gate_up, at most 32; moe_expert.k refuses them).  Returns
- * the count, at most TUNE_MOE_MAXCAND. */
+ * the count, at most TUNE_MOE_MAXCAND, or 0 for a list that is not
+ * tiles or would not fit (never cut short silently). */
 #define TUNE_MOE_MAXCAND 16
 int tune_moe_candidates(int mode, int mt, const moe_tile *bt, moe_tile out[TUNE_MOE_MAXCAND]);
 

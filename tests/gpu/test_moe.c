@@ -35,7 +35,8 @@ static const moe_tile xgf_gu = {.rows = 4, .threads = 256, .chain = 8, .minb = 2
                       xgf_dn = {.rows = 4, .threads = 256, .chain = 8, .minb = 3, .xg = 1};
 
 /* One batch: run the layer, check logits, choices, weights and output.
- * path forces the FMA or the tensor-core expert kernels; mt > 0 forces MT. */
+ * path forces the FMA or the tensor-core expert kernels, either with x
+ * from L1 (XG); mt > 0 forces MT. */
 static void run_case(const layer *L, const moe_weights *w, int B, int bcap, int check_tokens, int path, int mt) {
   const model_moe_cfg *c = &L->cfg;
   int H = c->hidden, E = c->n_experts, K = c->topk;
