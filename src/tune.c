@@ -372,11 +372,12 @@ int tune_gemv_plan(const tune_target *t, int B, int N, int K, gop_gemv_tiles *ta
  * tensor-core ones came within 2% of each other at buckets 4 to 128
  * (bench/results/2026-12-06-s21.md; capping them at three blocks an SM,
  * MINB 3, lost about 30% and spilled, so none is here).  The FMA XG tiles
- * are bucket 1's and 8's built-in FMA tiles with x from L1. */
+ * are bucket 1's and 8's built-in FMA tiles with x from L1, and bucket 1's
+ * fastest alone (4:128:8:0:0:2:0:1, 47.7 against 49.8 us on an H100). */
 static const char *const gu_candidates =
     "2:256:8:0,4:256:8:0:0:2,2:256:8:0:0:2,2:128:8:0,2:256:4:0,"
     "16:256:8:0:0:0:4,16:256:8:0:0:2:4,16:256:8:0:0:0:6,16:128:8:0:0:0:4,16:256:8:0:0:2:8,"
-    "16:128:8:0:0:0:4:1,16:128:8:0:0:0:8:1,16:64:8:0:0:0:4:1,4:256:8:0:0:2:0:1";
+    "16:128:8:0:0:0:4:1,16:128:8:0:0:0:8:1,16:64:8:0:0:0:4:1,4:256:8:0:0:2:0:1,4:128:8:0:0:2:0:1";
 static const char *const dn_candidates =
     "4:256:8:0,4:256:8:0:0:3,2:256:8:0,8:256:8:0,"
     "16:256:8:0:0:0:4,16:256:8:0:0:0:8,16:256:8:0:0:2:4,16:128:8:0:0:0:4,"
