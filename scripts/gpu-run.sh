@@ -460,10 +460,12 @@ for phase in "$@"; do
       # session 21, most of it the CPU references at GLM-5 width)
       T_ONLY=test_xg T_NO_TIMING=1 timeout 200 $G moe > "$OUT/core-xg.log" 2>&1
       echo "gputest moe test_xg: rc=$? $(tail -1 "$OUT/core-xg.log")" >> "$log"
+      n=0
       for a in "--batch 1,8,32,64" "--batch 1,64 --ctx 8192"; do
-        timeout 60 moejit bench decode --layers $L $a > "$OUT/core-dec.log" 2>&1
-        echo "bench decode --layers $L $a: rc=$? $(grep -o 'bandwidth (same run): [0-9]* GB/s' "$OUT/core-dec.log")" >> "$log"
-        grep -E "^\| [0-9]+ \|" "$OUT/core-dec.log" | cut -d'|' -f1-3,9 >> "$log"
+        n=$((n + 1))
+        timeout 60 moejit bench decode --layers $L $a > "$OUT/core-dec$n.log" 2>&1
+        echo "bench decode --layers $L $a: rc=$? $(grep -o 'bandwidth (same run): [0-9]* GB/s' "$OUT/core-dec$n.log")" >> "$log"
+        grep -E "^\| [0-9]+ \|" "$OUT/core-dec$n.log" | cut -d'|' -f1-3,9 >> "$log"
       done
       timeout 80 moejit bench moe --batches 1,8,32,64 --plan builtin > "$OUT/core-moe.log" 2>&1
       echo "bench moe --plan builtin: rc=$? $(grep -o 'bandwidth (same run): [0-9]* GB/s' "$OUT/core-moe.log")" >> "$log"
