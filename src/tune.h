@@ -155,12 +155,14 @@ typedef struct tune_opts {
 } tune_opts;
 
 /* For every bucket and expert kernel: time the built-in tile and the
- * candidates (tune.c's lists, at most 10 a kernel) as CUDA-graph replay
+ * candidates (tune.c's lists, at most TUNE_MOE_MAXCAND a kernel), each as
+ * the whole layer the engine runs (moe_forward_overlap; gate_up's with the
+ * built-in down, down's beside gate_up's winner), CUDA-graph replay
  * medians (tm_graph_us), a candidate's layer output first compared with
  * the built-in plan's (relative L2 <= 2e-2, all finite: else it may not
  * win), and store the fastest that beats the built-in by 2% or more (else
- * the built-in, with both times) as t's record.  MJ_ENOGPU without a GPU
- * of t->arch. */
+ * the built-in, with both layer times) as t's record.  MJ_ENOGPU without
+ * a GPU of t->arch. */
 int tune_moe_run(const tune_target *t, const tune_opts *o, mj_err *err);
 
 /* For every GEMV shape of o->gemv and every row block size of o->buckets
