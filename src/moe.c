@@ -110,7 +110,11 @@ void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p) {
    * tile with x from L1 in turn gained 3.9% alone (286.7 against 298.2 us,
    * the layer 85.0% of copy) (bench/results/2026-12-06-s21.md; not yet
    * measured on the H200; at bucket 1 the FMA XG tiles' gains alone, 0-4%,
-   * did not show in the layer, so bucket 1 stays staged). */
+   * did not show in the layer, so bucket 1 stays staged).  Bucket 4 takes
+   * bucket 8's gate_up: an FMA gate_up won over the tensor-core tile in
+   * each of three tuning runs on H100s, the layer 8.8% faster with the
+   * staged 4:256:8:0:0:2 (bench/results/2026-12-06-s20.md), 9.4% and 7.2%
+   * with this one, x from L1 (2026-12-06-s22.md). */
   static const moe_tile gu4 = {.rows = 4, .threads = 256, .chain = 8, .minb = 2},
                         dn1 = {.rows = 4, .threads = 256, .chain = 8, .minb = 3},
                         gu4xg = {.rows = 4, .threads = 256, .chain = 8, .minb = 2, .xg = 1},
@@ -120,12 +124,20 @@ void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p) {
   static const struct {
     int bcap;
     const moe_tile *gu, *dn;
-  } measured[] = {{1, &gu4, &dn1},  {2, &gu4, &mma8},  {4, &mma4, &mma8}, {8, &gu4xg, &mma8},
+  } measured[] = {{1, &gu4, &dn1},  {2, &gu4, &mma8},  {4, &gu4xg, &mma8}, {8, &gu4xg, &mma8},
                   {16, &gu4, &mma8}, {32, &guxg, &dn32}, {64, &guxg, &mma8}};
   for (size_t i = 0; i < MJ_ARRAY_LEN(measured); i++)
     if (measured[i].bcap == bcap) p->gu = *measured[i].gu, p->dn = *measured[i].dn;
   if (bcap > 64) p->gu = guxg; /* one XG tile from 32 up: at 128 its KJ 8 twin ran 2.8% faster, once */
   p->router_tb = bcap < 8 ? bcap : 8;
+  /* The shared expert beside the routing (moe_forward_overlap) up to
+   * bucket 16, inside the routed launches from 32: on an H100 the side
+   * stream made the layer 5-7% faster at 1 and 2 and 1-3% at 4 to 16,
+   * but 0.4-4.6% slower at 32 and 1.9-3.1% at 64 (five runs on two
+   * machines, bench/results/2026-12-06-s22.md).  MOEJIT_MOE_SIDE=0|1
+   * takes one layout at every bucket (diagnosis). */
+  const char *side = getenv("MOEJIT_MOE_SIDE");
+  p->side = side && (!strcmp(side, "0") || !strcmp(side, "1")) ? side[0] == '1' : bcap <= 16;
   /* MOEJIT_MOE_PATH=fma|mma forces one path for every bucket, =staged
    * keeps the plan's tiles but stages x in shared memory (diagnosis). */
   const char *force = getenv("MOEJIT_MOE_PATH");
@@ -497,7 +509,7 @@ int moe_forward_overlap_after(const moe_kernels *k, const moe_plan *p, const moe
                               mj_err *err) {
   int slots = moe_slots(p), rc;
   if (!shared && (rc = moe_clear_shared(b, p, B, s, err))) return rc;
-  if (shared) {
+  if (shared && p->side) {
     CU_CHECK(err, cu.cuEventRecord(side->fork, s));
     CU_CHECK(err, cu.cuStreamWaitEvent(side->s, side->fork, 0));
     if ((rc = moe_launch_slots(k, p, w, b, x_in, B, MOE_K_gate_up, 0, 1, side->s, err)) ||
@@ -505,12 +517,13 @@ int moe_forward_overlap_after(const moe_kernels *k, const moe_plan *p, const moe
       return rc;
     CU_CHECK(err, cu.cuEventRecord(side->join, side->s));
   }
+  int first = shared && !p->side ? 0 : 1; /* slot 0 in the routed launches, or beside them (or skipped) */
   if ((rc = moe_launch(k, p, w, b, x_in, B, MOE_K_router, s, err)) ||
       (rc = moe_launch(k, p, w, b, x_in, B, MOE_K_route, s, err)) ||
-      (rc = moe_launch_slots(k, p, w, b, x_in, B, MOE_K_gate_up, 1, slots - 1, s, err)) ||
-      (rc = moe_launch_slots(k, p, w, b, x_in, B, MOE_K_down, 1, slots - 1, s, err)))
+      (rc = moe_launch_slots(k, p, w, b, x_in, B, MOE_K_gate_up, first, slots - first, s, err)) ||
+      (rc = moe_launch_slots(k, p, w, b, x_in, B, MOE_K_down, first, slots - first, s, err)))
     return rc;
-  if (shared) CU_CHECK(err, cu.cuStreamWaitEvent(s, side->join, 0));
+  if (shared && p->side) CU_CHECK(err, cu.cuStreamWaitEvent(s, side->join, 0));
   if (before) CU_CHECK(err, cu.cuStreamWaitEvent(s, before, 0));
   return moe_launch(k, p, w, b, x_in, B, MOE_K_combine, s, err);
 }

@@ -65,11 +65,15 @@ typedef struct moe_plan {
    * MoE test).  Expert parallelism (cfg.e_count > 0) implies it. */
   bool out_f32, acc;
   bool force; /* tests: the route kernel takes its choices from b->force (moe_route.k FORCE) */
+  /* The shared expert's slot on a side stream beside the routing
+   * (moe_forward_overlap), else inside the routed experts' launches. */
+  bool side;
 } moe_plan;
 
 /* The default plan for a bucket: MT grows with the expected rows per
- * expert, tiles as measured (bench/results); buckets of 4 and more take
- * the tensor-core path, whose ALU cost does not grow with MT. */
+ * expert, tiles as measured (bench/results): down on the tensor cores
+ * from bucket 2, gate_up from 32 (below, its FMA tiles measured faster);
+ * the shared expert beside the routing up to bucket 16 (p->side). */
 void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p);
 /* The plan the decode engine runs (gpu_model.c): the default, its MoE
  * output f32 (and added to a bf16 shared expert's, when it has one);
@@ -225,8 +229,11 @@ void moe_side_destroy(moe_side *side);
  * on the side stream beside the router and the route kernel (the routing
  * is a few small launches that leave most SMs idle) and the routed
  * experts; the main stream waits for it before the combine.  Fork and join
- * are events, so a stream capture of s takes in both branches.  shared:
- * false when the layer's shared expert runs elsewhere (a bf16 one,
+ * are events, so a stream capture of s takes in both branches.  Where the
+ * plan says so (p->side false: the larger buckets, where the side
+ * stream's blocks delay the routed launches more than the routing's idle
+ * SMs give back) slot 0 runs inside the routed launches, as moe_forward.
+ * shared: false when the layer's shared expert runs elsewhere (a bf16 one,
  * gpu_model.c): slot 0 is then skipped and its y rows cleared
  * (moe_clear_shared). */
 int moe_forward_overlap(const moe_kernels *k, const moe_plan *p, const moe_weights *w, const moe_bufs *b,

@@ -200,19 +200,22 @@ static void test_mma_prescale(void) {
 /* Which expert path each bucket takes, and that its tiles satisfy the
  * kernel's static_asserts at GLM-5 width. */
 static void test_plan_paths(void) {
+  unsetenv("MOEJIT_MOE_SIDE"), unsetenv("MOEJIT_MOE_PATH");
   model_moe_cfg c = {.hidden = 6144, .inter = 2048, .n_experts = 256, .topk = 8, .n_group = 1, .topk_group = 1,
                    .norm_topk_prob = true, .scaling = 2.5f};
   for (int bcap = 1; bcap <= 256; bcap *= 2) {
     moe_plan p;
     moe_plan_default(&c, bcap, &p);
-    /* gate_up on the FMA path at buckets 1, 2, 8 and 16, down at bucket 1
-     * only: as measured (moe_plan_default says where) */
-    T_EQ_INT(p.gu.mma > 0, bcap >= 4 && bcap != 8 && bcap != 16);
+    /* gate_up on the FMA path up to bucket 16, down at bucket 1 only: as
+     * measured (moe_plan_default says where) */
+    T_EQ_INT(p.gu.mma > 0, bcap >= 32);
     T_EQ_INT(p.dn.mma > 0, bcap >= 2);
-    /* gate_up reads x from L1 at bucket 8 (FMA) and from 32 (tensor
-     * cores) (XG, as measured) */
-    T_EQ_INT(p.gu.xg, bcap == 8 || bcap >= 32);
+    /* gate_up reads x from L1 at buckets 4 and 8 (FMA) and from 32
+     * (tensor cores) (XG, as measured) */
+    T_EQ_INT(p.gu.xg, bcap == 4 || bcap == 8 || bcap >= 32);
     T_EQ_INT(p.dn.xg, 0);
+    /* the shared expert beside the routing up to bucket 16 (as measured) */
+    T_EQ_INT(p.side, bcap <= 16);
     for (int mode = 0; mode < 2; mode++) {
       const moe_tile *t = mode ? &p.dn : &p.gu;
       int K = mode ? c.inter : c.hidden;
@@ -236,6 +239,19 @@ static void test_plan_paths(void) {
     T_EQ_INT(moe_kernel_mt(&p, 0, "sm_90"), p.gu.xg || p.mt < 4 ? p.mt : 4);
     T_EQ_INT(moe_kernel_mt(&p, 1, "sm_120"), p.mt); /* down: K 2048, 32 KiB at MT 8 */
   }
+  /* MOEJIT_MOE_SIDE=0|1: one layout at every bucket; anything else: the plan's */
+  static const struct {
+    const char *v;
+    int bcap;
+    bool side;
+  } sides[] = {{"1", 64, true}, {"1", 1, true}, {"0", 1, false}, {"0", 64, false}, {"yes", 1, true}, {"10", 64, false}};
+  for (size_t i = 0; i < MJ_ARRAY_LEN(sides); i++) {
+    moe_plan p;
+    setenv("MOEJIT_MOE_SIDE", sides[i].v, 1);
+    moe_plan_default(&c, sides[i].bcap, &p);
+    T_EQ_INT(p.side, sides[i].side);
+  }
+  unsetenv("MOEJIT_MOE_SIDE");
 }
 
 /* The random experts of benchmarks and replays: deterministic for a seed,
