@@ -137,13 +137,22 @@ void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p) {
    * machines, bench/results/2026-12-06-s22.md).  MOEJIT_MOE_SIDE=0|1
    * takes one layout at every bucket (diagnosis). */
   const char *side = getenv("MOEJIT_MOE_SIDE");
-  p->side = side && (!strcmp(side, "0") || !strcmp(side, "1")) ? side[0] == '1' : bcap <= 16;
+  bool side_ok = side && (!strcmp(side, "0") || !strcmp(side, "1"));
+  p->side = side_ok ? side[0] == '1' : bcap <= 16;
   /* MOEJIT_MOE_PATH=fma|mma forces one path for every bucket, =staged
    * keeps the plan's tiles but stages x in shared memory (diagnosis). */
   const char *force = getenv("MOEJIT_MOE_PATH");
   if (force && !strcmp(force, "fma") && (p->gu.mma || p->dn.mma)) p->gu = fma_gu, p->dn = fma_dn;
   if (force && !strcmp(force, "mma")) p->gu = p->dn = mma4;
   if (force && !strcmp(force, "staged")) p->gu.xg = p->dn.xg = 0;
+  /* A value neither takes is one warning a process (the plan is made per
+   * bucket), and the plan's own choice. */
+  static int warned_side, warned_path;
+  if (side && *side && !side_ok && !__atomic_exchange_n(&warned_side, 1, __ATOMIC_RELAXED))
+    mj_warn("MOEJIT_MOE_SIDE=%s ignored: it takes 0 or 1", side);
+  if (force && *force && strcmp(force, "fma") && strcmp(force, "mma") && strcmp(force, "staged") &&
+      !__atomic_exchange_n(&warned_path, 1, __ATOMIC_RELAXED))
+    mj_warn("MOEJIT_MOE_PATH=%s ignored: it takes fma, mma or staged", force);
 }
 
 void moe_plan_engine(const model_moe_cfg *c, int bcap, bool bf16_shared, moe_plan *p) {

@@ -9,6 +9,7 @@
 #include "moe.h"
 #include "ref.h"
 #include "t.h"
+#include "t_fs.h"
 
 static uint64_t rng = 12345;
 static float frand(void) { /* uniform in [-1, 1) */
@@ -239,12 +240,16 @@ static void test_plan_paths(void) {
     T_EQ_INT(moe_kernel_mt(&p, 0, "sm_90"), p.gu.xg || p.mt < 4 ? p.mt : 4);
     T_EQ_INT(moe_kernel_mt(&p, 1, "sm_120"), p.mt); /* down: K 2048, 32 KiB at MT 8 */
   }
-  /* MOEJIT_MOE_SIDE=0|1: one layout at every bucket; anything else: the plan's */
+  /* MOEJIT_MOE_SIDE=0|1: one layout at every bucket; anything else: the
+   * plan's, and one warning naming the variable a process (as for a
+   * MOEJIT_MOE_PATH it does not take) */
   static const struct {
     const char *v;
     int bcap;
     bool side;
   } sides[] = {{"1", 64, true}, {"1", 1, true}, {"0", 1, false}, {"0", 64, false}, {"yes", 1, true}, {"10", 64, false}};
+  const char *w = t_scratch("warnings");
+  t_stderr_to(w);
   for (size_t i = 0; i < MJ_ARRAY_LEN(sides); i++) {
     moe_plan p;
     setenv("MOEJIT_MOE_SIDE", sides[i].v, 1);
@@ -252,6 +257,17 @@ static void test_plan_paths(void) {
     T_EQ_INT(p.side, sides[i].side);
   }
   unsetenv("MOEJIT_MOE_SIDE");
+  moe_plan p1, p2;
+  moe_plan_default(&c, 64, &p1);
+  setenv("MOEJIT_MOE_PATH", "tensor", 1);
+  moe_plan_default(&c, 64, &p2);
+  moe_plan_default(&c, 64, &p2);
+  unsetenv("MOEJIT_MOE_PATH");
+  t_stderr_back();
+  T_CHECK(!memcmp(&p1.gu, &p2.gu, sizeof p1.gu) && !memcmp(&p1.dn, &p2.dn, sizeof p1.dn)); /* the plan's own tiles */
+  T_EQ_INT(t_count_in(w, "MOEJIT_MOE_SIDE=yes ignored: it takes 0 or 1"), 1);
+  T_EQ_INT(t_count_in(w, "MOEJIT_MOE_SIDE"), 1); /* once, not again for "10" */
+  T_EQ_INT(t_count_in(w, "MOEJIT_MOE_PATH=tensor ignored: it takes fma, mma or staged"), 1);
 }
 
 /* The random experts of benchmarks and replays: deterministic for a seed,
@@ -282,6 +298,7 @@ static void test_random_experts(void) {
 }
 
 int main(void) {
+  if (t_scratch_init("moe")) return 1;
   T_RUN(test_quantize);
   T_RUN(test_repack_roundtrip);
   T_RUN(test_repack_gate_up);
@@ -291,5 +308,5 @@ int main(void) {
   T_RUN(test_mma_prescale);
   T_RUN(test_plan_paths);
   T_RUN(test_random_experts);
-  return t_status();
+  return t_scratch_done(t_status());
 }
