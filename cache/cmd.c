@@ -162,9 +162,7 @@ static int cache_cmd_tuning(const char *dir, int *nbad, mj_err *err) {
     free(t);
     return 0;
   }
-  if (n)
-    printf("\ntuning records (moejit warmup --tune), one a kernel and shape (times: moe_expert's the whole MoE layer's "
-           "with the tile, the others' the kernel's alone):\n");
+  if (n) printf("\ntuning records (moejit warmup --tune), one a kernel and shape:\n");
   for (int i = 0; i < n; i++) {
     char date[32];
     time_t d = (time_t)t[i].date;

@@ -84,7 +84,7 @@ struct gpu_model {
   CUstream s;
   const char *arch; /* the target kernels are obtained for (NULL: the GPU's) */
   bool dry;         /* obtain every kernel, launch nothing (gpu_warm) */
-  moe_side side; /* the shared expert's gate_up beside the routing (moe_forward_overlap) */
+  moe_side side; /* the shared expert beside the routing: an NVFP4 one's (moe_forward_overlap, plan.side), a bf16 one's GEMVs */
   tune_target tune; /* whose tuned tiles the buckets and GEMVs take (tune.h), found when first needed */
   bool tune_ready;
   gop_gemv_tiles gemv; /* the GEMVs' tiles by shape and row block (gemv_setup), handed to gop_gemv */

@@ -112,9 +112,10 @@ void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p) {
    * measured on the H200; at bucket 1 the FMA XG tiles' gains alone, 0-4%,
    * did not show in the layer, so bucket 1 stays staged).  Bucket 4 takes
    * bucket 8's gate_up: an FMA gate_up won over the tensor-core tile in
-   * each of three tuning runs on H100s, the layer 8.8% faster with the
-   * staged 4:256:8:0:0:2 (bench/results/2026-12-06-s20.md), 9.4% and 7.2%
-   * with this one, x from L1 (2026-12-06-s22.md). */
+   * each of three tuning runs on H100s; with this one (x from L1) alone
+   * changed the layer was 7.2% faster, and 8.8% and 9.4% in the runs
+   * whose down tile was tuned too (bench/results/2026-12-06-s20.md, its
+   * gate_up the staged 4:256:8:0:0:2, and 2026-12-06-s22.md). */
   static const moe_tile gu4 = {.rows = 4, .threads = 256, .chain = 8, .minb = 2},
                         dn1 = {.rows = 4, .threads = 256, .chain = 8, .minb = 3},
                         gu4xg = {.rows = 4, .threads = 256, .chain = 8, .minb = 2, .xg = 1},
@@ -132,9 +133,9 @@ void moe_plan_default(const model_moe_cfg *c, int bcap, moe_plan *p) {
   p->router_tb = bcap < 8 ? bcap : 8;
   /* The shared expert beside the routing (moe_forward_overlap) up to
    * bucket 16, inside the routed launches from 32: on an H100 the side
-   * stream made the layer 5-7% faster at 1 and 2 and 1-3% at 4 to 16,
-   * but 0.4-4.6% slower at 32 and 1.9-3.1% at 64 (five runs on two
-   * machines, bench/results/2026-12-06-s22.md).  MOEJIT_MOE_SIDE=0|1
+   * stream made the layer 0.6-6.8% faster at 1, 2.0-5.4% at 2 and
+   * 0.7-3.2% at 4 to 16, but 0.4-4.6% slower at 32 and 1.9-3.1% at 64
+   * (five runs on two machines, bench/results/2026-12-06-s22.md).  MOEJIT_MOE_SIDE=0|1
    * takes one layout at every bucket (diagnosis). */
   const char *side = getenv("MOEJIT_MOE_SIDE");
   bool side_ok = side && (!strcmp(side, "0") || !strcmp(side, "1"));

@@ -101,9 +101,13 @@ static void want_of(const tune_target *t, kt_id k, cache_tune *want) {
 void tune_moe_want(const tune_target *t, const moe_plan *p, int mode, cache_tune *want) {
   want_of(t, KT_moe_expert, want);
   /* What decides the kernel's work besides its tile: the widths, the
-   * experts this GPU holds, top-k, the bucket and its rows per pass. */
+   * experts this GPU holds, top-k, the bucket and its rows per pass; and
+   * what the times are, timed=layer: since 2026-12-06 the whole layer's
+   * (tune_one), so the records of the tuner before, which timed each
+   * kernel alone and whose winners could make the layer slower, are never
+   * looked up again (`cache list` still shows them, without the word). */
   const model_moe_cfg *c = &p->cfg;
-  snprintf(want->shape, sizeof want->shape, "%s hidden=%d inter=%d experts=%d topk=%d bucket=%d mt=%d",
+  snprintf(want->shape, sizeof want->shape, "%s hidden=%d inter=%d experts=%d topk=%d bucket=%d mt=%d timed=layer",
            mode ? "down" : "gate_up", c->hidden, c->inter, model_moe_local(c), c->topk, p->bcap,
            moe_kernel_mt(p, mode, t->arch)); /* the MT the kernel is compiled with */
 }
@@ -396,11 +400,14 @@ typedef struct rig {
   int copies, B;
 } rig;
 
-/* One launch of the layer as the engine runs it (moe_forward_overlap:
- * the shared expert beside the routing or inside the routed launches, as
- * the plan says), which is what a candidate is timed in: a gate_up tile that was 4% faster alone
- * made bucket 1's layer 5% slower beside the shared expert (H100,
- * bench/results/2026-12-06-s22.md), so the kernel alone misleads. */
+/* One launch of the layer as the engine runs it with an NVFP4 shared
+ * expert in slot 0 (moe_forward_overlap: beside the routing or inside the
+ * routed launches, as the plan says), which is what a candidate is timed
+ * in: a gate_up tile that was 4% faster alone made bucket 1's layer 5%
+ * slower beside the shared expert (H100, bench/results/2026-12-06-s22.md),
+ * so the kernel alone misleads.  A checkpoint whose shared expert is bf16
+ * runs it as GEMVs on the side stream instead (gpu_model.c), which this
+ * layer does not hold. */
 static int rig_launch(void *ctx, int i, CUstream s, mj_err *err) {
   const rig *r = ctx;
   return moe_forward_overlap(r->k, r->p, &r->w[i % r->copies], r->b, r->x[i % TUNE_SETS], r->B, true, s, r->side, err);
@@ -522,8 +529,7 @@ static int tune_one(const tune_target *t, rig *r, const moe_plan *base, int mode
     }
     rig c = *r;
     c.k = &k, c.p = &q;
-    /* correctness first, against the built-in plan's output; the run also
-     * leaves set 0's routing in the buffers for the timing */
+    /* correctness first, against the built-in plan's output */
     if ((rc = layer_out(&c, out, err))) break;
     double rel = rel_l2(out, ref, n, false);
     if (!(rel <= 2e-2)) {

@@ -91,7 +91,7 @@ expect 0 "^failures *1$" "$MOEJIT" cache stats --dir "$c"
 t=$dir/tuned
 "$here/test_tune" --populate "$t" || fail "populate tuning records"
 "$here/test_cache" --populate "$t" 2 || fail "populate entries"
-expect 0 "^moe_expert  gate_up hidden=2048 inter=1024 experts=64 topk=8 bucket=8 mt=2  winner 16:256:8:0:0:0:4 250.5 us  built-in 4:256:8:0:0:2:0:1 264.2 us (-5.2%)  Test GPU 141GB sm_90a driver 13.0  2025-12-03 19:26 UTC$" \
+expect 0 "^moe_expert  gate_up hidden=2048 inter=1024 experts=64 topk=8 bucket=8 mt=2 timed=layer  winner 16:256:8:0:0:0:4 250.5 us  built-in 4:256:8:0:0:2:0:1 264.2 us (-5.2%)  Test GPU 141GB sm_90a driver 13.0  2025-12-03 19:26 UTC$" \
   "$MOEJIT" cache list --dir "$t"
 expect 0 "^gemv_mma  N=2784 K=6144 B=8  winner 256:1:4:8:2 12.5 us  built-in 256:1:8:8:1 14.0 us (-10.7%)  Test GPU 141GB sm_90a driver 13.0  2025-12-03 19:26 UTC$" \
   "$MOEJIT" cache list --dir "$t"

@@ -101,7 +101,7 @@ static void test_record_text(void) {
   mj_err err = {0};
   T_EQ_INT(cache_tune_parse(b.data, b.len, &back, &err), 0);
   T_EQ_STR(back.gpu, "Test GPU 141GB");
-  T_EQ_STR(back.shape, "gate_up hidden=2048 inter=1024 experts=64 topk=8 bucket=8 mt=2");
+  T_EQ_STR(back.shape, "gate_up hidden=2048 inter=1024 experts=64 topk=8 bucket=8 mt=2 timed=layer");
   T_EQ_STR(back.choice, "16:256:8:0:0:0:4");
   T_EQ_STR(back.builtin, "4:256:8:0:0:2:0:1"); /* bucket 8: the FMA XG tile */
   T_NEAR(back.us, 250.5, 1e-9);
@@ -187,6 +187,19 @@ static void test_lookup(void) {
   /* No record: the built-in plan, silently. */
   T_EQ_INT(lookup(&t, &p, tuned, w), 0);
   T_CHECK(!tuned[0] && !tuned[1] && memcmp(&p, &builtin, sizeof p) == 0);
+
+  /* A record of the tuner before timed=layer (each kernel timed alone):
+   * sound, in its own slot, never looked up: the built-in plan, silently. */
+  cache_tune old = good_record(&t, &builtin, 0, "16:256:8:0:0:0:4");
+  char *tl = strstr(old.shape, " timed=layer");
+  T_CHECK(tl != NULL);
+  if (tl) *tl = 0;
+  T_EQ_INT(cache_tune_store(t.dir, &old, &err), 0);
+  T_EQ_INT(lookup(&t, &p, tuned, w), 0);
+  T_CHECK(!tuned[0] && !tuned[1] && memcmp(&p, &builtin, sizeof p) == 0);
+  char *opath_old = cache_tune_path(t.dir, &old);
+  T_EQ_INT(remove(opath_old), 0);
+  free(opath_old);
 
   /* A good record for gate_up: taken (down stays built-in). */
   cache_tune good = good_record(&t, &builtin, 0, "16:256:8:0:0:0:4"), want = good;
