@@ -10,7 +10,7 @@
 #   dsa-cl        batch 1's top-k over a cluster of blocks (MOEJIT_DSA_CLUSTER):
 #                 gputest attn with one block and with every row split, then
 #                 dsa_select timed: clusters of 8 and 4 against one block
-#   core          [batch-perf]'s evidence in ~200 s (estimated): gputest attn and tune,
+#   core          [batch-perf]'s evidence in ~280 s (275 s on an H100): gputest attn and tune,
 #                 bench decode (18 layers, ctx 1024 and 8192), bench moe --plan builtin
 #   perf          gputest perf: every kernel family timed alone at GLM-5 width
 #                 (PERF_OPS: families to time, as `gputest perf gemv mla_vout`)
@@ -444,8 +444,8 @@ for phase in "$@"; do
       echo "second job: rc=$? after $(( $(date +%s) - t1 )) s: $(tail -1 "$OUT/multi-second.err")" >> "$log"
       kill -TERM $lp 2> /dev/null; wait $lp ;;
     core)
-      # [batch-perf]'s evidence in one short call (~350 s by the times of its
-      # parts in sessions 20-21's H100 runs; not yet run as one phase): the
+      # [batch-perf]'s evidence in one short call (275 s on an H100 in
+      # session 22, 14 layers): the
       # GPU tests of the newest kernel variants, the decode step at the
       # issue's shapes (18 layers; 14 where the GPU holds less than ~100 GB)
       # and the MoE layer with the built-in plan; one line a step in the
