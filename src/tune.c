@@ -548,9 +548,7 @@ static int tune_one(const tune_target *t, rig *r, const moe_plan *base, int mode
   char said[96]; /* the log line's head: its times are the layer's, not the kernel's */
   snprintf(said, sizeof said, "%s (layer)", what);
   if ((rc = verdict(t, &rec, text, us, nc, refused, wrong, said, log, err))) return rc;
-  *won = cand[0];
-  for (int i = 0; i < nc; i++)
-    if (!strcmp(text[i], rec.choice)) *won = cand[i];
+  if (!tune_tile_parse(rec.choice, won)) *won = *bt; /* a candidate's text, which parses */
   return 0;
 }
 

@@ -77,6 +77,16 @@ static void layer_free(layer *L) {
   moe_weights_free(&L->w);
 }
 
+/* Poison what a layer's launches write (all bits set: bf16 and f32 NaN):
+ * its output (bcap rows) and what its kernels write for each other, h and
+ * y, so a value left unwritten shows as not finite. */
+static inline void layer_poison(const moe_bufs *b, const moe_plan *p) {
+  size_t H = (size_t)p->cfg.hidden, P = (size_t)moe_pairs(p);
+  cu.cuMemsetD8(b->out, 0xFF, (size_t)p->bcap * H * 2);
+  cu.cuMemsetD8(b->h, 0xFF, P * (size_t)p->cfg.inter * 2);
+  cu.cuMemsetD8(b->y, 0xFF, P * H * 4);
+}
+
 /* Upload into L->w: each pool set repacked once, the other experts copied. */
 static int layer_upload(layer *L, mj_err *err) {
   const model_moe_cfg *c = &L->cfg;

@@ -60,9 +60,7 @@ static void run_case(const layer *L, const moe_weights *w, int B, int bcap, int 
   bf16 *x = malloc((size_t)B * H * 2), *out = malloc((size_t)B * H * 2);
   for (size_t i = 0; i < (size_t)B * H; i++) x[i] = dt_f32_to_bf16(frand() * 2.0f);
   cu.cuMemcpyHtoD(b.x, x, (size_t)B * H * 2);
-  cu.cuMemsetD8(b.out, 0xFF, (size_t)bcap * H * 2); /* bf16 NaN */
-  cu.cuMemsetD8(b.h, 0xFF, (size_t)moe_pairs(&p) * c->inter * 2);
-  cu.cuMemsetD8(b.y, 0xFF, (size_t)moe_pairs(&p) * H * 4);
+  layer_poison(&b, &p);
   T_EQ_INT(moe_forward(&k, &p, w, &b, b.x, B, NULL, &err), 0);
   T_EQ_INT(cu.cuCtxSynchronize(), CUDA_SUCCESS);
   if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
@@ -143,9 +141,7 @@ static void run_case(const layer *L, const moe_weights *w, int B, int bcap, int 
   for (int sd = 0; sd < 2; sd++) {
     moe_plan ps = p;
     ps.side = sd;
-    cu.cuMemsetD8(b.out, 0xFF, (size_t)bcap * H * 2);
-    cu.cuMemsetD8(b.h, 0xFF, (size_t)moe_pairs(&p) * c->inter * 2);
-    cu.cuMemsetD8(b.y, 0xFF, (size_t)moe_pairs(&p) * H * 4);
+    layer_poison(&b, &p);
     T_EQ_INT(moe_forward_overlap(&k, &ps, w, &b, b.x, B, true, NULL, &side, &err), 0);
     T_EQ_INT(cu.cuCtxSynchronize(), CUDA_SUCCESS);
     cu.cuMemcpyDtoH(out2, b.out, (size_t)B * H * 2);
@@ -154,8 +150,7 @@ static void run_case(const layer *L, const moe_weights *w, int B, int bcap, int 
     T_CHECK(s1);
     same &= s1;
   }
-  cu.cuMemsetD8(b.out, 0xFF, (size_t)bcap * H * 2);
-  cu.cuMemsetD8(b.y, 0xFF, (size_t)moe_pairs(&p) * H * 4); /* the shared rows too: it must clear them */
+  layer_poison(&b, &p); /* the shared slot's y rows too: it must clear them */
   T_EQ_INT(moe_forward_overlap(&k, &p, w, &b, b.x, B, false, NULL, &side, &err), 0);
   T_EQ_INT(cu.cuCtxSynchronize(), CUDA_SUCCESS);
   if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
@@ -184,9 +179,7 @@ static void run_case(const layer *L, const moe_weights *w, int B, int bcap, int 
     mj_err_print(&err, stderr), mj_err_clear(&err);
     T_CHECK(!"the staged tiles failed to load");
   } else if (p.gu.xg || p.dn.xg) {
-    cu.cuMemsetD8(b.out, 0xFF, (size_t)bcap * H * 2);
-    cu.cuMemsetD8(b.h, 0xFF, (size_t)moe_pairs(&p) * c->inter * 2);
-    cu.cuMemsetD8(b.y, 0xFF, (size_t)moe_pairs(&p) * H * 4);
+    layer_poison(&b, &p);
     T_EQ_INT(moe_forward(&ks, &q, w, &b, b.x, B, NULL, &err), 0);
     T_EQ_INT(cu.cuCtxSynchronize(), CUDA_SUCCESS);
     if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);

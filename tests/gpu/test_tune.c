@@ -351,8 +351,9 @@ static void test_fork(void) {
  * tile, its winner the built-in tile or 2% faster.  The times are the
  * whole layer's: down's candidates run beside gate_up's winner, so down's
  * built-in time is the same layer as gate_up's winning time (within 10%:
- * two timings of one graph; timed alone, down is about a third of the
- * layer and gate_up about two thirds).  The engine's lookup takes both
+ * two timings of one graph; the kernels alone, as the tuner timed them
+ * before, were 24.8 and 49.9 us at GLM-5 width, batch 1, on an H100:
+ * a ratio of 0.50).  The engine's lookup takes both
  * records without a warning, and the tuned layer's output at batch 1, 5
  * and 8 matches the CPU reference (ref_moe_experts on the device's own
  * routing, every token, relative L2 <= 1e-2 as test_moe holds), every
@@ -424,15 +425,15 @@ static void test_moe_run(void) {
       T_CHECK(!"the tuned plan failed to load");
       continue;
     }
-    for (int B = 1; B <= p.bcap; B += B < 5 ? 4 : 3) { /* 1, 5, 8 */
+    static const int batches[] = {1, 5, 8};
+    for (size_t bj = 0; bj < MJ_ARRAY_LEN(batches) && batches[bj] <= p.bcap; bj++) {
+      const int B = batches[bj];
       bf16 *x = mj_xmalloc((size_t)B * H * 2), *out = mj_xmalloc((size_t)B * H * 2);
       int *ids = mj_xmalloc((size_t)B * K * 4);
       float *tw = mj_xmalloc((size_t)B * K * 4), *got = mj_xmalloc((size_t)B * H * 4), *ref = mj_xmalloc((size_t)B * H * 4);
       for (size_t i = 0; i < (size_t)B * H; i++) x[i] = dt_f32_to_bf16(frand() * 2.0f);
       cu.cuMemcpyHtoD(b.x, x, (size_t)B * H * 2);
-      cu.cuMemsetD8(b.out, 0xFF, (size_t)p.bcap * H * 2);
-      cu.cuMemsetD8(b.h, 0xFF, (size_t)moe_pairs(&p) * c.inter * 2);
-      cu.cuMemsetD8(b.y, 0xFF, (size_t)moe_pairs(&p) * H * 4);
+      layer_poison(&b, &p);
       T_EQ_INT(moe_forward(&k, &p, &L.w, &b, b.x, B, NULL, &err), 0);
       T_EQ_INT(cu.cuCtxSynchronize(), CUDA_SUCCESS);
       if (err.code) mj_err_print(&err, stderr), mj_err_clear(&err);
